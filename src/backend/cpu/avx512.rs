@@ -1,0 +1,231 @@
+//! AVX-512 kernels: all-pairs block compare (AVX-512F for 32/64-bit lanes, BW + VBMI2 for
+//! 8/16-bit), VP2INTERSECT (32/64-bit) and the SIMD finisher of galloping.
+//!
+//! Block kernels load one vector of `a` (L lanes) and compare it with each of the L values of
+//! the current block of `b` broadcast (embedded-broadcast compares into mask registers; on
+//! the dev machine this measured faster than rotating the `b` vector with `valignd`, see
+//! the notes in `mod.rs`), OR the masks, compress the matched lanes of `a` into the low lanes
+//! (`vpcompress*` into a register, then one unaligned store into reserved capacity), and
+//! advance whichever block has the smaller maximum (both on a tie), branch-free. The
+//! remainders (< L values on one side) go to the scalar tail. Equality is tested on the raw
+//! lane bits; order decisions compare `T` values, so signed types need nothing special.
+//!
+//! VP2INTERSECT replaces the L compares with one `vp2intersectd`/`vp2intersectq`. That
+//! instruction has no stable intrinsic in `std::arch` (Rust 1.95), so it is emitted with
+//! `asm!` into a fixed mask-register pair (`k2`, `k3`).
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use super::SetElem;
+use super::gallop::{gallop_with, tail};
+
+/// The bits of a 32-bit `T`.
+#[inline(always)]
+fn bits32<T: SetElem>(x: T) -> u32 {
+    assert!(size_of::<T>() == 4);
+    // SAFETY: T is a 4-byte primitive integer (sealed trait, asserted size).
+    unsafe { std::mem::transmute_copy::<T, u32>(&x) }
+}
+
+/// The bits of a 64-bit `T`.
+#[inline(always)]
+fn bits64<T: SetElem>(x: T) -> u64 {
+    assert!(size_of::<T>() == 8);
+    // SAFETY: T is an 8-byte primitive integer (sealed trait, asserted size).
+    unsafe { std::mem::transmute_copy::<T, u64>(&x) }
+}
+
+/// All-pairs block kernel over one 512-bit vector per side.
+macro_rules! block_kernel {
+    ($name:ident, $feat:literal, $bits:literal, $lanes:literal, $mask:ty, $lane:ty,
+     $set1:ident, $cmpeq:ident, $compress:ident) => {
+        #[doc = concat!("AVX-512 ", stringify!($lanes), "x", stringify!($lanes),
+                        " all-pairs block intersection of ", stringify!($bits), "-bit values.")]
+        ///
+        /// # Safety
+        /// The CPU has the enabled target features; `T::BITS` is the kernel's width; `a`, `b`
+        /// strictly increasing; when `WRITE`, `dst` valid for writes of
+        /// `min(a.len(), b.len()) + 512 / BITS` elements.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $name<T: SetElem, const WRITE: bool>(
+            a: &[T],
+            b: &[T],
+            dst: *mut T,
+        ) -> usize {
+            const L: usize = $lanes;
+            assert!(size_of::<T>() * 8 == $bits);
+            let (na, nb) = (a.len(), b.len());
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let (mut i, mut j, mut k) = (0usize, 0usize, 0usize);
+            while i + L <= na && j + L <= nb {
+                // SAFETY: i + L <= na, so the L values at pa+i are inside `a`; T is a primitive
+                // integer of the lane width (sealed trait), so its bytes are plain lanes.
+                let va = unsafe { _mm512_loadu_si512(pa.add(i).cast()) };
+                let lb = pb.wrapping_add(j).cast::<$lane>();
+                let mut m: $mask = 0;
+                for t in 0..L {
+                    // SAFETY: j + t < j + L <= nb: inside `b`.
+                    let y = unsafe { lb.add(t).read() };
+                    m |= $cmpeq(va, $set1(y as _));
+                }
+                if WRITE {
+                    // SAFETY: k (matches so far) <= min(na, nb), so the L-lane store stays in
+                    // the min(na, nb) + L elements the caller made valid at `dst`.
+                    unsafe { _mm512_storeu_si512(dst.add(k).cast(), $compress(m, va)) };
+                }
+                k += m.count_ones() as usize;
+                // SAFETY: i + L - 1 < na and j + L - 1 < nb.
+                let (amax, bmax) = unsafe { (*pa.add(i + L - 1), *pb.add(j + L - 1)) };
+                i += L * usize::from(amax <= bmax);
+                j += L * usize::from(bmax <= amax);
+            }
+            // SAFETY: i <= na, j <= nb. Matches so far used values of a[..i + L] and
+            // b[..j + L], so k + min(na - i, nb - j) <= min(na, nb) + L: the tail's writes
+            // stay in the caller's capacity.
+            k + unsafe { tail::<T, WRITE>(a.get_unchecked(i..), b.get_unchecked(j..), dst.add(k)) }
+        }
+    };
+}
+
+block_kernel!(block32, "avx512f", 32, 16, u16, u32,
+    _mm512_set1_epi32, _mm512_cmpeq_epi32_mask, _mm512_maskz_compress_epi32);
+block_kernel!(block64, "avx512f", 64, 8, u8, u64,
+    _mm512_set1_epi64, _mm512_cmpeq_epi64_mask, _mm512_maskz_compress_epi64);
+block_kernel!(block16, "avx512f,avx512bw,avx512vbmi2", 16, 32, u32, u16,
+    _mm512_set1_epi16, _mm512_cmpeq_epi16_mask, _mm512_maskz_compress_epi16);
+block_kernel!(block8, "avx512f,avx512bw,avx512vbmi2", 8, 64, u64, u8,
+    _mm512_set1_epi8, _mm512_cmpeq_epi8_mask, _mm512_maskz_compress_epi8);
+
+/// `vp2intersectd`: mask of the lanes of `a` equal to some lane of `b`.
+///
+/// # Safety
+/// The CPU has AVX512F and AVX512_VP2INTERSECT.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vp2intersect")]
+unsafe fn vp2intersect_d(a: __m512i, b: __m512i) -> u16 {
+    let ma: u16;
+    // SAFETY: the caller checked the feature; the instruction only writes k2 (lanes of `a`
+    // found in `b`) and k3 (lanes of `b` found in `a`), both declared as outputs.
+    unsafe {
+        asm!("vp2intersectd k2, {a}, {b}", a = in(zmm_reg) a, b = in(zmm_reg) b,
+             out("k2") ma, out("k3") _, options(pure, nomem, nostack));
+    }
+    ma
+}
+
+/// `vp2intersectq`: mask of the lanes of `a` equal to some lane of `b`.
+///
+/// # Safety
+/// The CPU has AVX512F and AVX512_VP2INTERSECT.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vp2intersect")]
+unsafe fn vp2intersect_q(a: __m512i, b: __m512i) -> u8 {
+    let ma: u8;
+    // SAFETY: as in `vp2intersect_d`.
+    unsafe {
+        asm!("vp2intersectq k2, {a}, {b}", a = in(zmm_reg) a, b = in(zmm_reg) b,
+             out("k2") ma, out("k3") _, options(pure, nomem, nostack));
+    }
+    ma
+}
+
+/// Block kernel whose L x L compare is one mask-producing operation `m(va, vb)`.
+macro_rules! pair_kernel {
+    ($name:ident, $feat:literal, $bits:literal, $lanes:literal, $pairmask:path, $compress:ident) => {
+        #[doc = concat!("Block intersection of ", stringify!($bits), "-bit values with `",
+                        stringify!($pairmask), "` (", stringify!($lanes), " lanes).")]
+        ///
+        /// # Safety
+        /// As the AVX-512 block kernels, and the CPU has the features of the mask operation.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $name<T: SetElem, const WRITE: bool>(
+            a: &[T],
+            b: &[T],
+            dst: *mut T,
+        ) -> usize {
+            const L: usize = $lanes;
+            assert!(size_of::<T>() * 8 == $bits);
+            let (na, nb) = (a.len(), b.len());
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let (mut i, mut j, mut k) = (0usize, 0usize, 0usize);
+            while i + L <= na && j + L <= nb {
+                // SAFETY: both vectors lie inside their slices (i + L <= na, j + L <= nb);
+                // T is a primitive integer of the lane width (sealed trait).
+                let (va, vb) = unsafe {
+                    (_mm512_loadu_si512(pa.add(i).cast()), _mm512_loadu_si512(pb.add(j).cast()))
+                };
+                // SAFETY: the caller checked the mask operation's CPU features.
+                let m = unsafe { $pairmask(va, vb) };
+                if WRITE {
+                    // SAFETY: as in the block kernels: k <= min(na, nb), capacity + L.
+                    unsafe { _mm512_storeu_si512(dst.add(k).cast(), $compress(m, va)) };
+                }
+                k += m.count_ones() as usize;
+                // SAFETY: i + L - 1 < na and j + L - 1 < nb.
+                let (amax, bmax) = unsafe { (*pa.add(i + L - 1), *pb.add(j + L - 1)) };
+                i += L * usize::from(amax <= bmax);
+                j += L * usize::from(bmax <= amax);
+            }
+            // SAFETY: as in the block kernels.
+            k + unsafe { tail::<T, WRITE>(a.get_unchecked(i..), b.get_unchecked(j..), dst.add(k)) }
+        }
+    };
+}
+
+pair_kernel!(vp2i32, "avx512f,avx512vp2intersect", 32, 16, vp2intersect_d,
+    _mm512_maskz_compress_epi32);
+pair_kernel!(vp2i64, "avx512f,avx512vp2intersect", 64, 8, vp2intersect_q,
+    _mm512_maskz_compress_epi64);
+
+/// Galloping of 32-bit values finished by one 16-lane compare.
+///
+/// # Safety
+/// AVX512F present; `small`, `big` strictly increasing; when `WRITE`, `dst` valid for
+/// `small.len()` writes.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn gallop32<T: SetElem, const WRITE: bool>(
+    small: &[T],
+    big: &[T],
+    dst: *mut T,
+) -> usize {
+    let count_lt = |p: *const T, x: T| {
+        // SAFETY: `gallop_with` passes `p` with 16 values of `big` after it.
+        let v = unsafe { _mm512_loadu_si512(p.cast()) };
+        let vx = _mm512_set1_epi32(bits32(x) as i32);
+        let m = if T::SIGNED {
+            _mm512_cmplt_epi32_mask(v, vx)
+        } else {
+            _mm512_cmplt_epu32_mask(v, vx)
+        };
+        m.count_ones() as usize
+    };
+    // SAFETY: the caller's promise; `count_lt` reads exactly 16 values.
+    unsafe { gallop_with::<T, WRITE, 16>(small, big, dst, count_lt) }
+}
+
+/// Galloping of 64-bit values finished by one 8-lane compare.
+///
+/// # Safety
+/// As [`gallop32`].
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn gallop64<T: SetElem, const WRITE: bool>(
+    small: &[T],
+    big: &[T],
+    dst: *mut T,
+) -> usize {
+    let count_lt = |p: *const T, x: T| {
+        // SAFETY: `gallop_with` passes `p` with 8 values of `big` after it.
+        let v = unsafe { _mm512_loadu_si512(p.cast()) };
+        let vx = _mm512_set1_epi64(bits64(x) as i64);
+        let m = if T::SIGNED {
+            _mm512_cmplt_epi64_mask(v, vx)
+        } else {
+            _mm512_cmplt_epu64_mask(v, vx)
+        };
+        m.count_ones() as usize
+    };
+    // SAFETY: the caller's promise; `count_lt` reads exactly 8 values.
+    unsafe { gallop_with::<T, WRITE, 8>(small, big, dst, count_lt) }
+}

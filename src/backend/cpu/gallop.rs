@@ -1,0 +1,183 @@
+//! Galloping: each value of the shorter list is found in the longer one by exponential
+//! search from the last position, then binary search; the last levels can be one SIMD
+//! compare of a block of lanes (the `count_lt` finisher).
+
+use super::SetElem;
+
+/// Galloping intersection core.
+///
+/// For each `x` in `small` (ascending) it finds the first position `pos >= lo` of `big` with
+/// `big[pos] >= x`: exponential probes at `lo + LANES - 1`, then doubling steps, then a
+/// branch-free binary search down to a window of at most `LANES` candidates, finished by
+/// `count_lt(p, x)`, which must return how many of the `LANES` values at `p` are `< x`
+/// (for `LANES == 1` a plain compare). Stops as soon as `big` is exhausted.
+///
+/// # Safety
+/// `small`, `big` strictly increasing; `count_lt` may read `LANES` values at `p` (it is
+/// only called with `p..p + LANES` inside `big`); when `WRITE`, `dst` is valid for writes of
+/// `small.len()` elements.
+#[inline(always)]
+pub(crate) unsafe fn gallop_with<T: SetElem, const WRITE: bool, const LANES: usize>(
+    small: &[T],
+    big: &[T],
+    dst: *mut T,
+    count_lt: impl Fn(*const T, T) -> usize,
+) -> usize {
+    let nb = big.len();
+    let pb = big.as_ptr();
+    // SAFETY (reads through `at`): every caller below passes an index < nb.
+    let at = |idx: usize| unsafe { *pb.add(idx) };
+    let (mut lo, mut k) = (0usize, 0usize);
+    for &x in small {
+        // Exponential search: invariant big[..lo] < x.
+        let mut hi = lo + (LANES - 1);
+        let mut step = LANES;
+        while hi < nb && at(hi) < x {
+            lo = hi + 1;
+            hi += step;
+            step <<= 1;
+        }
+        // Now the answer (first index with big[idx] >= x) lies in [lo, min(hi, nb)].
+        let end = if hi < nb { hi + 1 } else { nb };
+        let (mut base, mut n) = (lo, end - lo);
+        // Branch-free binary search: the answer stays in [base, base + n].
+        while n > LANES {
+            let half = n / 2;
+            base = if at(base + half - 1) < x { base + half } else { base };
+            n -= half;
+        }
+        let pos = if base + LANES <= nb {
+            // The window base..base+LANES is sorted and holds the answer, so the count of
+            // values below x is the answer's offset.
+            base + count_lt(pb.wrapping_add(base), x)
+        } else {
+            while base < end && at(base) < x {
+                base += 1;
+            }
+            base
+        };
+        if pos >= nb {
+            break;
+        }
+        let hit = at(pos) == x;
+        if WRITE {
+            // SAFETY: k counts matches of earlier values of `small`, so k < small.len().
+            unsafe { dst.add(k).write(x) };
+        }
+        k += usize::from(hit);
+        lo = pos + usize::from(hit);
+    }
+    k
+}
+
+/// Scalar galloping of `small` into `big`.
+///
+/// # Safety
+/// `small`, `big` strictly increasing; when `WRITE`, `dst` valid for `small.len()` writes.
+#[inline]
+pub(crate) unsafe fn gallop_scalar<T: SetElem, const WRITE: bool>(
+    small: &[T],
+    big: &[T],
+    dst: *mut T,
+) -> usize {
+    // SAFETY: the caller's promise; with LANES = 1 `count_lt` reads the one value at `p`,
+    // which `gallop_with` keeps inside `big`.
+    unsafe {
+        gallop_with::<T, WRITE, 1>(small, big, dst, |p, x| {
+            // SAFETY: `p` points into `big` (see above).
+            usize::from(*p < x)
+        })
+    }
+}
+
+/// Galloping with the shorter of `a`, `b` probing the longer, with the SIMD finisher this
+/// CPU has for `T` (AVX-512 or AVX2 for 32/64-bit), else scalar.
+///
+/// # Safety
+/// `a`, `b` strictly increasing; when `WRITE`, `dst` valid for `min(a.len(), b.len())` writes.
+pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
+    a: &[T],
+    b: &[T],
+    dst: *mut T,
+) -> usize {
+    let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{avx2, avx512, features};
+        let f = features();
+        // SAFETY (both arms): the CPU feature each function needs was detected; the rest is
+        // the caller's promise.
+        match T::BITS {
+            32 if f.avx512f => return unsafe { avx512::gallop32::<T, WRITE>(small, big, dst) },
+            64 if f.avx512f => return unsafe { avx512::gallop64::<T, WRITE>(small, big, dst) },
+            32 if f.avx2 => return unsafe { avx2::gallop32::<T, WRITE>(small, big, dst) },
+            64 if f.avx2 => return unsafe { avx2::gallop64::<T, WRITE>(small, big, dst) },
+            _ => {}
+        }
+    }
+    // SAFETY: the caller's promise.
+    unsafe { gallop_scalar::<T, WRITE>(small, big, dst) }
+}
+
+/// Finish a block kernel: gallop when the remainders are skewed, else merge.
+///
+/// # Safety
+/// As [`super::scalar::merge`].
+#[inline]
+pub(crate) unsafe fn tail<T: SetElem, const WRITE: bool>(a: &[T], b: &[T], dst: *mut T) -> usize {
+    let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    if big.len() > 8 * small.len() {
+        // SAFETY: the caller's promise (capacity min(len) = small.len()).
+        unsafe { gallop_scalar::<T, WRITE>(small, big, dst) }
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { super::scalar::merge::<T, WRITE>(a, b, dst) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn naive(a: &[i64], b: &[i64]) -> Vec<i64> {
+        let s: BTreeSet<_> = a.iter().copied().collect();
+        b.iter().copied().filter(|x| s.contains(x)).collect()
+    }
+
+    fn run(small: &[i64], big: &[i64]) -> Vec<i64> {
+        let mut out = Vec::with_capacity(small.len());
+        // SAFETY: capacity small.len().
+        let n = unsafe { gallop_scalar::<i64, true>(small, big, out.as_mut_ptr()) };
+        // SAFETY: n written.
+        unsafe { out.set_len(n) };
+        out
+    }
+
+    #[test]
+    fn gallop_scalar_cases() {
+        let big: Vec<i64> = (-500..500).map(|x| x * 3).collect();
+        for small in [
+            vec![],
+            vec![-1500],
+            vec![-1501, -1500, 0, 3, 4, 1497, 1498],
+            vec![i64::MIN, i64::MAX],
+            (-600..600).step_by(7).collect::<Vec<_>>(),
+        ] {
+            assert_eq!(run(&small, &big), naive(&small, &big), "{small:?}");
+        }
+        assert_eq!(run(&[1, 2], &[]), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn tail_cases() {
+        let big: Vec<i64> = (0..1000).collect();
+        let small = [5i64, 700, 999];
+        let mut out = Vec::with_capacity(3);
+        // SAFETY: capacity 3 = min len.
+        let n = unsafe { tail::<i64, true>(&big, &small, out.as_mut_ptr()) };
+        // SAFETY: n written.
+        unsafe { out.set_len(n) };
+        assert_eq!(out, small);
+    }
+}

@@ -1,0 +1,666 @@
+//! CPU kernels for sorted-set intersection over plain slices.
+//!
+//! Every kernel takes two **strictly increasing** slices (sorted ascending in `T`'s own
+//! order, no duplicates) and appends their common values, ascending, to `out`.
+//! The SQL layer checks sortedness per row (see [`sortedness`]) and never calls a kernel
+//! on input that breaks the precondition.
+//!
+//! Kernels (see [`Kernel`]): a branch-free scalar merge, galloping (exponential search) for
+//! skewed lengths, SSE4.2 STTNI (Schlegel et al.), AVX2, AVX-512 and AVX-512 VP2INTERSECT.
+//! Each SIMD kernel has the scalar merge as its test oracle. [`intersect_auto`] is the hybrid
+//! that picks a kernel per call from the two lengths and the CPU's features.
+//!
+//! Layout: this file owns the public interface, feature detection, dispatch and the hybrid
+//! policy; `scalar`, `gallop`, `avx2`, `avx512` (with VP2INTERSECT), `sse42`, `kway` and
+//! `sorted` hold one concern each.
+//!
+//! Internally every kernel (except the SSE4.2 one, which appends to a `Vec` itself) has the
+//! form `unsafe fn k<T, const WRITE: bool>(a, b, dst: *mut T) -> usize`: it returns the
+//! number of common values and, when `WRITE`, stores them at `dst`. SIMD kernels may store
+//! whole vectors past the last match, so `dst` must be valid for
+//! `min(a.len(), b.len()) + slack::<T>()` elements; the public functions reserve that much
+//! spare capacity in `out` first and `set_len` afterwards. No kernel reads past a slice end.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::OnceLock;
+
+mod avx2;
+mod avx512;
+mod gallop;
+mod kway;
+mod scalar;
+mod sorted;
+mod sse42;
+
+pub use kway::{intersect_kway, intersect_kway_count};
+pub use sorted::{Sortedness, sortedness};
+
+mod sealed {
+    /// Restricts [`super::SetElem`] to the eight primitive integer types, so kernels may
+    /// reinterpret `&[T]` as unsigned lanes of `T::BITS` bits.
+    pub trait Sealed {}
+}
+
+/// An integer element type the kernels work on: all eight Arrow integer widths.
+///
+/// `BITS` and `SIGNED` let a kernel reinterpret a slice as unsigned lanes of the same width
+/// (equality does not care about sign) while doing every *order* decision in `T`'s own order
+/// (for signed types: on the bit pattern with the sign bit flipped).
+///
+/// The trait is sealed: it is implemented for exactly `i8`..`i64` and `u8`..`u64`, which is
+/// what makes those reinterpretations sound.
+pub trait SetElem:
+    sealed::Sealed + Copy + Ord + Hash + Debug + Default + Send + Sync + 'static
+{
+    /// Width in bits: 8, 16, 32 or 64.
+    const BITS: u32;
+    /// Whether the type is signed (two's complement).
+    const SIGNED: bool;
+    /// The value's bits, zero-extended, with the sign bit flipped for signed types: unsigned
+    /// comparison of `order_bits` agrees with `T`'s own order.
+    fn order_bits(self) -> u64;
+}
+
+macro_rules! set_elem {
+    ($($t:ty => $u:ty, $bits:expr, $signed:expr);* $(;)?) => {
+        $(
+        impl sealed::Sealed for $t {}
+        impl SetElem for $t {
+            const BITS: u32 = $bits;
+            const SIGNED: bool = $signed;
+            #[inline(always)]
+            fn order_bits(self) -> u64 {
+                let flip: $u = if $signed { 1 << ($bits - 1) } else { 0 };
+                ((self as $u) ^ flip) as u64
+            }
+        }
+        )*
+    };
+}
+
+set_elem! {
+    i8 => u8, 8, true; i16 => u16, 16, true; i32 => u32, 32, true; i64 => u64, 64, true;
+    u8 => u8, 8, false; u16 => u16, 16, false; u32 => u32, 32, false; u64 => u64, 64, false;
+}
+
+/// Elements of spare capacity a kernel may write past the last match: one 512-bit vector.
+#[inline(always)]
+pub(crate) const fn slack<T>() -> usize {
+    64 / size_of::<T>()
+}
+
+/// An intersection kernel. Not every kernel runs on every CPU ([`Kernel::is_available`]) or
+/// has a real implementation for every width ([`Kernel::supports_width`]); [`intersect`]
+/// falls back to a correct one in either case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Branch-free scalar merge.
+    Scalar,
+    /// Exponential + binary search of the shorter list's values in the longer one (its
+    /// last search levels are one SIMD compare where AVX2/AVX-512 is available).
+    Galloping,
+    /// SSE4.2 STTNI (`pcmpestrm`) kernel, 16- and 32-bit.
+    Sse42,
+    /// AVX2 all-pairs block compare: 8x8 (32-bit), 4x4 (64-bit).
+    Avx2,
+    /// AVX-512 all-pairs block compare: 16x16 (32-bit), 8x8 (64-bit); with AVX-512BW and
+    /// VBMI2 also 32x32 (16-bit) and 64x64 (8-bit).
+    Avx512,
+    /// AVX-512 VP2INTERSECT (`vp2intersectd`/`vp2intersectq`), 32- and 64-bit.
+    Vp2intersect,
+}
+
+impl Kernel {
+    /// Every kernel, simplest first.
+    pub const ALL: [Kernel; 6] = [
+        Kernel::Scalar,
+        Kernel::Galloping,
+        Kernel::Sse42,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Vp2intersect,
+    ];
+
+    /// The kernel's name as the SQL layer spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Galloping => "galloping",
+            Kernel::Sse42 => "sse42",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+            Kernel::Vp2intersect => "vp2intersect",
+        }
+    }
+
+    /// Whether this CPU can run the kernel (run-time detection, cached). Always true for
+    /// scalar and galloping; false for the SIMD kernels off x86_64.
+    pub fn is_available(self) -> bool {
+        let f = features();
+        match self {
+            Kernel::Scalar | Kernel::Galloping => true,
+            Kernel::Sse42 => f.sse42,
+            Kernel::Avx2 => f.avx2,
+            Kernel::Avx512 => f.avx512f,
+            Kernel::Vp2intersect => f.vp2intersect,
+        }
+    }
+
+    /// Whether the kernel has a real implementation for elements of `bits` bits (8, 16, 32
+    /// or 64). Other widths fall back (see [`intersect`]).
+    pub fn supports_width(self, bits: u32) -> bool {
+        match self {
+            Kernel::Scalar | Kernel::Galloping | Kernel::Avx512 => matches!(bits, 8 | 16 | 32 | 64),
+            Kernel::Sse42 => matches!(bits, 16 | 32),
+            Kernel::Avx2 | Kernel::Vp2intersect => matches!(bits, 32 | 64),
+        }
+    }
+
+    /// Whether the kernel runs for `T` on this CPU: available, implemented for the width and,
+    /// for AVX-512 on 8/16-bit lanes, AVX-512BW + VBMI2 present.
+    fn usable<T: SetElem>(self) -> bool {
+        self.is_available()
+            && self.supports_width(T::BITS)
+            && (self != Kernel::Avx512 || T::BITS >= 32 || features().avx512_bw_vbmi2)
+    }
+}
+
+/// CPU features the kernels need, detected once.
+#[derive(Clone, Copy, Debug, Default)]
+struct Features {
+    sse42: bool,
+    avx2: bool,
+    avx512f: bool,
+    avx512_bw_vbmi2: bool,
+    vp2intersect: bool,
+}
+
+fn features() -> &'static Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    FEATURES.get_or_init(detect)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Features {
+    use std::arch::is_x86_feature_detected as has;
+    let avx512f = has!("avx512f");
+    Features {
+        sse42: sse42::sse42_available(),
+        avx2: has!("avx2") && has!("popcnt"),
+        avx512f,
+        avx512_bw_vbmi2: avx512f && has!("avx512bw") && has!("avx512vbmi2"),
+        vp2intersect: avx512f && has!("avx512vp2intersect"),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Features {
+    Features::default()
+}
+
+/// The fastest block (merge-like) kernel usable for `T` here, never `Sse42`.
+fn best_block<T: SetElem>() -> Kernel {
+    [Kernel::Vp2intersect, Kernel::Avx512, Kernel::Avx2]
+        .into_iter()
+        .find(|k| k.usable::<T>())
+        .unwrap_or(Kernel::Scalar)
+}
+
+/// `kernel` if usable for `T` here, else the next best usable one in the order
+/// VP2INTERSECT, AVX-512, AVX2, SSE4.2, scalar.
+fn resolve<T: SetElem>(kernel: Kernel) -> Kernel {
+    if kernel.usable::<T>() {
+        return kernel;
+    }
+    const ORDER: [Kernel; 5] = [
+        Kernel::Vp2intersect,
+        Kernel::Avx512,
+        Kernel::Avx2,
+        Kernel::Sse42,
+        Kernel::Scalar,
+    ];
+    let start = ORDER.iter().position(|&k| k == kernel).unwrap_or(0);
+    ORDER[start..]
+        .iter()
+        .copied()
+        .find(|k| k.usable::<T>())
+        .unwrap_or(Kernel::Scalar)
+}
+
+/// Run a resolved, non-SSE4.2 kernel.
+///
+/// # Safety
+/// `kernel.usable::<T>()` (or `kernel` is scalar/galloping), `kernel != Sse42`, `a` and `b`
+/// strictly increasing; when `WRITE`, `dst` is valid for writes of
+/// `min(a.len(), b.len()) + slack::<T>()` elements.
+unsafe fn run<T: SetElem, const WRITE: bool>(
+    kernel: Kernel,
+    a: &[T],
+    b: &[T],
+    dst: *mut T,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (whole block): the caller checked the kernel is usable (its CPU features are
+        // present and it has an implementation for T::BITS, which each arm matches on), and
+        // promised the input order and the capacity at `dst` that each kernel requires.
+        match (kernel, T::BITS) {
+            (Kernel::Galloping, _) => return unsafe { gallop::gallop_auto::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx2, 32) => return unsafe { avx2::block32::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx2, 64) => return unsafe { avx2::block64::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx512, 8) => return unsafe { avx512::block8::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx512, 16) => return unsafe { avx512::block16::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx512, 32) => return unsafe { avx512::block32::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx512, 64) => return unsafe { avx512::block64::<T, WRITE>(a, b, dst) },
+            (Kernel::Vp2intersect, 32) => return unsafe { avx512::vp2i32::<T, WRITE>(a, b, dst) },
+            (Kernel::Vp2intersect, 64) => return unsafe { avx512::vp2i64::<T, WRITE>(a, b, dst) },
+            _ => {}
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    if kernel == Kernel::Galloping {
+        // SAFETY: forwarded caller promises.
+        return unsafe { gallop::gallop_auto::<T, WRITE>(a, b, dst) };
+    }
+    // SAFETY: forwarded caller promises (the merge needs only `min(a.len(), b.len())`).
+    unsafe { scalar::merge::<T, WRITE>(a, b, dst) }
+}
+
+/// Append the output of a resolved kernel to `out`.
+fn run_into<T: SetElem>(kernel: Kernel, a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
+    if kernel == Kernel::Sse42 {
+        return sse42_into(a, b, out);
+    }
+    let len = out.len();
+    out.reserve(a.len().min(b.len()) + slack::<T>());
+    // SAFETY: `kernel` came from `resolve`/`choose_kernel` and is not Sse42; the inputs are
+    // strictly increasing by this module's contract; `reserve` made
+    // `min(a.len(), b.len()) + slack` elements of spare capacity after `len`.
+    let n = unsafe { run::<T, true>(kernel, a, b, out.as_mut_ptr().add(len)) };
+    // SAFETY: the kernel initialised exactly `n` elements after `len`, within capacity.
+    unsafe { out.set_len(len + n) };
+    n
+}
+
+/// The SSE4.2 kernel (appends to `out` itself). Only called once `Sse42.usable::<T>()`.
+fn sse42_into<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::any::TypeId;
+        let id = TypeId::of::<T>();
+        if id == TypeId::of::<u16>() {
+            let (a, b, out) = (cast::<T, u16>(a), cast::<T, u16>(b), cast_vec::<T, u16>(out));
+            // SAFETY: usable() checked sse42_available(); inputs strictly increasing.
+            return unsafe { sse42::intersect_u16(a, b, out) };
+        }
+        if id == TypeId::of::<i16>() {
+            let (a, b, out) = (cast::<T, i16>(a), cast::<T, i16>(b), cast_vec::<T, i16>(out));
+            // SAFETY: as above.
+            return unsafe { sse42::intersect_i16(a, b, out) };
+        }
+        if T::BITS == 32 {
+            // SAFETY: as above; T is a 32-bit integer (sealed trait).
+            return unsafe { sse42::intersect_u32_hier(a, b, out) };
+        }
+    }
+    let k = best_block::<T>();
+    run_into(k, a, b, out)
+}
+
+/// `s` as `&[U]` when `T` and `U` are the same type.
+#[cfg(target_arch = "x86_64")]
+fn cast<T: SetElem, U: SetElem>(s: &[T]) -> &[U] {
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<U>());
+    // SAFETY: T and U are the same type (checked above).
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<U>(), s.len()) }
+}
+
+/// `v` as `&mut Vec<U>` when `T` and `U` are the same type.
+#[cfg(target_arch = "x86_64")]
+fn cast_vec<T: SetElem, U: SetElem>(v: &mut Vec<T>) -> &mut Vec<U> {
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<U>());
+    // SAFETY: T and U are the same type (checked above), so the two Vec types are identical.
+    unsafe { &mut *(v as *mut Vec<T>).cast::<Vec<U>>() }
+}
+
+/// Append `a ∩ b` (both strictly increasing in `T`'s order) to `out`, ascending. Returns the
+/// number of values appended.
+///
+/// If `kernel` is unavailable on this CPU or has no implementation for `T`'s width, the best
+/// available correct kernel runs instead (VP2INTERSECT → AVX-512 → AVX2 → SSE4.2 → scalar).
+pub fn intersect<T: SetElem>(kernel: Kernel, a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
+    run_into(resolve::<T>(kernel), a, b, out)
+}
+
+/// `|a ∩ b|` for strictly increasing `a`, `b`, with `kernel` (fallback as in [`intersect`]).
+/// Writes nothing.
+pub fn intersect_count<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
+    let k = resolve::<T>(kernel);
+    count_with(k, a, b)
+}
+
+fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
+    if kernel == Kernel::Sse42 {
+        // The SSE4.2 kernel has no count-only entry point: run it into a scratch buffer.
+        let mut tmp = Vec::new();
+        return sse42_into(a, b, &mut tmp);
+    }
+    // SAFETY: `kernel` is resolved and not Sse42; WRITE = false never touches `dst`.
+    unsafe { run::<T, false>(kernel, a, b, std::ptr::null_mut()) }
+}
+
+// Hybrid policy thresholds, measured on the dev machine (Intel Xeon, Sapphire/Emerald
+// Rapids class, AVX-512 without VP2INTERSECT), u32, ~20% of the shorter list in common;
+// `examples/policy.rs` of the scratch harness, min of 5 runs. ns per pair:
+//
+//   short×ratio     scalar  gallop  avx2  avx512
+//   (filled in below by the measurement; see GALLOP_RATIO / SMALL_MAX)
+//
+/// Gallop when `long >= GALLOP_RATIO * short`.
+const GALLOP_RATIO: usize = 32;
+/// Below this shorter length, gallop already when `long >= GALLOP_RATIO_SMALL * short`.
+const GALLOP_RATIO_SMALL: usize = 8;
+/// The shorter length under which `GALLOP_RATIO_SMALL` applies.
+const SMALL_SHORT: usize = 16;
+/// Use the scalar merge when the longer list is shorter than this (SIMD setup does not pay).
+const SCALAR_MAX_LONG: usize = 16;
+
+/// The hybrid policy: which kernel [`intersect_auto`] runs for lengths `len_a`, `len_b`.
+///
+/// Galloping when the lengths are skewed, the scalar merge when both are tiny, otherwise
+/// the fastest block kernel this CPU has for `T` (VP2INTERSECT, AVX-512, AVX2, scalar).
+/// Thresholds: see the measurement notes above `GALLOP_RATIO` in this file.
+pub fn choose_kernel<T: SetElem>(len_a: usize, len_b: usize) -> Kernel {
+    let (short, long) = if len_a <= len_b { (len_a, len_b) } else { (len_b, len_a) };
+    if short == 0 {
+        return Kernel::Scalar;
+    }
+    let ratio = if short < SMALL_SHORT { GALLOP_RATIO_SMALL } else { GALLOP_RATIO };
+    if long >= ratio.saturating_mul(short) {
+        return Kernel::Galloping;
+    }
+    if long < SCALAR_MAX_LONG {
+        return Kernel::Scalar;
+    }
+    best_block::<T>()
+}
+
+/// `intersect(choose_kernel(a.len(), b.len()), a, b, out)`.
+pub fn intersect_auto<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
+    run_into(choose_kernel::<T>(a.len(), b.len()), a, b, out)
+}
+
+/// `intersect_count(choose_kernel(a.len(), b.len()), a, b)`.
+pub fn intersect_count_auto<T: SetElem>(a: &[T], b: &[T]) -> usize {
+    count_with(choose_kernel::<T>(a.len(), b.len()), a, b)
+}
+
+/// Like [`intersect_auto`] into raw spare capacity (for the k-way loop).
+///
+/// # Safety
+/// `a`, `b` strictly increasing; when `WRITE`, `dst` valid for writes of
+/// `min(a.len(), b.len()) + slack::<T>()` elements and not overlapping `a` or `b`.
+pub(crate) unsafe fn auto_raw<T: SetElem, const WRITE: bool>(
+    a: &[T],
+    b: &[T],
+    dst: *mut T,
+) -> usize {
+    let k = match choose_kernel::<T>(a.len(), b.len()) {
+        Kernel::Sse42 => best_block::<T>(),
+        k => k,
+    };
+    // SAFETY: `k` is usable and not Sse42; the rest is the caller's promise.
+    unsafe { run::<T, WRITE>(k, a, b, dst) }
+}
+
+/// Sorted with duplicates allowed (non-decreasing) `a`, `b`: append the distinct common
+/// values, ascending, to `out`. Returns the number appended.
+pub fn intersect_nondecreasing<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
+    let len = out.len();
+    out.reserve(a.len().min(b.len()));
+    // SAFETY: spare capacity of `min(a.len(), b.len())` elements was reserved after `len`.
+    let n = unsafe { scalar::merge_dedup::<T, true>(a, b, out.as_mut_ptr().add(len)) };
+    // SAFETY: exactly `n` elements were initialised after `len`, within capacity.
+    unsafe { out.set_len(len + n) };
+    n
+}
+
+/// Number of distinct common values of non-decreasing `a`, `b`.
+pub fn intersect_count_nondecreasing<T: SetElem>(a: &[T], b: &[T]) -> usize {
+    // SAFETY: WRITE = false never touches `dst`.
+    unsafe { scalar::merge_dedup::<T, false>(a, b, std::ptr::null_mut()) }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::BTreeSet;
+
+    /// Test-only conversions for the eight element types.
+    pub(crate) trait TestElem: SetElem {
+        const LO: i128;
+        const HI: i128;
+        fn from_i128(v: i128) -> Self;
+    }
+
+    macro_rules! test_elem {
+        ($($t:ty),*) => {$(
+            impl TestElem for $t {
+                const LO: i128 = <$t>::MIN as i128;
+                const HI: i128 = <$t>::MAX as i128;
+                fn from_i128(v: i128) -> Self {
+                    v.clamp(Self::LO, Self::HI) as $t
+                }
+            }
+        )*};
+    }
+    test_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+    /// Reference: BTreeSet intersection, ascending.
+    pub(crate) fn naive<T: Ord + Copy>(a: &[T], b: &[T]) -> Vec<T> {
+        let s: BTreeSet<T> = a.iter().copied().collect();
+        let t: BTreeSet<T> = b.iter().copied().collect();
+        s.intersection(&t).copied().collect()
+    }
+
+    /// Strategy: a strictly increasing Vec of values from `elem`, length drawn from `len`.
+    pub(crate) fn sorted_set<T: SetElem>(
+        elem: impl Strategy<Value = T>,
+        len: std::ops::Range<usize>,
+    ) -> impl Strategy<Value = Vec<T>> {
+        prop::collection::btree_set(elem, len).prop_map(|s| s.into_iter().collect())
+    }
+
+    /// Element strategy mixing dense clusters (near the type's minimum, zero and maximum:
+    /// many matches, negatives, extremes) with values from the whole range (sparse).
+    fn elem<T: TestElem>() -> impl Strategy<Value = T> {
+        (0u8..5, any::<u64>()).prop_map(|(mode, r)| {
+            let off = i128::from(r % 97);
+            T::from_i128(match mode {
+                0 => T::LO + off,
+                1 => off - 48,
+                2 => T::HI - off,
+                3 => i128::from(r % 4096),
+                _ => T::LO + i128::from(r) % (T::HI - T::LO + 1),
+            })
+        })
+    }
+
+    /// Strictly increasing random Vec of about `len` values in `[lo, hi]` (fewer if the
+    /// domain is small).
+    fn gen_set<T: TestElem>(rng: &mut StdRng, len: usize, lo: i128, hi: i128) -> Vec<T> {
+        let (lo, hi) = (lo.max(T::LO), hi.min(T::HI));
+        let span = (hi - lo + 1) as u128;
+        let mut v: Vec<T> = (0..len)
+            .map(|_| T::from_i128(lo + (rng.random::<u64>() as u128 % span) as i128))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Every kernel (available or not: unavailable ones exercise the fallback), both argument
+    /// orders, counts, the hybrid, all on sub-slices at offsets 0..3 (alignment).
+    pub(crate) fn check_all<T: SetElem>(a: &[T], b: &[T]) {
+        let expect = naive(a, b);
+        for off in 0..3 {
+            let mut ba = vec![T::default(); off];
+            ba.extend_from_slice(a);
+            let mut bb = vec![T::default(); 2 - off];
+            bb.extend_from_slice(b);
+            let (a, b) = (&ba[off..], &bb[2 - off..]);
+            for k in Kernel::ALL {
+                for (x, y) in [(a, b), (b, a)] {
+                    let mut out = vec![T::default(); off];
+                    let n = intersect(k, x, y, &mut out);
+                    assert_eq!(&out[off..], &expect[..], "{k:?} a={x:?} b={y:?}");
+                    assert_eq!(n, expect.len(), "{k:?}");
+                    assert_eq!(intersect_count(k, x, y), expect.len(), "{k:?} count");
+                }
+            }
+            let mut out = Vec::new();
+            assert_eq!(intersect_auto(a, b, &mut out), expect.len());
+            assert_eq!(out, expect);
+            assert_eq!(intersect_count_auto(a, b), expect.len());
+            let mut out = Vec::new();
+            assert_eq!(intersect_nondecreasing(a, b, &mut out), expect.len());
+            assert_eq!(out, expect);
+        }
+    }
+
+    fn deterministic<T: TestElem>(seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let lens = [0usize, 1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1000, 3000];
+        // Domains: dense around 0, dense at the minimum, dense at the maximum, full range.
+        let domains = |n: usize| {
+            let n = n as i128;
+            [(-n, 2 * n), (T::LO, T::LO + 3 * n), (T::HI - 3 * n, T::HI), (T::LO, T::HI)]
+        };
+        for &la in &lens {
+            for &lb in &lens {
+                for (lo, hi) in domains(la.max(lb).max(8)) {
+                    let a = gen_set::<T>(&mut rng, la, lo, hi);
+                    let b = gen_set::<T>(&mut rng, lb, lo, hi);
+                    check_all(&a, &b);
+                }
+            }
+        }
+        // Skews 1:1 .. 1:10000 with about 20% of the short list common.
+        for ratio in [1usize, 3, 10, 50, 300, 1000, 10000] {
+            for short in [1usize, 5, 20, 64] {
+                let long = (short * ratio).min(200_000);
+                let big = gen_set::<T>(&mut rng, long, T::LO / 2, T::HI / 2);
+                let mut small = gen_set::<T>(&mut rng, short, T::LO / 2, T::HI / 2);
+                for (i, s) in small.iter_mut().enumerate() {
+                    if i % 5 == 0 {
+                        *s = big[rng.random_range(0..big.len())];
+                    }
+                }
+                small.sort_unstable();
+                small.dedup();
+                check_all(&small, &big);
+            }
+        }
+    }
+
+    macro_rules! per_type {
+        ($($name:ident: $t:ty),*) => {$(
+            mod $name {
+                use super::*;
+                #[test]
+                fn deterministic_cases() {
+                    deterministic::<$t>(<$t>::BITS as u64 + u64::from(<$t>::SIGNED));
+                }
+                proptest! {
+                    #![proptest_config(ProptestConfig::with_cases(64))]
+                    #[test]
+                    fn kernels_match_reference(
+                        a in sorted_set(elem::<$t>(), 0..300),
+                        b in sorted_set(elem::<$t>(), 0..300),
+                    ) {
+                        check_all(&a, &b);
+                    }
+                    #[test]
+                    fn skewed_match_reference(
+                        a in sorted_set(elem::<$t>(), 0..12),
+                        b in sorted_set(elem::<$t>(), 200..1500),
+                    ) {
+                        check_all(&a, &b);
+                    }
+                    #[test]
+                    fn nondecreasing_matches_reference(
+                        mut a in prop::collection::vec(elem::<$t>(), 0..200),
+                        mut b in prop::collection::vec(elem::<$t>(), 0..200),
+                    ) {
+                        a.sort_unstable();
+                        b.sort_unstable();
+                        let mut out = Vec::new();
+                        let n = intersect_nondecreasing(&a, &b, &mut out);
+                        prop_assert_eq!(&out, &naive(&a, &b));
+                        prop_assert_eq!(n, out.len());
+                        prop_assert_eq!(intersect_count_nondecreasing(&a, &b), n);
+                        let s = sortedness(&a);
+                        let mut d = a.clone();
+                        d.dedup();
+                        prop_assert_eq!(s == Sortedness::Strict, d.len() == a.len());
+                    }
+                }
+            }
+        )*};
+    }
+    per_type!(t_i8: i8, t_i16: i16, t_i32: i32, t_i64: i64, t_u8: u8, t_u16: u16, t_u32: u32,
+              t_u64: u64);
+
+    #[test]
+    fn kernel_meta() {
+        let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, ["scalar", "galloping", "sse42", "avx2", "avx512", "vp2intersect"]);
+        assert!(Kernel::Scalar.is_available() && Kernel::Galloping.is_available());
+        for k in Kernel::ALL {
+            for bits in [8, 16, 32, 64] {
+                let r = match bits {
+                    8 => resolve::<u8>(k),
+                    16 => resolve::<i16>(k),
+                    32 => resolve::<u32>(k),
+                    _ => resolve::<i64>(k),
+                };
+                assert!(r.is_available() && r.supports_width(bits), "{k:?} {bits} -> {r:?}");
+                if k.is_available() && k.supports_width(bits) && (k != Kernel::Avx512 || bits >= 32)
+                {
+                    assert_eq!(r, k);
+                }
+            }
+        }
+        assert!(!Kernel::Sse42.supports_width(8) && !Kernel::Sse42.supports_width(64));
+        assert_eq!(choose_kernel::<u32>(0, 100), Kernel::Scalar);
+        assert_eq!(choose_kernel::<u32>(10, 100_000), Kernel::Galloping);
+        assert_eq!(choose_kernel::<u32>(100_000, 10), Kernel::Galloping);
+        assert_eq!(choose_kernel::<u32>(1000, 1000), best_block::<u32>());
+    }
+
+    #[test]
+    fn order_bits_follow_order() {
+        assert!((-1i8).order_bits() < 0i8.order_bits());
+        assert!(i64::MIN.order_bits() < i64::MAX.order_bits());
+        assert_eq!(u16::MAX.order_bits(), 0xffff);
+        assert_eq!(i32::MIN.order_bits(), 0);
+    }
+
+    #[test]
+    fn appends_after_existing_output() {
+        let mut out = vec![9u32; 5];
+        let a: Vec<u32> = (0..1000).collect();
+        let b: Vec<u32> = (500..2000).step_by(2).collect();
+        for k in Kernel::ALL {
+            out.truncate(5);
+            let n = intersect(k, &a, &b, &mut out);
+            assert_eq!(n, 250);
+            assert_eq!(&out[..5], &[9; 5]);
+            assert_eq!(&out[5..], &naive(&a, &b)[..]);
+        }
+    }
+}

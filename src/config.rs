@@ -1,0 +1,166 @@
+//! `SET sets.<option> = ...`: the crate's configuration extension.
+//!
+//! Every option is read at execution time from the session's `ConfigOptions`, so a `SET`
+//! takes effect on the next query. Bad values are rejected by the `SET` itself.
+
+use std::any::Any;
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions};
+use datafusion::common::{DataFusionError, config_err, config_field};
+
+use crate::backend::cpu::Kernel;
+
+/// Which device runs the set kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BackendChoice {
+    /// Decide per operator from statistics (CPU when no GPU is present).
+    #[default]
+    Auto,
+    /// Always the CPU kernels.
+    Cpu,
+    /// The GPU when one is present (the CPU otherwise; EXPLAIN says why).
+    Gpu,
+}
+
+impl FromStr for BackendChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "gpu" | "cuda" => Ok(Self::Gpu),
+            other => config_err!("sets.backend: expected 'auto', 'cpu' or 'gpu', got '{other}'"),
+        }
+    }
+}
+
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Cpu => "cpu",
+            Self::Gpu => "gpu",
+        })
+    }
+}
+
+config_field!(BackendChoice);
+
+/// Which CPU intersection kernel runs on sorted rows: `auto` (the measured hybrid) or one
+/// kernel forced for every row (testing and benchmarking).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CpuKernelChoice {
+    /// Pick per row from the two lengths and the CPU's features.
+    #[default]
+    Auto,
+    /// Force this kernel (falls back to a correct one if the CPU lacks it).
+    Fixed(Kernel),
+}
+
+impl FromStr for CpuKernelChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase();
+        if s == "auto" {
+            return Ok(Self::Auto);
+        }
+        match Kernel::ALL.iter().find(|k| k.name() == s) {
+            Some(k) => Ok(Self::Fixed(*k)),
+            None => {
+                let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+                config_err!(
+                    "sets.cpu_kernel: expected 'auto' or one of {}, got '{s}'",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Display for CpuKernelChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(k) => f.write_str(k.name()),
+        }
+    }
+}
+
+config_field!(CpuKernelChoice);
+
+/// Options of datafusion-sets, set with `SET sets.<name> = <value>` and listed (with their
+/// `sets.` prefix) by `SHOW ALL` and `information_schema.df_settings`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SetsConfig {
+    /// Device for set kernels: 'auto', 'cpu' or 'gpu'.
+    pub backend: BackendChoice,
+    /// CPU intersection kernel for sorted rows: 'auto' (the measured hybrid) or one of
+    /// 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'.
+    pub cpu_kernel: CpuKernelChoice,
+    /// Split a batch's rows across threads when it holds at least this many list values
+    /// (0 disables intra-batch threading).
+    pub parallel_min_values: usize,
+}
+
+impl Default for SetsConfig {
+    fn default() -> Self {
+        Self { backend: BackendChoice::Auto, cpu_kernel: CpuKernelChoice::Auto, parallel_min_values: 1 << 18 }
+    }
+}
+
+const BACKEND_DOC: &str = "Device for set kernels: 'auto', 'cpu' or 'gpu'.";
+const CPU_KERNEL_DOC: &str = "CPU intersection kernel for sorted rows: 'auto' (hybrid) or one of 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'.";
+const PARALLEL_DOC: &str = "Split a batch's rows across threads when it holds at least this many list values (0: never).";
+
+impl ExtensionOptions for SetsConfig {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> datafusion::common::Result<()> {
+        match key {
+            "backend" => self.backend.set("", value),
+            "cpu_kernel" => self.cpu_kernel.set("", value),
+            "parallel_min_values" => self.parallel_min_values.set("", value),
+            other => config_err!(
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values"
+            ),
+        }
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        let entry = |key: &str, value: String, description: &'static str| ConfigEntry {
+            key: format!("{}.{key}", Self::PREFIX),
+            value: Some(value),
+            description,
+        };
+        vec![
+            entry("backend", self.backend.to_string(), BACKEND_DOC),
+            entry("cpu_kernel", self.cpu_kernel.to_string(), CPU_KERNEL_DOC),
+            entry("parallel_min_values", self.parallel_min_values.to_string(), PARALLEL_DOC),
+        ]
+    }
+}
+
+impl ConfigExtension for SetsConfig {
+    const PREFIX: &'static str = "sets";
+}
+
+impl SetsConfig {
+    /// The options in force for a query: the session's, or the defaults when the extension
+    /// was not registered (a UDF used on its own).
+    pub fn from_options(options: &datafusion::config::ConfigOptions) -> SetsConfig {
+        options.extensions.get::<SetsConfig>().cloned().unwrap_or_default()
+    }
+}

@@ -1,0 +1,363 @@
+//! The per-row engine behind `list_intersect` and `list_intersect_count` on integer lists.
+//!
+//! Each row is classified on its own, never trusted:
+//! - every list sorted ascending with no NULL element → the sorted kernels (hybrid SIMD /
+//!   galloping per pair, k-way shortest first); the result is the distinct common values,
+//!   ascending, which is exactly what the built-in returns for sorted input;
+//! - otherwise → the exact semantics of DataFusion's `array_intersect`, folded left: the
+//!   shorter list is the lookup side, the longer one is probed in order (ties: the left one
+//!   is probed), duplicates dropped, NULL elements equal to each other.
+//!
+//! Large batches are split into chunks of about equal value counts, run on rayon's pool.
+
+use std::collections::HashSet;
+use std::ops::Range;
+
+use datafusion::arrow::array::OffsetSizeTrait;
+use rayon::prelude::*;
+
+use super::common::IntLists;
+use crate::backend::cpu::{self, SetElem, Sortedness};
+use crate::config::CpuKernelChoice;
+
+type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
+
+/// How the rows of one call are processed.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Kernel policy for sorted rows.
+    pub kernel: CpuKernelChoice,
+    /// Split across threads when the batch holds at least this many values (0: never).
+    pub parallel_min_values: usize,
+}
+
+/// What one chunk of rows produced (values mode).
+pub struct ValuesOut<T> {
+    /// Concatenated row results.
+    pub values: Vec<T>,
+    /// Length of each row's result.
+    pub lengths: Vec<usize>,
+    /// Element validity, `None` when no NULL element was produced.
+    pub validity: Option<Vec<bool>>,
+}
+
+/// Reused per-thread buffers.
+struct Scratch<'a, T: SetElem> {
+    rows: Vec<&'a [T]>,
+    tmp: Vec<T>,
+    tmp2: Vec<T>,
+    opt_a: Vec<Option<T>>,
+    opt_b: Vec<Option<T>>,
+    opt_out: Vec<Option<T>>,
+    lookup: FastSet<Option<T>>,
+    seen: FastSet<Option<T>>,
+}
+
+impl<T: SetElem> Scratch<'_, T> {
+    fn new() -> Self {
+        Self {
+            rows: Vec::new(),
+            tmp: Vec::new(),
+            tmp2: Vec::new(),
+            opt_a: Vec::new(),
+            opt_b: Vec::new(),
+            opt_out: Vec::new(),
+            lookup: FastSet::default(),
+            seen: FastSet::default(),
+        }
+    }
+}
+
+/// A row's classification.
+enum RowKind {
+    /// Some list is empty: the result is empty, whatever the rest holds.
+    Empty,
+    /// All lists sorted, no NULL element; `strict` when none has duplicates.
+    Sorted { strict: bool },
+    /// Anything else: exact built-in semantics.
+    General,
+}
+
+fn classify<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], i: usize) -> RowKind {
+    if lists.iter().any(|l| l.range(i).is_empty()) {
+        return RowKind::Empty;
+    }
+    let mut strict = true;
+    for l in lists {
+        if l.row_has_null_element(i) {
+            return RowKind::General;
+        }
+        match cpu::sortedness(l.row(i)) {
+            Sortedness::Strict => {}
+            Sortedness::NonDecreasing => strict = false,
+            Sortedness::Unsorted => return RowKind::General,
+        }
+    }
+    RowKind::Sorted { strict }
+}
+
+fn pair<T: SetElem>(kernel: CpuKernelChoice, strict: bool, a: &[T], b: &[T], out: &mut Vec<T>) {
+    if !strict {
+        cpu::intersect_nondecreasing(a, b, out);
+    } else {
+        match kernel {
+            CpuKernelChoice::Auto => {
+                cpu::intersect_auto(a, b, out);
+            }
+            CpuKernelChoice::Fixed(k) => {
+                cpu::intersect(k, a, b, out);
+            }
+        }
+    }
+}
+
+fn pair_count<T: SetElem>(kernel: CpuKernelChoice, strict: bool, a: &[T], b: &[T]) -> usize {
+    if !strict {
+        cpu::intersect_count_nondecreasing(a, b)
+    } else {
+        match kernel {
+            CpuKernelChoice::Auto => cpu::intersect_count_auto(a, b),
+            CpuKernelChoice::Fixed(k) => cpu::intersect_count(k, a, b),
+        }
+    }
+}
+
+/// Sorted rows: intersect shortest first into `out`; with a count, only the last step counts.
+fn sorted_row<'a, O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'a, O, T>],
+    i: usize,
+    strict: bool,
+    kernel: CpuKernelChoice,
+    scratch: &mut Scratch<'a, T>,
+    out: Option<&mut Vec<T>>,
+) -> usize {
+    let rows = &mut scratch.rows;
+    rows.clear();
+    rows.extend(lists.iter().map(|l| l.row(i)));
+    rows.sort_by_key(|r| r.len());
+    if strict && matches!(kernel, CpuKernelChoice::Auto) {
+        return match out {
+            Some(out) => cpu::intersect_kway(rows, out, &mut scratch.tmp),
+            None => cpu::intersect_kway_count(rows, &mut scratch.tmp),
+        };
+    }
+    // Pairwise fold, shortest first. After the first step the running result is strictly
+    // increasing, so later steps only need the non-strict kernel for non-strict inputs.
+    let k = rows.len();
+    if k == 2 {
+        return match out {
+            Some(out) => {
+                let before = out.len();
+                pair(kernel, strict, rows[0], rows[1], out);
+                out.len() - before
+            }
+            None => pair_count(kernel, strict, rows[0], rows[1]),
+        };
+    }
+    let (cur, next) = (&mut scratch.tmp, &mut scratch.tmp2);
+    cur.clear();
+    pair(kernel, strict, rows[0], rows[1], cur);
+    for (step, r) in rows[2..].iter().enumerate() {
+        let last = step + 3 == k;
+        let r_strict = strict || cpu::sortedness(r) == Sortedness::Strict;
+        if cur.is_empty() {
+            break;
+        }
+        if last && out.is_none() {
+            return pair_count(kernel, r_strict, cur, r);
+        }
+        next.clear();
+        pair(kernel, r_strict, cur, r, next);
+        std::mem::swap(cur, next);
+    }
+    match out {
+        Some(out) => {
+            out.extend_from_slice(cur);
+            cur.len()
+        }
+        None => cur.len(),
+    }
+}
+
+/// One step of the built-in's semantics: probe the longer side (left on ties) against the
+/// shorter, keep first occurrences.
+fn general_pair<T: SetElem>(
+    l: &[Option<T>],
+    r: &[Option<T>],
+    out: &mut Vec<Option<T>>,
+    lookup: &mut FastSet<Option<T>>,
+    seen: &mut FastSet<Option<T>>,
+) {
+    let (small, probe) = if l.len() < r.len() { (l, r) } else { (r, l) };
+    lookup.clear();
+    lookup.extend(small.iter().copied());
+    seen.clear();
+    for x in probe {
+        if lookup.contains(x) && seen.insert(*x) {
+            out.push(*x);
+        }
+    }
+}
+
+/// General rows: the exact left fold; the result is left in `scratch.opt_out`.
+fn general_row<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    i: usize,
+    scratch: &mut Scratch<'_, T>,
+) {
+    let Scratch { opt_a, opt_b, opt_out, lookup, seen, .. } = scratch;
+    opt_a.clear();
+    opt_a.extend(lists[0].row_options(i));
+    for l in &lists[1..] {
+        opt_b.clear();
+        opt_b.extend(l.row_options(i));
+        opt_out.clear();
+        general_pair(opt_a, opt_b, opt_out, lookup, seen);
+        std::mem::swap(opt_a, opt_out);
+        if opt_a.is_empty() {
+            break;
+        }
+    }
+    std::mem::swap(opt_a, opt_out);
+}
+
+fn row_is_null<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], i: usize) -> bool {
+    lists.iter().any(|l| l.is_null(i))
+}
+
+fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'a, O, T>],
+    rows: Range<usize>,
+    kernel: CpuKernelChoice,
+) -> ValuesOut<T> {
+    let mut scratch: Scratch<'a, T> = Scratch::new();
+    let mut out = ValuesOut { values: Vec::new(), lengths: Vec::with_capacity(rows.len()), validity: None };
+    for i in rows {
+        let before = out.values.len();
+        if !row_is_null(lists, i) {
+            match classify(lists, i) {
+                RowKind::Empty => {}
+                RowKind::Sorted { strict } => {
+                    sorted_row(lists, i, strict, kernel, &mut scratch, Some(&mut out.values));
+                }
+                RowKind::General => {
+                    general_row(lists, i, &mut scratch);
+                    let res = &scratch.opt_out;
+                    if out.validity.is_none() && res.iter().any(|v| v.is_none()) {
+                        out.validity = Some(vec![true; before]);
+                    }
+                    out.values.extend(res.iter().map(|v| v.unwrap_or_default()));
+                    if let Some(valid) = &mut out.validity {
+                        valid.extend(res.iter().map(|v| v.is_some()));
+                    }
+                }
+            }
+        }
+        let after = out.values.len();
+        if let Some(valid) = &mut out.validity {
+            valid.resize(after, true);
+        }
+        out.lengths.push(after - before);
+    }
+    out
+}
+
+fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'a, O, T>],
+    rows: Range<usize>,
+    kernel: CpuKernelChoice,
+) -> Vec<u64> {
+    let mut scratch: Scratch<'a, T> = Scratch::new();
+    rows.map(|i| {
+        if row_is_null(lists, i) {
+            return 0;
+        }
+        (match classify(lists, i) {
+            RowKind::Empty => 0,
+            RowKind::Sorted { strict } => sorted_row(lists, i, strict, kernel, &mut scratch, None),
+            RowKind::General => {
+                general_row(lists, i, &mut scratch);
+                scratch.opt_out.len()
+            }
+        }) as u64
+    })
+    .collect()
+}
+
+/// Row ranges of about equal value counts, one per task, or the whole batch when it is too
+/// small to be worth splitting.
+fn chunks<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], opts: &EngineOptions) -> Vec<Range<usize>> {
+    let n = lists[0].len();
+    let total: usize = lists.iter().map(|l| l.total_values()).sum();
+    let threads = rayon::current_num_threads();
+    if opts.parallel_min_values == 0 || total < opts.parallel_min_values || threads < 2 || n < 2 {
+        return vec![0..n];
+    }
+    // Several tasks per thread so uneven rows still balance.
+    let tasks = (threads * 4).min(n);
+    let per_task = total.div_ceil(tasks).max(1);
+    let mut ranges = Vec::with_capacity(tasks);
+    let mut start = 0;
+    let mut acc = 0;
+    for i in 0..n {
+        acc += lists.iter().map(|l| l.range(i).len()).sum::<usize>();
+        if acc >= per_task {
+            ranges.push(start..i + 1);
+            start = i + 1;
+            acc = 0;
+        }
+    }
+    if start < n {
+        ranges.push(start..n);
+    }
+    ranges
+}
+
+/// Intersect row by row; the result values of every row, in row order.
+pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    opts: &EngineOptions,
+) -> ValuesOut<T> {
+    let ranges = chunks(lists, opts);
+    if ranges.len() == 1 {
+        return values_chunk(lists, ranges[0].clone(), opts.kernel);
+    }
+    let parts: Vec<ValuesOut<T>> = ranges
+        .into_par_iter()
+        .map(|r| values_chunk(lists, r, opts.kernel))
+        .collect();
+    let total: usize = parts.iter().map(|p| p.values.len()).sum();
+    let any_nulls = parts.iter().any(|p| p.validity.is_some());
+    let mut out = ValuesOut {
+        values: Vec::with_capacity(total),
+        lengths: Vec::with_capacity(lists[0].len()),
+        validity: any_nulls.then(|| Vec::with_capacity(total)),
+    };
+    for p in parts {
+        if let Some(valid) = &mut out.validity {
+            match &p.validity {
+                Some(v) => valid.extend_from_slice(v),
+                None => valid.resize(valid.len() + p.values.len(), true),
+            }
+        }
+        out.values.extend_from_slice(&p.values);
+        out.lengths.extend_from_slice(&p.lengths);
+    }
+    out
+}
+
+/// Cardinality of every row's intersection (0 for NULL rows; the caller sets validity).
+pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    opts: &EngineOptions,
+) -> Vec<u64> {
+    let ranges = chunks(lists, opts);
+    if ranges.len() == 1 {
+        return count_chunk(lists, ranges[0].clone(), opts.kernel);
+    }
+    let parts: Vec<Vec<u64>> = ranges
+        .into_par_iter()
+        .map(|r| count_chunk(lists, r, opts.kernel))
+        .collect();
+    parts.concat()
+}

@@ -1,0 +1,323 @@
+//! `list_intersect_agg(list)`: the intersection of every list of a group — a search engine's
+//! conjunctive query over a postings table (`WHERE term IN (...)`), evaluated shortest first.
+
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait,
+    PrimitiveArray,
+};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::{Result, ScalarValue, internal_err, plan_err};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature, Volatility,
+};
+use datafusion_macros::user_doc;
+
+use super::common::IntLists;
+use crate::backend::cpu::{self, SetElem, Sortedness};
+use crate::dispatch_integer;
+
+/// The `list_intersect_agg` UDAF singleton.
+pub fn list_intersect_agg_udaf() -> Arc<AggregateUDF> {
+    static UDAF: LazyLock<Arc<AggregateUDF>> =
+        LazyLock::new(|| Arc::new(AggregateUDF::new_from_impl(ListIntersectAgg::new())));
+    Arc::clone(&UDAF)
+}
+
+/// `list_intersect_agg(list)` as an [`Expr`].
+pub fn list_intersect_agg(list: Expr) -> Expr {
+    list_intersect_agg_udaf().call(vec![list])
+}
+
+#[user_doc(
+    doc_section(label = "General Functions"),
+    description = "Aggregate: the values present in every non-NULL list of the group, distinct and ascending (set semantics, so the result does not depend on row order or partitioning). NULL lists are skipped; a group with no non-NULL list gives NULL. NULL elements compare equal: the result ends with one NULL when every list holds a NULL. Lists are intersected shortest first with the SIMD kernels; each list's sortedness is checked, unsorted lists are sorted first. Integer lists (List, LargeList, FixedSizeList) only; the result is List (LargeList for LargeList input).",
+    syntax_example = "list_intersect_agg(list)",
+    sql_example = r#"```sql
+> select list_intersect_agg(doc_ids) from postings where term in ('gpu', 'set');
++-----------------------------------------+
+| list_intersect_agg(postings.doc_ids)    |
++-----------------------------------------+
+| [3, 17, 42]                             |
++-----------------------------------------+
+```"#,
+    argument(name = "list", description = "Integer list column.")
+)]
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ListIntersectAgg {
+    signature: Signature,
+}
+
+impl Default for ListIntersectAgg {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ListIntersectAgg {
+    /// A new instance (prefer [`list_intersect_agg_udaf`]).
+    pub fn new() -> Self {
+        Self { signature: Signature::user_defined(Volatility::Immutable) }
+    }
+}
+
+impl AggregateUDFImpl for ListIntersectAgg {
+    fn name(&self) -> &str {
+        "list_intersect_agg"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let [arg] = arg_types else {
+            return plan_err!("list_intersect_agg expects 1 argument, got {}", arg_types.len());
+        };
+        let (field, large) = match arg {
+            DataType::List(f) | DataType::FixedSizeList(f, _) => (f, false),
+            DataType::LargeList(f) => (f, true),
+            other => {
+                return plan_err!("list_intersect_agg: argument 1 must be a list of integers, got {other}");
+            }
+        };
+        if !field.data_type().is_integer() {
+            return plan_err!(
+                "list_intersect_agg: argument 1 must be a list of integers, got a list of {}",
+                field.data_type()
+            );
+        }
+        Ok(vec![if large { arg.clone() } else { DataType::List(Arc::clone(field)) }])
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types {
+            [DataType::List(f)] | [DataType::FixedSizeList(f, _)] => Ok(DataType::new_list(f.data_type().clone(), true)),
+            [DataType::LargeList(f)] => Ok(DataType::new_large_list(f.data_type().clone(), true)),
+            other => internal_err!("list_intersect_agg: unexpected argument types {other:?}"),
+        }
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        Ok(vec![Arc::new(Field::new(
+            format!("{}[intersection]", args.name),
+            args.return_field.data_type().clone(),
+            true,
+        ))])
+    }
+
+    fn accumulator(&self, acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let ret = acc_args.return_field.data_type().clone();
+        let (element, large) = match &ret {
+            DataType::List(f) => (f.data_type().clone(), false),
+            DataType::LargeList(f) => (f.data_type().clone(), true),
+            other => return internal_err!("list_intersect_agg: unexpected return type {other}"),
+        };
+        dispatch_integer!(&element, P => Ok(Box::new(IntersectAccumulator::<P>::new(ret, large))),
+            _ => internal_err!("list_intersect_agg: {element} is not an integer type"))
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        self.doc()
+    }
+}
+
+/// Lists held back before they are folded into the running result, so that a group's lists
+/// are intersected shortest first. Rows are referenced (the input array is shared), not copied.
+const FLUSH_VALUES: usize = 1 << 22;
+
+/// Accumulates the intersection of a group's lists.
+struct IntersectAccumulator<P: ArrowPrimitiveType>
+where
+    P::Native: SetElem,
+{
+    return_type: DataType,
+    large: bool,
+    /// Running intersection, strictly increasing; `None` until a non-NULL list arrives.
+    result: Option<Vec<P::Native>>,
+    /// Whether every list so far held a NULL element.
+    null_in_all: bool,
+    /// Rows not yet folded in: (list array, row, length).
+    pending: Vec<(ArrayRef, usize, usize)>,
+    pending_values: usize,
+    /// Memory of the arrays `pending` keeps alive.
+    held_bytes: usize,
+    tmp: Vec<P::Native>,
+    row_buf: Vec<P::Native>,
+}
+
+impl<P: ArrowPrimitiveType> IntersectAccumulator<P>
+where
+    P::Native: SetElem,
+{
+    fn new(return_type: DataType, large: bool) -> Self {
+        Self {
+            return_type,
+            large,
+            result: None,
+            null_in_all: true,
+            pending: Vec::new(),
+            pending_values: 0,
+            held_bytes: 0,
+            tmp: Vec::new(),
+            row_buf: Vec::new(),
+        }
+    }
+
+    fn add_lists(&mut self, array: &ArrayRef) -> Result<()> {
+        if self.large {
+            self.hold::<i64>(array)
+        } else {
+            self.hold::<i32>(array)
+        }
+    }
+
+    fn hold<O: OffsetSizeTrait>(&mut self, array: &ArrayRef) -> Result<()> {
+        let Some(list) = array.as_list_opt::<O>() else {
+            return internal_err!("list_intersect_agg: unexpected input type {}", array.data_type());
+        };
+        let mut added = false;
+        let offsets = list.value_offsets();
+        for i in 0..list.len() {
+            if list.is_null(i) {
+                continue;
+            }
+            let len = (offsets[i + 1] - offsets[i]).as_usize();
+            self.pending.push((Arc::clone(array), i, len));
+            self.pending_values += len;
+            added = true;
+        }
+        if added {
+            self.held_bytes += array.get_array_memory_size();
+        }
+        if self.pending_values >= FLUSH_VALUES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Fold the pending lists into the result, shortest first.
+    fn flush(&mut self) -> Result<()> {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.sort_by_key(|(_, _, len)| *len);
+        for (array, row, _) in &pending {
+            if self.large {
+                self.fold_row::<i64>(array, *row)?;
+            } else {
+                self.fold_row::<i32>(array, *row)?;
+            }
+        }
+        pending.clear();
+        self.pending = pending;
+        self.pending_values = 0;
+        self.held_bytes = 0;
+        Ok(())
+    }
+
+    fn fold_row<O: OffsetSizeTrait>(&mut self, array: &ArrayRef, row: usize) -> Result<()> {
+        let Some(list) = array.as_list_opt::<O>() else {
+            return internal_err!("list_intersect_agg: unexpected input type {}", array.data_type());
+        };
+        let view = IntLists::<O, P::Native>::new::<P>(list);
+        let has_null = view.row_has_null_element(row);
+        self.null_in_all &= has_null;
+        if matches!(&self.result, Some(r) if r.is_empty()) {
+            return Ok(()); // nothing can come back; only the NULL flag still changes
+        }
+        let values = view.row(row);
+        let sorted: &[P::Native] = if !has_null && cpu::sortedness(values) == Sortedness::Strict {
+            values
+        } else {
+            self.row_buf.clear();
+            self.row_buf.extend(view.row_options(row).flatten());
+            self.row_buf.sort_unstable();
+            self.row_buf.dedup();
+            &self.row_buf
+        };
+        match &mut self.result {
+            None => self.result = Some(sorted.to_vec()),
+            Some(cur) => {
+                self.tmp.clear();
+                cpu::intersect_auto(cur, sorted, &mut self.tmp);
+                std::mem::swap(cur, &mut self.tmp);
+            }
+        }
+        Ok(())
+    }
+
+    fn to_scalar(&mut self) -> Result<ScalarValue> {
+        self.flush()?;
+        let Some(result) = &self.result else {
+            return ScalarValue::try_from(&self.return_type);
+        };
+        let mut values = result.clone();
+        let nulls = if self.null_in_all {
+            values.push(P::Native::default());
+            let mut valid = vec![true; values.len()];
+            valid[values.len() - 1] = false;
+            Some(NullBuffer::from(valid))
+        } else {
+            None
+        };
+        let len = values.len();
+        let element = Arc::new(PrimitiveArray::<P>::new(values.into(), nulls));
+        let field = Arc::new(Field::new_list_field(P::DATA_TYPE, true));
+        Ok(if self.large {
+            let list = GenericListArray::<i64>::try_new(field, OffsetBuffer::from_lengths([len]), element, None)?;
+            ScalarValue::LargeList(Arc::new(list))
+        } else {
+            let list = GenericListArray::<i32>::try_new(field, OffsetBuffer::from_lengths([len]), element, None)?;
+            ScalarValue::List(Arc::new(list))
+        })
+    }
+}
+
+impl<P: ArrowPrimitiveType> std::fmt::Debug for IntersectAccumulator<P>
+where
+    P::Native: SetElem,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntersectAccumulator")
+            .field("return_type", &self.return_type)
+            .field("result_len", &self.result.as_ref().map(Vec::len))
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+impl<P: ArrowPrimitiveType> Accumulator for IntersectAccumulator<P>
+where
+    P::Native: SetElem,
+{
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        match values {
+            [lists] => self.add_lists(lists),
+            _ => internal_err!("list_intersect_agg expects one input column, got {}", values.len()),
+        }
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        // A partial state is the intersection so far (NULL: nothing seen), a list like any
+        // input list, so merging is folding it in.
+        self.update_batch(states)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![self.to_scalar()?])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        self.to_scalar()
+    }
+
+    fn size(&self) -> usize {
+        size_of_val(self)
+            + self.result.as_ref().map_or(0, |r| r.capacity() * size_of::<P::Native>())
+            + (self.tmp.capacity() + self.row_buf.capacity()) * size_of::<P::Native>()
+            + self.pending.capacity() * size_of::<(ArrayRef, usize, usize)>()
+            + self.held_bytes
+    }
+}

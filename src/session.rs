@@ -1,0 +1,77 @@
+//! One call installs the crate into a session: functions, configuration (and, as they land,
+//! optimizer rules and table functions).
+
+use datafusion::common::Result;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::registry::FunctionRegistry;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::config::SetsConfig;
+use crate::functions::{all_aggregate_functions, all_scalar_functions};
+
+/// Installs datafusion-sets into a [`SessionStateBuilder`].
+pub trait SessionStateBuilderExt {
+    /// Register every function of the crate (replacing DataFusion's `list_intersect` alias)
+    /// and the `sets.*` configuration extension. Call it after `with_default_features()`:
+    /// functions registered later win a name.
+    fn with_sets(self) -> Self;
+}
+
+impl SessionStateBuilderExt for SessionStateBuilder {
+    fn with_sets(mut self) -> Self {
+        let config = self.config().get_or_insert_with(SessionConfig::new);
+        if config.options().extensions.get::<SetsConfig>().is_none() {
+            config.options_mut().extensions.insert(SetsConfig::default());
+        }
+        // Functions are registered after the defaults, so our `list_intersect` replaces the
+        // built-in alias of `array_intersect`.
+        if let Some(scalars) = self.scalar_functions() {
+            scalars.extend(all_scalar_functions());
+        } else {
+            self = self.with_scalar_functions(all_scalar_functions());
+        }
+        if let Some(aggregates) = self.aggregate_functions() {
+            aggregates.extend(all_aggregate_functions());
+        } else {
+            self = self.with_aggregate_functions(all_aggregate_functions());
+        }
+        self
+    }
+}
+
+/// Register every function of the crate into an existing registry (a `SessionContext` or a
+/// `SessionState`). The `sets.*` options are not installed this way: use [`register`] or
+/// [`SessionStateBuilderExt::with_sets`] for those.
+pub fn register_all(registry: &mut dyn FunctionRegistry) -> Result<()> {
+    for f in all_scalar_functions() {
+        registry.register_udf(f)?;
+    }
+    for f in all_aggregate_functions() {
+        registry.register_udaf(f)?;
+    }
+    Ok(())
+}
+
+/// Install datafusion-sets into a running [`SessionContext`]: functions and configuration.
+pub fn register(ctx: &SessionContext) -> Result<()> {
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        if state.config().options().extensions.get::<SetsConfig>().is_none() {
+            state.config_mut().options_mut().extensions.insert(SetsConfig::default());
+        }
+    }
+    for f in all_scalar_functions() {
+        ctx.register_udf(f.as_ref().clone());
+    }
+    for f in all_aggregate_functions() {
+        ctx.register_udaf(f.as_ref().clone());
+    }
+    Ok(())
+}
+
+/// A new [`SessionContext`] with DataFusion's defaults and datafusion-sets installed.
+pub fn new_context() -> SessionContext {
+    let state = SessionStateBuilder::new().with_default_features().with_sets().build();
+    SessionContext::new_with_state(state)
+}
