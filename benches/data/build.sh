@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the real data the `agg/gcide` benchmark group needs into the git-ignored
+# `bench-data/` folder at the repository root, by calling the shared dataset builders
+# (default /work/shared/datasets; override with DATASETS_DIR). Never commit the output.
+#
+#   bench-data/gcide/docs.parquet      (doc_id uint32, text, key)   from apt dict-gcide
+#   bench-data/gcide/postings.parquet  (term, doc_ids list<uint32>, tfs list<uint32>)
+#   bench-data/queries/queries.parquet (source, qid, text)          from PyPI pyserini==0.17.0
+#
+# Needs root (apt-get), python3 with pyarrow and numpy (`pip install pyarrow numpy`), and
+# network access to the Debian and PyPI registries. About 2 minutes on 2 cores after the
+# downloads. Idempotent: steps whose output exists are skipped (FORCE=1 rebuilds).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+DATASETS_DIR=${DATASETS_DIR:-/work/shared/datasets}
+export DATASETS_OUT=${DATASETS_OUT:-$REPO/bench-data}
+PY=${PY:-python3}
+FORCE=${FORCE:-0}
+
+if [ ! -f "$DATASETS_DIR/build_dictd.py" ]; then
+    echo "shared dataset builders not found in $DATASETS_DIR (set DATASETS_DIR)" >&2
+    exit 1
+fi
+$PY -c 'import pyarrow, numpy' 2>/dev/null || {
+    echo "python3 needs pyarrow and numpy: pip install pyarrow numpy" >&2
+    exit 1
+}
+mkdir -p "$DATASETS_OUT"
+
+need() { [ "$FORCE" = 1 ] || [ ! -f "$DATASETS_OUT/$1" ]; }
+
+if need gcide/postings.parquet; then
+    if [ ! -f /usr/share/dictd/gcide.index ]; then
+        apt-get update
+        apt-get install -y --no-install-recommends dict-gcide
+    fi
+    (cd "$DATASETS_DIR" && $PY build_dictd.py gcide && $PY build_postings.py gcide)
+fi
+
+if need queries/queries.parquet; then
+    WHEEL_DIR=${WHEEL_DIR:-/tmp/pyserini-wheel}
+    WHEEL="$WHEEL_DIR/pyserini-0.17.0-py3-none-any.whl"
+    [ -f "$WHEEL" ] || pip download --no-deps -d "$WHEEL_DIR" pyserini==0.17.0
+    (cd "$DATASETS_DIR" && $PY build_queries_anserini.py "$WHEEL")
+fi
+
+ls -l "$DATASETS_OUT"/gcide/postings.parquet "$DATASETS_OUT"/queries/queries.parquet
