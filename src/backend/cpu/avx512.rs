@@ -40,7 +40,7 @@ fn bits64<T: SetElem>(x: T) -> u64 {
 /// All-pairs block kernel over one 512-bit vector per side.
 macro_rules! block_kernel {
     ($name:ident, $feat:literal, $bits:literal, $lanes:literal, $mask:ty, $lane:ty,
-     $set1:ident, $cmpeq:ident, $compress:ident) => {
+     $set1:ident, $cmpeq:ident, $compress:ident, $maskload:ident) => {
         #[doc = concat!("AVX-512 ", stringify!($lanes), "x", stringify!($lanes),
                         " all-pairs block intersection of ", stringify!($bits), "-bit values.")]
         ///
@@ -55,6 +55,7 @@ macro_rules! block_kernel {
             dst: *mut T,
         ) -> usize {
             const L: usize = $lanes;
+            let PF: usize = super::pf_dist() / size_of::<T>(); // TEMP-EXPERIMENT
             assert!(size_of::<T>() * 8 == $bits);
             let (na, nb) = (a.len(), b.len());
             let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -63,6 +64,14 @@ macro_rules! block_kernel {
                 // SAFETY: i + L <= na, so the L values at pa+i are inside `a`; T is a primitive
                 // integer of the lane width (sealed trait), so its bytes are plain lanes.
                 let va = unsafe { _mm512_loadu_si512(pa.add(i).cast()) };
+                if PF > 0 {
+                    // SAFETY: prefetch is a hint and never faults; the address is only formed
+                    // with wrapping arithmetic.
+                    unsafe {
+                        _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(i + PF).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(j + PF).cast());
+                    }
+                }
                 let lb = pb.wrapping_add(j).cast::<$lane>();
                 let mut m: $mask = 0;
                 for t in 0..L {
@@ -81,6 +90,37 @@ macro_rules! block_kernel {
                 i += L * usize::from(amax <= bmax);
                 j += L * usize::from(bmax <= amax);
             }
+            // Tail: one side has fewer than L values left. Partial blocks: masked loads
+            // (masked-off lanes are not read) padded with the block's maximum, matches
+            // restricted to the valid lanes of `a`; skewed remainders gallop instead.
+            while i < na && j < nb {
+                let (ra, rb) = ((na - i).min(L), (nb - j).min(L));
+                if (na - i).max(nb - j) > 4 * L {
+                    break;
+                }
+                let (fa, fb): ($mask, $mask) = (<$mask>::MAX >> (L - ra), <$mask>::MAX >> (L - rb));
+                // SAFETY: i + ra <= na and j + rb <= nb.
+                let (amax, bmax) = unsafe { (*pa.add(i + ra - 1), *pb.add(j + rb - 1)) };
+                // SAFETY: only the `ra` lanes selected by `fa` are read, all inside `a`.
+                let va = unsafe {
+                    $maskload($set1(*pa.add(i + ra - 1).cast::<$lane>() as _), fa, pa.add(i).cast())
+                };
+                let lb = pb.wrapping_add(j).cast::<$lane>();
+                let mut m: $mask = 0;
+                for t in 0..rb {
+                    // SAFETY: j + t < j + rb <= nb.
+                    let y = unsafe { lb.add(t).read() };
+                    m |= $cmpeq(va, $set1(y as _));
+                }
+                m &= fa;
+                if WRITE {
+                    // SAFETY: as in the main loop.
+                    unsafe { _mm512_storeu_si512(dst.add(k).cast(), $compress(m, va)) };
+                }
+                k += m.count_ones() as usize;
+                i += ra * usize::from(amax <= bmax);
+                j += rb * usize::from(bmax <= amax);
+            }
             // SAFETY: i <= na, j <= nb. Matches so far used values of a[..i + L] and
             // b[..j + L], so k + min(na - i, nb - j) <= min(na, nb) + L: the tail's writes
             // stay in the caller's capacity.
@@ -90,13 +130,13 @@ macro_rules! block_kernel {
 }
 
 block_kernel!(block32, "avx512f", 32, 16, u16, u32,
-    _mm512_set1_epi32, _mm512_cmpeq_epi32_mask, _mm512_maskz_compress_epi32);
+    _mm512_set1_epi32, _mm512_cmpeq_epi32_mask, _mm512_maskz_compress_epi32, _mm512_mask_loadu_epi32);
 block_kernel!(block64, "avx512f", 64, 8, u8, u64,
-    _mm512_set1_epi64, _mm512_cmpeq_epi64_mask, _mm512_maskz_compress_epi64);
+    _mm512_set1_epi64, _mm512_cmpeq_epi64_mask, _mm512_maskz_compress_epi64, _mm512_mask_loadu_epi64);
 block_kernel!(block16, "avx512f,avx512bw,avx512vbmi2", 16, 32, u32, u16,
-    _mm512_set1_epi16, _mm512_cmpeq_epi16_mask, _mm512_maskz_compress_epi16);
+    _mm512_set1_epi16, _mm512_cmpeq_epi16_mask, _mm512_maskz_compress_epi16, _mm512_mask_loadu_epi16);
 block_kernel!(block8, "avx512f,avx512bw,avx512vbmi2", 8, 64, u64, u8,
-    _mm512_set1_epi8, _mm512_cmpeq_epi8_mask, _mm512_maskz_compress_epi8);
+    _mm512_set1_epi8, _mm512_cmpeq_epi8_mask, _mm512_maskz_compress_epi8, _mm512_mask_loadu_epi8);
 
 /// `vp2intersectd`: mask of the lanes of `a` equal to some lane of `b`.
 ///
@@ -133,7 +173,8 @@ unsafe fn vp2intersect_q(a: __m512i, b: __m512i) -> u8 {
 
 /// Block kernel whose L x L compare is one mask-producing operation `m(va, vb)`.
 macro_rules! pair_kernel {
-    ($name:ident, $feat:literal, $bits:literal, $lanes:literal, $pairmask:path, $compress:ident) => {
+    ($name:ident, $feat:literal, $bits:literal, $lanes:literal, $mask:ty, $pairmask:path,
+     $set1:ident, $compress:ident, $maskload:ident, $lane:ty) => {
         #[doc = concat!("Block intersection of ", stringify!($bits), "-bit values with `",
                         stringify!($pairmask), "` (", stringify!($lanes), " lanes).")]
         ///
@@ -146,6 +187,7 @@ macro_rules! pair_kernel {
             dst: *mut T,
         ) -> usize {
             const L: usize = $lanes;
+            let PF: usize = super::pf_dist() / size_of::<T>(); // TEMP-EXPERIMENT
             assert!(size_of::<T>() * 8 == $bits);
             let (na, nb) = (a.len(), b.len());
             let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -168,16 +210,43 @@ macro_rules! pair_kernel {
                 i += L * usize::from(amax <= bmax);
                 j += L * usize::from(bmax <= amax);
             }
+            // Tail with partial blocks, as in the block kernels; both vectors are padded with
+            // their block's maximum (a value of that block, so no false match).
+            while i < na && j < nb {
+                let (ra, rb) = ((na - i).min(L), (nb - j).min(L));
+                if (na - i).max(nb - j) > 4 * L {
+                    break;
+                }
+                let (fa, fb): ($mask, $mask) = (<$mask>::MAX >> (L - ra), <$mask>::MAX >> (L - rb));
+                // SAFETY: i + ra <= na and j + rb <= nb.
+                let (amax, bmax) = unsafe { (*pa.add(i + ra - 1), *pb.add(j + rb - 1)) };
+                // SAFETY: only the lanes selected by `fa`/`fb` are read, all inside the slices;
+                // the maxima are read at in-bounds positions.
+                let (va, vb) = unsafe {
+                    let pada = $set1(*pa.add(i + ra - 1).cast::<$lane>() as _);
+                    let padb = $set1(*pb.add(j + rb - 1).cast::<$lane>() as _);
+                    ($maskload(pada, fa, pa.add(i).cast()), $maskload(padb, fb, pb.add(j).cast()))
+                };
+                // SAFETY: the caller checked the mask operation's CPU features.
+                let m = unsafe { $pairmask(va, vb) } & fa;
+                if WRITE {
+                    // SAFETY: as in the main loop.
+                    unsafe { _mm512_storeu_si512(dst.add(k).cast(), $compress(m, va)) };
+                }
+                k += m.count_ones() as usize;
+                i += ra * usize::from(amax <= bmax);
+                j += rb * usize::from(bmax <= amax);
+            }
             // SAFETY: as in the block kernels.
             k + unsafe { tail::<T, WRITE>(a.get_unchecked(i..), b.get_unchecked(j..), dst.add(k)) }
         }
     };
 }
 
-pair_kernel!(vp2i32, "avx512f,avx512vp2intersect", 32, 16, vp2intersect_d,
-    _mm512_maskz_compress_epi32);
-pair_kernel!(vp2i64, "avx512f,avx512vp2intersect", 64, 8, vp2intersect_q,
-    _mm512_maskz_compress_epi64);
+pair_kernel!(vp2i32, "avx512f,avx512vp2intersect", 32, 16, u16, vp2intersect_d,
+    _mm512_set1_epi32, _mm512_maskz_compress_epi32, _mm512_mask_loadu_epi32, u32);
+pair_kernel!(vp2i64, "avx512f,avx512vp2intersect", 64, 8, u8, vp2intersect_q,
+    _mm512_set1_epi64, _mm512_maskz_compress_epi64, _mm512_mask_loadu_epi64, u64);
 
 /// Galloping of 32-bit values finished by one 16-lane compare.
 ///
@@ -229,3 +298,30 @@ pub(crate) unsafe fn gallop64<T: SetElem, const WRITE: bool>(
     // SAFETY: the caller's promise; `count_lt` reads exactly 8 values.
     unsafe { gallop_with::<T, WRITE, 8>(small, big, dst, count_lt) }
 }
+
+/// `vp2intersectd`'s first mask computed with AVX-512F only: `a` against the 16 rotations of
+/// `b` (`valignd`). Used as the VP2INTERSECT emulation in tests and for the rotation-vs-
+/// broadcast measurement.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn rot_mask_d(a: __m512i, b: __m512i) -> u16 {
+    macro_rules! rot {
+        ($($r:literal)*) => { 0 $(| _mm512_cmpeq_epi32_mask(a, _mm512_alignr_epi32::<$r>(b, b)))* };
+    }
+    _mm512_cmpeq_epi32_mask(a, b) | rot!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+}
+
+/// `vp2intersectq`'s first mask with AVX-512F only (8 rotations with `valignq`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn rot_mask_q(a: __m512i, b: __m512i) -> u8 {
+    macro_rules! rot {
+        ($($r:literal)*) => { 0 $(| _mm512_cmpeq_epi64_mask(a, _mm512_alignr_epi64::<$r>(b, b)))* };
+    }
+    _mm512_cmpeq_epi64_mask(a, b) | rot!(1 2 3 4 5 6 7)
+}
+
+pair_kernel!(rot32, "avx512f", 32, 16, u16, rot_mask_d,
+    _mm512_set1_epi32, _mm512_maskz_compress_epi32, _mm512_mask_loadu_epi32, u32);
+pair_kernel!(rot64, "avx512f", 64, 8, u8, rot_mask_q,
+    _mm512_set1_epi64, _mm512_maskz_compress_epi64, _mm512_mask_loadu_epi64, u64);

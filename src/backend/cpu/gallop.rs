@@ -90,6 +90,99 @@ pub(crate) unsafe fn gallop_scalar<T: SetElem, const WRITE: bool>(
     }
 }
 
+/// Values of the short list searched in lockstep by [`gallop_batched`].
+const G: usize = 16;
+
+/// Lower bounds (first index with `big[idx] >= x[g]`) of all `x[g]` in `big[lo..end]`,
+/// answers in `[lo, end]`, by `G` branch-free binary searches run in lockstep: the `G` loads
+/// of one level are independent, so their cache misses overlap.
+///
+/// # Safety
+/// `lo <= end <= big.len()`; `big` sorted.
+#[inline(always)]
+unsafe fn batch_lower_bound<T: SetElem>(big: &[T], lo: usize, end: usize, x: &[T; G]) -> [usize; G] {
+    let pb = big.as_ptr();
+    let mut base = [lo; G];
+    let mut n = end - lo;
+    // Invariant: each answer lies in [base[g], base[g] + n] and base[g] + n <= end.
+    while n > 1 {
+        let half = n / 2;
+        for (bg, &xg) in base.iter_mut().zip(x) {
+            // SAFETY: base + half - 1 < base + n <= end <= big.len().
+            let v = unsafe { *pb.add(*bg + half - 1) };
+            *bg = if v < xg { *bg + half } else { *bg };
+        }
+        n -= half;
+    }
+    if n == 1 {
+        for (bg, &xg) in base.iter_mut().zip(x) {
+            // SAFETY: base < base + 1 <= end <= big.len().
+            let v = unsafe { *pb.add(*bg) };
+            *bg += usize::from(v < xg);
+        }
+    }
+    base
+}
+
+/// First index `>= lo` with `big[idx] >= x` (or `big.len()`), by exponential search from
+/// `lo` then a branch-free binary search.
+#[inline(always)]
+fn exp_lower_bound<T: SetElem>(big: &[T], mut lo: usize, x: T) -> usize {
+    let nb = big.len();
+    let mut hi = lo;
+    let mut step = 1;
+    while hi < nb && big[hi] < x {
+        lo = hi + 1;
+        hi += step;
+        step <<= 1;
+    }
+    let end = hi.min(nb);
+    let (mut base, mut n) = (lo, end - lo);
+    while n > 1 {
+        let half = n / 2;
+        base = if big[base + half - 1] < x { base + half } else { base };
+        n -= half;
+    }
+    if n == 1 && big[base] < x { base + 1 } else { base }
+}
+
+/// Galloping in batches: the short list is cut into chunks of `G` values; the search range of
+/// a chunk ends at the position of its last value (found by exponential search from the
+/// previous chunk's end; the final chunk searches to the end of `big`), and the chunk's
+/// values are then located by [`batch_lower_bound`] in lockstep.
+///
+/// # Safety
+/// `small`, `big` strictly increasing; when `WRITE`, `dst` valid for `small.len()` writes.
+pub(crate) unsafe fn gallop_batched<T: SetElem, const WRITE: bool>(
+    small: &[T],
+    big: &[T],
+    dst: *mut T,
+) -> usize {
+    let (ns, nb) = (small.len(), big.len());
+    let (mut lo, mut k, mut s) = (0usize, 0usize, 0usize);
+    while s < ns && lo < nb {
+        let cnt = G.min(ns - s);
+        let chunk = &small[s..s + cnt];
+        let last = chunk[cnt - 1];
+        let end = if s + cnt == ns { nb } else { exp_lower_bound(big, lo, last) };
+        let mut x = [last; G];
+        x[..cnt].copy_from_slice(chunk);
+        // SAFETY: lo <= end <= nb (exp_lower_bound returns a value in [lo, nb]).
+        let pos = unsafe { batch_lower_bound(big, lo, end, &x) };
+        for (&p, &xg) in pos[..cnt].iter().zip(chunk) {
+            let hit = p < nb && big[p] == xg;
+            if WRITE {
+                // SAFETY: k counts matches of earlier values of `small`: k < ns.
+                unsafe { dst.add(k).write(xg) };
+            }
+            k += usize::from(hit);
+        }
+        lo = pos[cnt - 1];
+        s += cnt;
+    }
+    k
+}
+
 /// Galloping with the shorter of `a`, `b` probing the longer, with the SIMD finisher this
 /// CPU has for `T` (AVX-512 or AVX2 for 32/64-bit), else scalar.
 ///
@@ -101,6 +194,11 @@ pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
     dst: *mut T,
 ) -> usize {
     let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    // TEMP-EXPERIMENT
+    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(|| std::env::var("GMODE").ok().and_then(|s| s.parse().ok()).unwrap_or(0));
+    if mode == 1 { return unsafe { gallop_batched::<T, WRITE>(small, big, dst) }; }
+    if mode == 2 { return unsafe { gallop_scalar::<T, WRITE>(small, big, dst) }; }
     #[cfg(target_arch = "x86_64")]
     {
         use super::{avx2, avx512, features};
@@ -126,9 +224,9 @@ pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
 #[inline]
 pub(crate) unsafe fn tail<T: SetElem, const WRITE: bool>(a: &[T], b: &[T], dst: *mut T) -> usize {
     let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
-    if big.len() > 8 * small.len() {
+    if big.len() > 4 * small.len() {
         // SAFETY: the caller's promise (capacity min(len) = small.len()).
-        unsafe { gallop_scalar::<T, WRITE>(small, big, dst) }
+        unsafe { gallop_batched::<T, WRITE>(small, big, dst) }
     } else {
         // SAFETY: the caller's promise.
         unsafe { super::scalar::merge::<T, WRITE>(a, b, dst) }

@@ -251,6 +251,8 @@ unsafe fn run<T: SetElem, const WRITE: bool>(
             (Kernel::Avx2, 64) => return unsafe { avx2::block64::<T, WRITE>(a, b, dst) },
             (Kernel::Avx512, 8) => return unsafe { avx512::block8::<T, WRITE>(a, b, dst) },
             (Kernel::Avx512, 16) => return unsafe { avx512::block16::<T, WRITE>(a, b, dst) },
+            (Kernel::Avx512, 32) if rot_flag() => return unsafe { avx512::rot32::<T, WRITE>(a, b, dst) }, // TEMP-EXPERIMENT
+            (Kernel::Avx512, 64) if rot_flag() => return unsafe { avx512::rot64::<T, WRITE>(a, b, dst) }, // TEMP-EXPERIMENT
             (Kernel::Avx512, 32) => return unsafe { avx512::block32::<T, WRITE>(a, b, dst) },
             (Kernel::Avx512, 64) => return unsafe { avx512::block64::<T, WRITE>(a, b, dst) },
             (Kernel::Vp2intersect, 32) => return unsafe { avx512::vp2i32::<T, WRITE>(a, b, dst) },
@@ -266,6 +268,11 @@ unsafe fn run<T: SetElem, const WRITE: bool>(
     // SAFETY: forwarded caller promises (the merge needs only `min(a.len(), b.len())`).
     unsafe { scalar::merge::<T, WRITE>(a, b, dst) }
 }
+
+// TEMP-EXPERIMENT
+fn pf_dist() -> usize { static R: OnceLock<usize> = OnceLock::new(); *R.get_or_init(|| std::env::var("PF").ok().and_then(|s| s.parse().ok()).unwrap_or(0)) }
+// TEMP-EXPERIMENT
+fn rot_flag() -> bool { static R: OnceLock<bool> = OnceLock::new(); *R.get_or_init(|| std::env::var_os("ROT").is_some()) }
 
 /// Append the output of a resolved kernel to `out`.
 fn run_into<T: SetElem>(kernel: Kernel, a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
