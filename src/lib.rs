@@ -32,3 +32,8 @@ mod session;
 pub use config::SetsConfig;
 pub use functions::expr_fn;
 pub use session::{SessionStateBuilderExt, new_context, register, register_all};
+
+/// The README's Rust snippets, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
