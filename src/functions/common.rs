@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait,
 };
-use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::datatypes::ArrowNativeType;
 use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::common::{Result, ScalarValue, plan_err};
@@ -125,6 +125,8 @@ pub fn apply_to_columns(
 /// validity bitmaps. Rows are read as `&values[offsets[i]..offsets[i + 1]]`, so sliced
 /// arrays (first offset ≠ 0, child array with its own offset) need no copy.
 pub struct IntLists<'a, O: OffsetSizeTrait, T: SetElem> {
+    /// The buffers behind the slices below (for the verdict cache's identity and pins).
+    buffers: (&'a Buffer, &'a Buffer, Option<&'a Buffer>),
     offsets: &'a [O],
     values: &'a [T],
     nulls: Option<&'a NullBuffer>,
@@ -142,11 +144,22 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
         let child = list.values().as_primitive::<P>();
         let element_nulls = child.nulls().filter(|n| n.null_count() > 0);
         Self {
+            buffers: (
+                child.values().inner(),
+                list.offsets().inner().inner(),
+                element_nulls.map(|n| n.buffer()),
+            ),
             offsets: list.value_offsets(),
             values: child.values().as_ref(),
             nulls: list.nulls(),
             element_nulls,
         }
+    }
+
+    /// The values, offsets and element-validity buffers the view reads (whole buffers; the
+    /// view's slices lie inside them).
+    pub fn buffers(&self) -> (&'a Buffer, &'a Buffer, Option<&'a Buffer>) {
+        self.buffers
     }
 
     /// Number of rows.

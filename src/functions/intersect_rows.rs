@@ -12,11 +12,13 @@
 
 use std::collections::HashSet;
 use std::ops::Range;
+use std::sync::Arc;
 
 use datafusion::arrow::array::OffsetSizeTrait;
 use rayon::prelude::*;
 
 use super::common::IntLists;
+use super::row_verdicts::{Verdict, cached_verdicts, verdict_of};
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::config::CpuKernelChoice;
 
@@ -78,19 +80,24 @@ enum RowKind {
     General,
 }
 
-fn classify<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], i: usize) -> RowKind {
+fn classify<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    verdicts: &[Option<Arc<[Verdict]>>],
+    i: usize,
+) -> RowKind {
     if lists.iter().any(|l| l.range(i).is_empty()) {
         return RowKind::Empty;
     }
     let mut strict = true;
-    for l in lists {
-        if l.row_has_null_element(i) {
-            return RowKind::General;
-        }
-        match cpu::sortedness(l.row(i)) {
-            Sortedness::Strict => {}
-            Sortedness::NonDecreasing => strict = false,
-            Sortedness::Unsorted => return RowKind::General,
+    for (l, v) in lists.iter().zip(verdicts) {
+        let verdict = match v {
+            Some(v) => v[i],
+            None => verdict_of(l, i),
+        };
+        match verdict {
+            Verdict::Strict => {}
+            Verdict::NonDecreasing => strict = false,
+            Verdict::General => return RowKind::General,
         }
     }
     RowKind::Sorted { strict }
@@ -227,6 +234,7 @@ fn row_is_null<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], i: 
 
 fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'a, O, T>],
+    verdicts: &[Option<Arc<[Verdict]>>],
     rows: Range<usize>,
     kernel: CpuKernelChoice,
 ) -> ValuesOut<T> {
@@ -235,7 +243,7 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     for i in rows {
         let before = out.values.len();
         if !row_is_null(lists, i) {
-            match classify(lists, i) {
+            match classify(lists, verdicts, i) {
                 RowKind::Empty => {}
                 RowKind::Sorted { strict } => {
                     sorted_row(lists, i, strict, kernel, &mut scratch, Some(&mut out.values));
@@ -264,6 +272,7 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
 
 fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'a, O, T>],
+    verdicts: &[Option<Arc<[Verdict]>>],
     rows: Range<usize>,
     kernel: CpuKernelChoice,
 ) -> Vec<u64> {
@@ -272,7 +281,7 @@ fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
         if row_is_null(lists, i) {
             return 0;
         }
-        (match classify(lists, i) {
+        (match classify(lists, verdicts, i) {
             RowKind::Empty => 0,
             RowKind::Sorted { strict } => sorted_row(lists, i, strict, kernel, &mut scratch, None),
             RowKind::General => {
@@ -318,13 +327,14 @@ pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
     opts: &EngineOptions,
 ) -> ValuesOut<T> {
+    let verdicts: Vec<_> = lists.iter().map(cached_verdicts).collect();
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
-        return values_chunk(lists, ranges[0].clone(), opts.kernel);
+        return values_chunk(lists, &verdicts, ranges[0].clone(), opts.kernel);
     }
     let parts: Vec<ValuesOut<T>> = ranges
         .into_par_iter()
-        .map(|r| values_chunk(lists, r, opts.kernel))
+        .map(|r| values_chunk(lists, &verdicts, r, opts.kernel))
         .collect();
     let total: usize = parts.iter().map(|p| p.values.len()).sum();
     let any_nulls = parts.iter().any(|p| p.validity.is_some());
@@ -351,13 +361,14 @@ pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
     opts: &EngineOptions,
 ) -> Vec<u64> {
+    let verdicts: Vec<_> = lists.iter().map(cached_verdicts).collect();
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
-        return count_chunk(lists, ranges[0].clone(), opts.kernel);
+        return count_chunk(lists, &verdicts, ranges[0].clone(), opts.kernel);
     }
     let parts: Vec<Vec<u64>> = ranges
         .into_par_iter()
-        .map(|r| count_chunk(lists, r, opts.kernel))
+        .map(|r| count_chunk(lists, &verdicts, r, opts.kernel))
         .collect();
     parts.concat()
 }

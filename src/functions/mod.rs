@@ -5,6 +5,7 @@ mod intersect_rows;
 pub mod list_intersect;
 pub mod list_intersect_agg;
 pub mod list_intersect_count;
+pub mod row_verdicts;
 
 use std::sync::Arc;
 

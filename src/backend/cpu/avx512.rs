@@ -19,7 +19,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::SetElem;
-use super::gallop::{gallop_with, tail};
+use super::gallop::{gallop_with, skewed, tail};
 
 /// The bits of a 32-bit `T`.
 #[inline(always)]
@@ -95,7 +95,7 @@ macro_rules! block_kernel {
             // restricted to the valid lanes of `a`; skewed remainders gallop instead.
             while i < na && j < nb {
                 let (ra, rb) = ((na - i).min(L), (nb - j).min(L));
-                if (na - i).max(nb - j) > 4 * L {
+                if skewed(na - i, nb - j) {
                     break;
                 }
                 let (fa, fb): ($mask, $mask) = (<$mask>::MAX >> (L - ra), <$mask>::MAX >> (L - rb));
@@ -214,7 +214,7 @@ macro_rules! pair_kernel {
             // their block's maximum (a value of that block, so no false match).
             while i < na && j < nb {
                 let (ra, rb) = ((na - i).min(L), (nb - j).min(L));
-                if (na - i).max(nb - j) > 4 * L {
+                if skewed(na - i, nb - j) {
                     break;
                 }
                 let (fa, fb): ($mask, $mask) = (<$mask>::MAX >> (L - ra), <$mask>::MAX >> (L - rb));

@@ -90,8 +90,17 @@ pub(crate) unsafe fn gallop_scalar<T: SetElem, const WRITE: bool>(
     }
 }
 
-/// Values of the short list searched in lockstep by [`gallop_batched`].
+/// Values of the short list searched in lockstep by [`gallop_batched`] (fewer for the
+/// last chunk: [`G_SMALL`]).
 const G: usize = 16;
+/// Lockstep width for a last chunk of at most this many values.
+const G_SMALL: usize = 8;
+/// Short lists at least this long gallop in batches ([`gallop_batched`]); shorter ones
+/// one value at a time with the SIMD finisher.
+const BATCH_MIN: usize = 8;
+/// [`gallop_batched`] searches to the end of the long list when at most this many values of
+/// the short list are left.
+const UNBOUNDED: usize = 64;
 
 /// Lower bounds (first index with `big[idx] >= x[g]`) of all `x[g]` in `big[lo..end]`,
 /// answers in `[lo, end]`, by `G` branch-free binary searches run in lockstep: the `G` loads
@@ -100,13 +109,28 @@ const G: usize = 16;
 /// # Safety
 /// `lo <= end <= big.len()`; `big` sorted.
 #[inline(always)]
-unsafe fn batch_lower_bound<T: SetElem>(big: &[T], lo: usize, end: usize, x: &[T; G]) -> [usize; G] {
+unsafe fn batch_lower_bound<T: SetElem, const G: usize>(
+    big: &[T],
+    lo: usize,
+    end: usize,
+    x: &[T; G],
+) -> [usize; G] {
     let pb = big.as_ptr();
     let mut base = [lo; G];
     let mut n = end - lo;
     // Invariant: each answer lies in [base[g], base[g] + n] and base[g] + n <= end.
     while n > 1 {
         let half = n / 2;
+        // Prefetch both candidates of the next level's probe while this level's loads
+        // (prefetched one level earlier) resolve: one level of latency is hidden. Only
+        // where the candidates lie in different cache lines.
+        let next = (n - half) / 2;
+        if next * size_of::<T>() >= 64 {
+            for &bg in &base {
+                prefetch(pb.wrapping_add(bg + next - 1));
+                prefetch(pb.wrapping_add(bg + half + next - 1));
+            }
+        }
         for (bg, &xg) in base.iter_mut().zip(x) {
             // SAFETY: base + half - 1 < base + n <= end <= big.len().
             let v = unsafe { *pb.add(*bg + half - 1) };
@@ -122,6 +146,18 @@ unsafe fn batch_lower_bound<T: SetElem>(big: &[T], lo: usize, end: usize, x: &[T
         }
     }
     base
+}
+
+/// Hint the CPU to fetch the cache line at `p` (any address: a prefetch never faults).
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` is a hint: it reads nothing architecturally and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// First index `>= lo` with `big[idx] >= x` (or `big.len()`), by exponential search from
@@ -161,26 +197,57 @@ pub(crate) unsafe fn gallop_batched<T: SetElem, const WRITE: bool>(
     let (ns, nb) = (small.len(), big.len());
     let (mut lo, mut k, mut s) = (0usize, 0usize, 0usize);
     while s < ns && lo < nb {
-        let cnt = G.min(ns - s);
-        let chunk = &small[s..s + cnt];
-        let last = chunk[cnt - 1];
-        let end = if s + cnt == ns { nb } else { exp_lower_bound(big, lo, last) };
-        let mut x = [last; G];
-        x[..cnt].copy_from_slice(chunk);
-        // SAFETY: lo <= end <= nb (exp_lower_bound returns a value in [lo, nb]).
-        let pos = unsafe { batch_lower_bound(big, lo, end, &x) };
-        for (&p, &xg) in pos[..cnt].iter().zip(chunk) {
-            let hit = p < nb && big[p] == xg;
-            if WRITE {
-                // SAFETY: k counts matches of earlier values of `small`: k < ns.
-                unsafe { dst.add(k).write(xg) };
+        // SAFETY: s < ns; the caller's promise covers `dst` (k < ns).
+        let rest = ns - s;
+        let (n, next, used) = unsafe {
+            let (r, d) = (&small[s..], dst.add(k));
+            match rest {
+                0..=8 => batch_chunk::<T, WRITE, 8>(r, big, lo, d),
+                9..=16 => batch_chunk::<T, WRITE, 16>(r, big, lo, d),
+                17..=32 => batch_chunk::<T, WRITE, 32>(r, big, lo, d),
+                33..=64 => batch_chunk::<T, WRITE, 64>(r, big, lo, d),
+                _ => batch_chunk::<T, WRITE, G>(r, big, lo, d),
             }
-            k += usize::from(hit);
-        }
-        lo = pos[cnt - 1];
-        s += cnt;
+        };
+        k += n;
+        lo = next;
+        s += used;
     }
     k
+}
+
+/// One chunk of [`gallop_batched`]: the first `min(G, rest.len())` values of `rest` (not
+/// empty) searched from `lo`. Returns (matches, next `lo`).
+///
+/// # Safety
+/// `lo <= big.len()`; when `WRITE`, `dst` valid for `min(G, rest.len())` writes.
+#[inline(always)]
+unsafe fn batch_chunk<T: SetElem, const WRITE: bool, const G: usize>(
+    rest: &[T],
+    big: &[T],
+    lo: usize,
+    dst: *mut T,
+) -> (usize, usize, usize) {
+    let nb = big.len();
+    let cnt = G.min(rest.len());
+    let chunk = &rest[..cnt];
+    let last = chunk[cnt - 1];
+    // Few values left: search them all to the end of `big` (no sequential bound search).
+    let end = if rest.len() <= UNBOUNDED { nb } else { exp_lower_bound(big, lo, last) };
+    let mut x = [last; G];
+    x[..cnt].copy_from_slice(chunk);
+    // SAFETY: lo <= end <= nb (exp_lower_bound returns a value in [lo, nb]).
+    let pos = unsafe { batch_lower_bound(big, lo, end, &x) };
+    let mut k = 0;
+    for (&p, &xg) in pos[..cnt].iter().zip(chunk) {
+        let hit = p < nb && big[p] == xg;
+        if WRITE {
+            // SAFETY: k counts matches of earlier values of the chunk: k < cnt.
+            unsafe { dst.add(k).write(xg) };
+        }
+        k += usize::from(hit);
+    }
+    (k, pos[cnt - 1], cnt)
 }
 
 /// Galloping with the shorter of `a`, `b` probing the longer, with the SIMD finisher this
@@ -199,6 +266,7 @@ pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
     let mode = *MODE.get_or_init(|| std::env::var("GMODE").ok().and_then(|s| s.parse().ok()).unwrap_or(0));
     if mode == 1 { return unsafe { gallop_batched::<T, WRITE>(small, big, dst) }; }
     if mode == 2 { return unsafe { gallop_scalar::<T, WRITE>(small, big, dst) }; }
+    if mode == 0 && small.len() >= BATCH_MIN { return unsafe { gallop_batched::<T, WRITE>(small, big, dst) }; }
     #[cfg(target_arch = "x86_64")]
     {
         use super::{avx2, avx512, features};
@@ -217,16 +285,24 @@ pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
     unsafe { gallop_scalar::<T, WRITE>(small, big, dst) }
 }
 
+/// Whether block-kernel remainders of `ra` and `rb` values are skewed enough to gallop.
+#[inline(always)]
+pub(crate) fn skewed(ra: usize, rb: usize) -> bool {
+    ra.max(rb) > TAIL_GALLOP_RATIO * ra.min(rb)
+}
+
+/// Remainder ratio above which block kernels gallop their tail.
+const TAIL_GALLOP_RATIO: usize = 64;
+
 /// Finish a block kernel: gallop when the remainders are skewed, else merge.
 ///
 /// # Safety
 /// As [`super::scalar::merge`].
 #[inline]
 pub(crate) unsafe fn tail<T: SetElem, const WRITE: bool>(a: &[T], b: &[T], dst: *mut T) -> usize {
-    let (small, big) = if a.len() <= b.len() { (a, b) } else { (b, a) };
-    if big.len() > 4 * small.len() {
-        // SAFETY: the caller's promise (capacity min(len) = small.len()).
-        unsafe { gallop_batched::<T, WRITE>(small, big, dst) }
+    if skewed(a.len(), b.len()) {
+        // SAFETY: the caller's promise (capacity min(len)).
+        unsafe { gallop_auto::<T, WRITE>(a, b, dst) }
     } else {
         // SAFETY: the caller's promise.
         unsafe { super::scalar::merge::<T, WRITE>(a, b, dst) }

@@ -315,6 +315,25 @@ fn sse42_into<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
     run_into(k, a, b, out)
 }
 
+/// The SSE4.2 kernel, count only. Only called once `Sse42.usable::<T>()`.
+fn sse42_count<T: SetElem>(a: &[T], b: &[T]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::any::TypeId;
+        if TypeId::of::<T>() == TypeId::of::<u16>() {
+            // SAFETY: usable() checked sse42_available(); inputs strictly increasing.
+            return unsafe { sse42::intersect_count_u16(cast::<T, u16>(a), cast::<T, u16>(b)) };
+        }
+        if T::BITS == 32 {
+            // SAFETY: as above; T is a 32-bit integer (sealed trait).
+            return unsafe { sse42::intersect_count_u32_hier(a, b) };
+        }
+    }
+    // i16 has no count-only SSE4.2 entry point: run it into a scratch buffer.
+    let mut tmp = Vec::new();
+    sse42_into(a, b, &mut tmp)
+}
+
 /// `s` as `&[U]` when `T` and `U` are the same type.
 #[cfg(target_arch = "x86_64")]
 fn cast<T: SetElem, U: SetElem>(s: &[T]) -> &[U] {
@@ -349,9 +368,7 @@ pub fn intersect_count<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
 
 fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
     if kernel == Kernel::Sse42 {
-        // The SSE4.2 kernel has no count-only entry point: run it into a scratch buffer.
-        let mut tmp = Vec::new();
-        return sse42_into(a, b, &mut tmp);
+        return sse42_count(a, b);
     }
     // SAFETY: `kernel` is resolved and not Sse42; WRITE = false never touches `dst`.
     unsafe { run::<T, false>(kernel, a, b, std::ptr::null_mut()) }
@@ -365,13 +382,13 @@ fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
 //   (filled in below by the measurement; see GALLOP_RATIO / SMALL_MAX)
 //
 /// Gallop when `long >= GALLOP_RATIO * short`.
-const GALLOP_RATIO: usize = 32;
+const GALLOP_RATIO: usize = 192;
 /// Below this shorter length, gallop already when `long >= GALLOP_RATIO_SMALL * short`.
-const GALLOP_RATIO_SMALL: usize = 8;
+const GALLOP_RATIO_SMALL: usize = 48;
 /// The shorter length under which `GALLOP_RATIO_SMALL` applies.
 const SMALL_SHORT: usize = 16;
 /// Use the scalar merge when the longer list is shorter than this (SIMD setup does not pay).
-const SCALAR_MAX_LONG: usize = 16;
+const SCALAR_MAX_LONG: usize = 0;
 
 /// The hybrid policy: which kernel [`intersect_auto`] runs for lengths `len_a`, `len_b`.
 ///

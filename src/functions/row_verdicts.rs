@@ -1,0 +1,192 @@
+//! Per-row verdicts of a list column — strictly increasing, sorted with duplicates, or
+//! neither (unsorted, or holding a NULL element) — computed once per Arrow buffer and cached.
+//!
+//! Sortedness is checked, never trusted, and checking reads every value. A skewed
+//! intersection (a 20-value list galloping through a 20,000-value one) otherwise reads a few
+//! hundred of those values, so the check would dominate every query over the same table.
+//! Arrow buffers are immutable, so the verdicts of one `(values, offsets, validity)` triple
+//! stay true as long as the buffers live. An entry keeps clones of those buffers, which pins
+//! their memory and makes the addresses in its key unique; an entry whose buffers nobody else
+//! holds any more is dropped at the next lookup, so the cache never keeps a table alive.
+
+use std::any::TypeId;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use datafusion::arrow::array::OffsetSizeTrait;
+use datafusion::arrow::buffer::Buffer;
+use rayon::prelude::*;
+
+use super::common::IntLists;
+use crate::backend::cpu::{self, SetElem, Sortedness};
+
+/// What one row of one list column is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Strictly increasing, no NULL element.
+    Strict,
+    /// Sorted ascending with duplicates, no NULL element.
+    NonDecreasing,
+    /// Unsorted or holding a NULL element: the exact general path.
+    General,
+}
+
+/// Columns with fewer values are checked per call, not cached.
+const CACHE_MIN_VALUES: usize = 1 << 16;
+/// Most entries kept (least recently used are dropped first).
+const CACHE_ENTRIES: usize = 64;
+/// Rows checked per rayon task when filling an entry.
+const ROWS_PER_TASK: usize = 256;
+
+#[derive(Clone, PartialEq, Eq)]
+struct Key {
+    element: TypeId,
+    offset_width: usize,
+    values: (usize, usize),
+    offsets: (usize, usize),
+    nulls: (usize, usize),
+}
+
+struct Entry {
+    key: Key,
+    pins: Vec<Buffer>,
+    verdicts: Arc<[Verdict]>,
+    last_used: u64,
+}
+
+#[derive(Default)]
+struct Cache {
+    entries: Vec<Entry>,
+    clock: u64,
+    hits: u64,
+    misses: u64,
+}
+
+static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
+
+/// The verdict of row `i` of `list`, checked now.
+pub fn verdict_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>, i: usize) -> Verdict {
+    if list.row_has_null_element(i) {
+        return Verdict::General;
+    }
+    match cpu::sortedness(list.row(i)) {
+        Sortedness::Strict => Verdict::Strict,
+        Sortedness::NonDecreasing => Verdict::NonDecreasing,
+        Sortedness::Unsorted => Verdict::General,
+    }
+}
+
+/// Verdicts of every row of `list`, from the cache when the column is large enough to be
+/// worth it; `None` for small columns (check rows as they come).
+pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> Option<Arc<[Verdict]>> {
+    if list.total_values() < CACHE_MIN_VALUES {
+        return None;
+    }
+    let (pins, key) = key_of(list);
+    {
+        let mut cache = CACHE.lock().ok()?;
+        cache.clock += 1;
+        let now = cache.clock;
+        // Entries whose buffers only the cache still holds belong to dropped data.
+        cache.entries.retain(|e| e.pins.iter().any(|b| b.strong_count() > 1));
+        if let Some(e) = cache.entries.iter_mut().find(|e| e.key == key) {
+            e.last_used = now;
+            let verdicts = Arc::clone(&e.verdicts);
+            cache.hits += 1;
+            return Some(verdicts);
+        }
+        cache.misses += 1;
+    }
+    let rows = list.len();
+    let verdicts: Arc<[Verdict]> = (0..rows)
+        .into_par_iter()
+        .with_min_len(ROWS_PER_TASK)
+        .map(|i| verdict_of(list, i))
+        .collect::<Vec<_>>()
+        .into();
+    if let Ok(mut cache) = CACHE.lock() {
+        if cache.entries.len() >= CACHE_ENTRIES {
+            if let Some(oldest) = cache.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) {
+                cache.entries.swap_remove(oldest);
+            }
+        }
+        let last_used = cache.clock;
+        cache.entries.push(Entry { key, pins, verdicts: Arc::clone(&verdicts), last_used });
+    }
+    Some(verdicts)
+}
+
+fn key_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> (Vec<Buffer>, Key) {
+    let (values, offsets, nulls) = list.buffers();
+    let span = |b: Option<&Buffer>| b.map_or((0, 0), |b| (b.as_ptr() as usize, b.len()));
+    let key = Key {
+        element: TypeId::of::<T>(),
+        offset_width: O::IS_LARGE as usize,
+        values: span(Some(values)),
+        offsets: span(Some(offsets)),
+        nulls: span(nulls),
+    };
+    let mut pins = vec![values.clone(), offsets.clone()];
+    pins.extend(nulls.cloned());
+    (pins, key)
+}
+
+/// (hits, misses, entries) — for tests and diagnostics.
+pub fn cache_stats() -> (u64, u64, usize) {
+    CACHE.lock().map(|c| (c.hits, c.misses, c.entries.len())).unwrap_or((0, 0, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int32Array, ListArray};
+    use datafusion::arrow::buffer::OffsetBuffer;
+    use datafusion::arrow::datatypes::{DataType, Field, Int32Type};
+
+    use super::*;
+
+    fn column(rows: usize) -> ListArray {
+        // Row r: 300 values; sorted (r % 3 == 0), with duplicates (1), unsorted (2).
+        let mut values = Vec::new();
+        let mut offsets = vec![0i32];
+        for r in 0..rows {
+            let base: Vec<i32> = (0..300).map(|k| (k * 2) as i32).collect();
+            match r % 3 {
+                0 => values.extend(base),
+                1 => values.extend(base.iter().map(|v| v / 4)),
+                _ => values.extend(base.iter().rev()),
+            }
+            offsets.push(values.len() as i32);
+        }
+        let field = Arc::new(Field::new_list_field(DataType::Int32, true));
+        ListArray::new(field, OffsetBuffer::new(offsets.into()), Arc::new(Int32Array::from(values)), None)
+    }
+
+    #[test]
+    fn cached_verdicts_are_the_checked_ones_and_are_reused() {
+        let list = column(400);
+        let view = IntLists::<i32, i32>::new::<Int32Type>(&list);
+        let first = cached_verdicts(&view).expect("large enough to cache");
+        for (i, v) in first.iter().enumerate() {
+            assert_eq!(*v, verdict_of(&view, i));
+            let expected = [Verdict::Strict, Verdict::NonDecreasing, Verdict::General][i % 3];
+            assert_eq!(*v, expected, "row {i}");
+        }
+        let again = cached_verdicts(&view).expect("cached");
+        assert!(Arc::ptr_eq(&first, &again), "second lookup must hit the cache");
+
+        // A slice is another view: its own entry, rows renumbered.
+        let sliced = list.slice(1, 300);
+        let view = IntLists::<i32, i32>::new::<Int32Type>(&sliced);
+        let verdicts = cached_verdicts(&view).expect("large enough");
+        assert_eq!(verdicts[0], Verdict::NonDecreasing);
+        assert_eq!(verdicts.len(), 300);
+    }
+
+    #[test]
+    fn small_columns_are_not_cached() {
+        let list = column(3);
+        let view = IntLists::<i32, i32>::new::<Int32Type>(&list);
+        assert!(cached_verdicts(&view).is_none());
+    }
+}
