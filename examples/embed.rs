@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ListArray, RecordBatch, StringArray};
+use datafusion::arrow::array::{Array, ListArray, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, UInt32Type};
 use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;

@@ -3,7 +3,9 @@
 //! Fast set operations on Arrow list columns for Apache DataFusion.
 //!
 //! - [`functions`]: the SQL surface (`list_intersect`, `list_intersect_count`,
-//!   `list_intersect_agg`), one function per file.
+//!   `list_intersect_agg`, `jaccard`, `cosine`, `dice`, `overlap`), one function per file.
+//! - [`join`]: the exact set similarity join (`SimilarityJoinExec`, the `similarity_join`
+//!   table function).
 //! - [`backend`]: the kernels — scalar, galloping and SIMD (SSE4.2 STTNI, AVX2, AVX-512,
 //!   VP2INTERSECT) on the CPU, chosen at run time.
 //! - [`config`]: `SET sets.<option> = ...`.
@@ -27,6 +29,7 @@
 pub mod backend;
 pub mod config;
 pub mod functions;
+pub mod join;
 mod session;
 
 pub use config::SetsConfig;

@@ -1,6 +1,9 @@
 //! One call installs the crate into a session: functions, configuration (and, as they land,
 //! optimizer rules and table functions).
 
+use std::sync::Arc;
+
+use datafusion::catalog::TableFunction;
 use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
@@ -8,6 +11,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::config::SetsConfig;
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
+use crate::join::{SIMILARITY_JOIN, SimilarityJoinFunction};
 
 /// Installs datafusion-sets into a [`SessionStateBuilder`].
 pub trait SessionStateBuilderExt {
@@ -35,6 +39,13 @@ impl SessionStateBuilderExt for SessionStateBuilder {
         } else {
             self = self.with_aggregate_functions(all_aggregate_functions());
         }
+        let join = Arc::new(TableFunction::new(
+            SIMILARITY_JOIN.into(),
+            Arc::new(SimilarityJoinFunction),
+        ));
+        self.table_functions()
+            .get_or_insert_with(Default::default)
+            .insert(SIMILARITY_JOIN.into(), join);
         self
     }
 }
@@ -52,7 +63,8 @@ pub fn register_all(registry: &mut dyn FunctionRegistry) -> Result<()> {
     Ok(())
 }
 
-/// Install datafusion-sets into a running [`SessionContext`]: functions and configuration.
+/// Install datafusion-sets into a running [`SessionContext`]: functions, the
+/// `similarity_join` table function and configuration.
 pub fn register(ctx: &SessionContext) -> Result<()> {
     {
         let state = ctx.state_ref();
@@ -67,6 +79,7 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     for f in all_aggregate_functions() {
         ctx.register_udaf(f.as_ref().clone());
     }
+    ctx.register_udtf(SIMILARITY_JOIN, Arc::new(SimilarityJoinFunction));
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! Backends: the kernels that do the set work, behind one interface.
 //!
 //! `cpu` holds the scalar, galloping and SIMD kernels (chosen per row at run time).
-//! The GPU backend (issue: GPU backend) will live beside it as `gpu`.
+//! `gpu` holds the CUDA backend (batched k-way intersection on the device).
 
 pub mod cpu;
+pub mod gpu;

@@ -162,6 +162,12 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
         self.buffers
     }
 
+    /// The raw parts: offsets (`len() + 1` entries), child values, list validity and child
+    /// validity (`None` when the child holds no NULL), for backends that ship whole buffers.
+    pub(crate) fn parts(&self) -> (&'a [O], &'a [T], Option<&'a NullBuffer>, Option<&'a NullBuffer>) {
+        (self.offsets, self.values, self.nulls, self.element_nulls)
+    }
+
     /// Number of rows.
     pub fn len(&self) -> usize {
         self.offsets.len() - 1

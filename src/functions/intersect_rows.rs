@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use super::common::IntLists;
 use super::row_verdicts::{Verdict, cached_verdicts, verdict_of};
 use crate::backend::cpu::{self, SetElem, Sortedness};
-use crate::config::CpuKernelChoice;
+use crate::config::{BackendChoice, CpuKernelChoice};
 
 type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
@@ -31,6 +31,8 @@ pub struct EngineOptions {
     pub kernel: CpuKernelChoice,
     /// Split across threads when the batch holds at least this many values (0: never).
     pub parallel_min_values: usize,
+    /// Device: `Gpu` tries the GPU backend first (the CPU when it cannot run the batch).
+    pub backend: BackendChoice,
 }
 
 /// What one chunk of rows produced (values mode).
@@ -300,7 +302,7 @@ fn chunks<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], opts: &E
     let total: usize = lists.iter().map(|l| l.total_values()).sum();
     let threads = rayon::current_num_threads();
     if opts.parallel_min_values == 0 || total < opts.parallel_min_values || threads < 2 || n < 2 {
-        return vec![0..n];
+        return std::iter::once(0..n).collect();
     }
     // Several tasks per thread so uneven rows still balance.
     let tasks = (threads * 4).min(n);
@@ -327,6 +329,9 @@ pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
     opts: &EngineOptions,
 ) -> ValuesOut<T> {
+    if let Some(out) = crate::backend::gpu::rows::try_values(lists, opts) {
+        return out;
+    }
     let verdicts: Vec<_> = lists.iter().map(cached_verdicts).collect();
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
@@ -361,6 +366,9 @@ pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
     opts: &EngineOptions,
 ) -> Vec<u64> {
+    if let Some(out) = crate::backend::gpu::rows::try_counts(lists, opts) {
+        return out;
+    }
     let verdicts: Vec<_> = lists.iter().map(cached_verdicts).collect();
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
@@ -371,4 +379,25 @@ pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
         .map(|r| count_chunk(lists, &verdicts, r, opts.kernel))
         .collect();
     parts.concat()
+}
+
+/// The CPU's exact result of single rows, one [`ValuesOut`] per row of `rows` (the GPU
+/// backend redoes the rows its kernels flag with this).
+pub(crate) fn cpu_values_rows<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    rows: &[usize],
+    opts: &EngineOptions,
+) -> Vec<ValuesOut<T>> {
+    let verdicts = vec![None; lists.len()];
+    rows.iter().map(|&i| values_chunk(lists, &verdicts, i..i + 1, opts.kernel)).collect()
+}
+
+/// The CPU's exact count of single rows (see [`cpu_values_rows`]).
+pub(crate) fn cpu_counts_rows<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    rows: &[usize],
+    opts: &EngineOptions,
+) -> Vec<u64> {
+    let verdicts = vec![None; lists.len()];
+    rows.iter().map(|&i| count_chunk(lists, &verdicts, i..i + 1, opts.kernel)[0]).collect()
 }

@@ -110,7 +110,7 @@ fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
 /// The engine options in force for this call.
 pub(crate) fn engine_options(config: &ConfigOptions) -> EngineOptions {
     let cfg = SetsConfig::from_options(config);
-    EngineOptions { kernel: cfg.cpu_kernel, parallel_min_values: cfg.parallel_min_values }
+    EngineOptions { kernel: cfg.cpu_kernel, parallel_min_values: cfg.parallel_min_values, backend: cfg.backend }
 }
 
 /// Non-integer elements: the built-in `array_intersect`, folded left for k > 2 arguments.

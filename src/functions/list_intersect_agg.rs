@@ -248,7 +248,7 @@ where
         Ok(())
     }
 
-    fn to_scalar(&mut self) -> Result<ScalarValue> {
+    fn current_scalar(&mut self) -> Result<ScalarValue> {
         self.flush()?;
         let Some(result) = &self.result else {
             return ScalarValue::try_from(&self.return_type);
@@ -306,11 +306,11 @@ where
     }
 
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        Ok(vec![self.to_scalar()?])
+        Ok(vec![self.current_scalar()?])
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
-        self.to_scalar()
+        self.current_scalar()
     }
 
     fn size(&self) -> usize {

@@ -104,10 +104,10 @@ pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>
         .collect::<Vec<_>>()
         .into();
     if let Ok(mut cache) = CACHE.lock() {
-        if cache.entries.len() >= CACHE_ENTRIES {
-            if let Some(oldest) = cache.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) {
-                cache.entries.swap_remove(oldest);
-            }
+        if cache.entries.len() >= CACHE_ENTRIES
+            && let Some(oldest) = cache.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i)
+        {
+            cache.entries.swap_remove(oldest);
         }
         let last_used = cache.clock;
         cache.entries.push(Entry { key, pins, verdicts: Arc::clone(&verdicts), last_used });
@@ -150,7 +150,7 @@ mod tests {
         let mut values = Vec::new();
         let mut offsets = vec![0i32];
         for r in 0..rows {
-            let base: Vec<i32> = (0..300).map(|k| (k * 2) as i32).collect();
+            let base: Vec<i32> = (0..300).map(|k| k * 2).collect();
             match r % 3 {
                 0 => values.extend(base),
                 1 => values.extend(base.iter().map(|v| v / 4)),

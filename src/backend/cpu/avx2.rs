@@ -11,8 +11,8 @@
 
 use std::arch::x86_64::*;
 
-use super::SetElem;
-use super::gallop::{gallop_with, tail};
+use super::gallop::{gallop_with, prefetch, skewed, tail};
+use super::{PREFETCH_BYTES, SetElem};
 
 /// `PERM32[m]`: `vpermd` indices moving the lanes set in the 8-bit mask `m` to the front.
 static PERM32: [[u32; 8]; 256] = perm32();
@@ -59,7 +59,7 @@ const fn perm64() -> [[u32; 8]; 16] {
 /// All-pairs AVX2 block kernel.
 macro_rules! block_kernel {
     ($name:ident, $bits:literal, $lanes:literal, $lane:ty, $set1:ident, $cmpeq:ident,
-     $movemask:expr, $perm:ident) => {
+     $movemask:expr, $perm:ident, $maskload:ident, $lanes_below:expr) => {
         #[doc = concat!("AVX2 ", stringify!($lanes), "x", stringify!($lanes),
                         " all-pairs block intersection of ", stringify!($bits), "-bit values.")]
         ///
@@ -73,6 +73,7 @@ macro_rules! block_kernel {
             dst: *mut T,
         ) -> usize {
             const L: usize = $lanes;
+            const PF: usize = PREFETCH_BYTES / ($bits / 8);
             assert!(size_of::<T>() * 8 == $bits);
             let (na, nb) = (a.len(), b.len());
             let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -81,6 +82,8 @@ macro_rules! block_kernel {
                 // SAFETY: i + L <= na: the vector lies inside `a`; T is a primitive integer of
                 // the lane width (sealed trait).
                 let va = unsafe { _mm256_loadu_si256(pa.add(i).cast()) };
+                prefetch(pa.wrapping_add(i + PF));
+                prefetch(pb.wrapping_add(j + PF));
                 let lb = pb.wrapping_add(j).cast::<$lane>();
                 let mut acc = _mm256_setzero_si256();
                 for t in 0..L {
@@ -105,6 +108,43 @@ macro_rules! block_kernel {
                 i += L * usize::from(amax <= bmax);
                 j += L * usize::from(bmax <= amax);
             }
+            // Tail: partial blocks with masked loads (masked-off lanes are not read), padded
+            // with the block's maximum; matches restricted to the valid lanes of `a`; skewed
+            // remainders gallop instead.
+            while i < na && j < nb {
+                let (ra, rb) = ((na - i).min(L), (nb - j).min(L));
+                if skewed(na - i, nb - j) {
+                    break;
+                }
+                // SAFETY: i + ra <= na and j + rb <= nb.
+                let (amax, bmax) = unsafe { (*pa.add(i + ra - 1), *pb.add(j + rb - 1)) };
+                let valid = ($lanes_below)(ra);
+                // SAFETY: only the `ra` lanes selected by `valid` are read, all inside `a`;
+                // the maximum is read in bounds.
+                let va = unsafe {
+                    let pad = $set1(*pa.add(i + ra - 1).cast::<$lane>() as _);
+                    _mm256_blendv_epi8(pad, $maskload(pa.add(i).cast(), valid), valid)
+                };
+                let lb = pb.wrapping_add(j).cast::<$lane>();
+                let mut acc = _mm256_setzero_si256();
+                for t in 0..rb {
+                    // SAFETY: j + t < j + rb <= nb.
+                    let y = unsafe { lb.add(t).read() };
+                    acc = _mm256_or_si256(acc, $cmpeq(va, $set1(y as _)));
+                }
+                let m = ($movemask)(_mm256_and_si256(acc, valid)) as usize;
+                if WRITE {
+                    let perm = &$perm[m];
+                    // SAFETY: as in the main loop.
+                    unsafe {
+                        let p = _mm256_loadu_si256(perm.as_ptr().cast());
+                        _mm256_storeu_si256(dst.add(k).cast(), _mm256_permutevar8x32_epi32(va, p));
+                    }
+                }
+                k += m.count_ones() as usize;
+                i += ra * usize::from(amax <= bmax);
+                j += rb * usize::from(bmax <= amax);
+            }
             // SAFETY: i <= na, j <= nb; k + min(na - i, nb - j) <= min(na, nb) + L (see the
             // AVX-512 kernels), inside the caller's capacity.
             k + unsafe { tail::<T, WRITE>(a.get_unchecked(i..), b.get_unchecked(j..), dst.add(k)) }
@@ -112,10 +152,33 @@ macro_rules! block_kernel {
     };
 }
 
-block_kernel!(block32, 32, 8, u32, _mm256_set1_epi32, _mm256_cmpeq_epi32,
-    |v| _mm256_movemask_ps(_mm256_castsi256_ps(v)), PERM32);
-block_kernel!(block64, 64, 4, u64, _mm256_set1_epi64x, _mm256_cmpeq_epi64,
-    |v| _mm256_movemask_pd(_mm256_castsi256_pd(v)), PERM64);
+block_kernel!(
+    block32,
+    32,
+    8,
+    u32,
+    _mm256_set1_epi32,
+    _mm256_cmpeq_epi32,
+    |v| _mm256_movemask_ps(_mm256_castsi256_ps(v)),
+    PERM32,
+    _mm256_maskload_epi32,
+    |r: usize| _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(r as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+    )
+);
+block_kernel!(
+    block64,
+    64,
+    4,
+    u64,
+    _mm256_set1_epi64x,
+    _mm256_cmpeq_epi64,
+    |v| _mm256_movemask_pd(_mm256_castsi256_pd(v)),
+    PERM64,
+    _mm256_maskload_epi64,
+    |r: usize| _mm256_cmpgt_epi64(_mm256_set1_epi64x(r as i64), _mm256_setr_epi64x(0, 1, 2, 3))
+);
 
 /// Galloping of 32-bit values finished by one 8-lane compare.
 ///

@@ -93,8 +93,8 @@ pub fn intersect_kway_count<T: SetElem>(lists: &mut [&[T]], scratch: &mut Vec<T>
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::tests::{naive, sorted_set};
+    use super::*;
     use proptest::prelude::*;
 
     fn fold(lists: &[Vec<i32>]) -> Vec<i32> {
@@ -109,7 +109,11 @@ mod tests {
         let mut refs: Vec<&[i32]> = lists.iter().map(|v| v.as_slice()).collect();
         let (mut out, mut scratch) = (vec![-7], Vec::new());
         let n = intersect_kway(&mut refs, &mut out, &mut scratch);
-        let expect = if lists.is_empty() { vec![] } else { fold(lists) };
+        let expect = if lists.is_empty() {
+            vec![]
+        } else {
+            fold(lists)
+        };
         assert_eq!(out[0], -7, "prefix kept");
         assert_eq!(&out[1..], &expect[..]);
         assert_eq!(n, expect.len());
@@ -123,7 +127,12 @@ mod tests {
         check(&[vec![1, 2, 3]]);
         check(&[vec![1, 2, 3], vec![]]);
         check(&[vec![1, 2, 3], vec![2, 3, 4], vec![3, 4, 5]]);
-        check(&[vec![1, 2], vec![3, 4], (0..100).collect(), (0..200).collect()]);
+        check(&[
+            vec![1, 2],
+            vec![3, 4],
+            (0..100).collect(),
+            (0..200).collect(),
+        ]);
         let big: Vec<i32> = (-5000..5000).collect();
         let evens: Vec<i32> = (-5000..5000).step_by(2).collect();
         let thirds: Vec<i32> = (-4998..5000).step_by(3).collect();

@@ -84,6 +84,12 @@ set_elem! {
     u8 => u8, 8, false; u16 => u16, 16, false; u32 => u32, 32, false; u64 => u64, 64, false;
 }
 
+/// How far ahead (bytes) the block kernels prefetch each input stream. Measured on W1/W2
+/// (u32, AVX-512 kernel, CPU time, min of 5, ms): no prefetch 82.8/72.3, 1 KiB 64.7/48.8,
+/// 4 KiB 61.7/42.6, 8 KiB 59.1/43.8. The data streams from DRAM and the hardware
+/// prefetcher alone does not keep up with two interleaved, unevenly advancing streams.
+pub(crate) const PREFETCH_BYTES: usize = 4096;
+
 /// Elements of spare capacity a kernel may write past the last match: one 512-bit vector.
 #[inline(always)]
 pub(crate) const fn slack<T>() -> usize {
@@ -97,8 +103,9 @@ pub(crate) const fn slack<T>() -> usize {
 pub enum Kernel {
     /// Branch-free scalar merge.
     Scalar,
-    /// Exponential + binary search of the shorter list's values in the longer one (its
-    /// last search levels are one SIMD compare where AVX2/AVX-512 is available).
+    /// Search of the shorter list's values in the longer one: batches of values searched in
+    /// lockstep (branch-free binary searches, prefetched); a single value by exponential +
+    /// binary search finished by one SIMD compare.
     Galloping,
     /// SSE4.2 STTNI (`pcmpestrm`) kernel, 16- and 32-bit.
     Sse42,
@@ -160,20 +167,23 @@ impl Kernel {
     /// Whether the kernel runs for `T` on this CPU: available, implemented for the width and,
     /// for AVX-512 on 8/16-bit lanes, AVX-512BW + VBMI2 present.
     fn usable<T: SetElem>(self) -> bool {
-        self.is_available()
-            && self.supports_width(T::BITS)
-            && (self != Kernel::Avx512 || T::BITS >= 32 || features().avx512_bw_vbmi2)
+        usable_with(features(), self, T::BITS)
     }
 }
 
 /// CPU features the kernels need, detected once.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Features {
     sse42: bool,
     avx2: bool,
     avx512f: bool,
     avx512_bw_vbmi2: bool,
     vp2intersect: bool,
+    /// The fastest block kernel per width (index `log2(bits) - 3`), from the flags above.
+    best_block: [Kernel; 4],
+    /// The same for a short list (`small_block_short`): the AVX2 block where AVX2 runs the
+    /// width (one full 8-lane block beats a masked 16-lane one).
+    small_block: [Kernel; 4],
 }
 
 fn features() -> &'static Features {
@@ -181,30 +191,76 @@ fn features() -> &'static Features {
     FEATURES.get_or_init(detect)
 }
 
-#[cfg(target_arch = "x86_64")]
 fn detect() -> Features {
-    use std::arch::is_x86_feature_detected as has;
-    let avx512f = has!("avx512f");
-    Features {
-        sse42: sse42::sse42_available(),
-        avx2: has!("avx2") && has!("popcnt"),
-        avx512f,
-        avx512_bw_vbmi2: avx512f && has!("avx512bw") && has!("avx512vbmi2"),
-        vp2intersect: avx512f && has!("avx512vp2intersect"),
+    #[cfg(target_arch = "x86_64")]
+    let mut f = {
+        use std::arch::is_x86_feature_detected as has;
+        let avx512f = has!("avx512f");
+        Features {
+            sse42: sse42::sse42_available(),
+            avx2: has!("avx2") && has!("popcnt"),
+            avx512f,
+            avx512_bw_vbmi2: avx512f && has!("avx512bw") && has!("avx512vbmi2"),
+            vp2intersect: avx512f && has!("avx512vp2intersect"),
+            best_block: [Kernel::Scalar; 4],
+            small_block: [Kernel::Scalar; 4],
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let mut f = Features {
+        sse42: false,
+        avx2: false,
+        avx512f: false,
+        avx512_bw_vbmi2: false,
+        vp2intersect: false,
+        best_block: [Kernel::Scalar; 4],
+        small_block: [Kernel::Scalar; 4],
+    };
+    for (w, bits) in [8, 16, 32, 64].into_iter().enumerate() {
+        f.best_block[w] = [
+            Kernel::Vp2intersect,
+            Kernel::Avx512,
+            Kernel::Avx2,
+            Kernel::Sse42,
+        ]
+        .into_iter()
+        .find(|&k| usable_with(&f, k, bits))
+        .unwrap_or(Kernel::Scalar);
+        f.small_block[w] = if usable_with(&f, Kernel::Avx2, bits) {
+            Kernel::Avx2
+        } else {
+            f.best_block[w]
+        };
+    }
+    f
+}
+
+/// Whether `kernel` runs for `bits`-bit elements given the features `f`.
+fn usable_with(f: &Features, kernel: Kernel, bits: u32) -> bool {
+    let available = match kernel {
+        Kernel::Scalar | Kernel::Galloping => true,
+        Kernel::Sse42 => f.sse42,
+        Kernel::Avx2 => f.avx2,
+        Kernel::Avx512 => f.avx512f && (bits >= 32 || f.avx512_bw_vbmi2),
+        Kernel::Vp2intersect => f.vp2intersect,
+    };
+    available && kernel.supports_width(bits)
+}
+
+/// Index of a width in `Features::best_block`.
+const fn width_index(bits: u32) -> usize {
+    match bits {
+        8 => 0,
+        16 => 1,
+        32 => 2,
+        _ => 3,
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn detect() -> Features {
-    Features::default()
-}
-
-/// The fastest block (merge-like) kernel usable for `T` here, never `Sse42`.
+/// The fastest block (merge-like) kernel usable for `T` here.
+#[cfg(test)]
 fn best_block<T: SetElem>() -> Kernel {
-    [Kernel::Vp2intersect, Kernel::Avx512, Kernel::Avx2]
-        .into_iter()
-        .find(|k| k.usable::<T>())
-        .unwrap_or(Kernel::Scalar)
+    features().best_block[width_index(T::BITS)]
 }
 
 /// `kernel` if usable for `T` here, else the next best usable one in the order
@@ -251,8 +307,6 @@ unsafe fn run<T: SetElem, const WRITE: bool>(
             (Kernel::Avx2, 64) => return unsafe { avx2::block64::<T, WRITE>(a, b, dst) },
             (Kernel::Avx512, 8) => return unsafe { avx512::block8::<T, WRITE>(a, b, dst) },
             (Kernel::Avx512, 16) => return unsafe { avx512::block16::<T, WRITE>(a, b, dst) },
-            (Kernel::Avx512, 32) if rot_flag() => return unsafe { avx512::rot32::<T, WRITE>(a, b, dst) }, // TEMP-EXPERIMENT
-            (Kernel::Avx512, 64) if rot_flag() => return unsafe { avx512::rot64::<T, WRITE>(a, b, dst) }, // TEMP-EXPERIMENT
             (Kernel::Avx512, 32) => return unsafe { avx512::block32::<T, WRITE>(a, b, dst) },
             (Kernel::Avx512, 64) => return unsafe { avx512::block64::<T, WRITE>(a, b, dst) },
             (Kernel::Vp2intersect, 32) => return unsafe { avx512::vp2i32::<T, WRITE>(a, b, dst) },
@@ -268,11 +322,6 @@ unsafe fn run<T: SetElem, const WRITE: bool>(
     // SAFETY: forwarded caller promises (the merge needs only `min(a.len(), b.len())`).
     unsafe { scalar::merge::<T, WRITE>(a, b, dst) }
 }
-
-// TEMP-EXPERIMENT
-fn pf_dist() -> usize { static R: OnceLock<usize> = OnceLock::new(); *R.get_or_init(|| std::env::var("PF").ok().and_then(|s| s.parse().ok()).unwrap_or(0)) }
-// TEMP-EXPERIMENT
-fn rot_flag() -> bool { static R: OnceLock<bool> = OnceLock::new(); *R.get_or_init(|| std::env::var_os("ROT").is_some()) }
 
 /// Append the output of a resolved kernel to `out`.
 fn run_into<T: SetElem>(kernel: Kernel, a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
@@ -297,12 +346,20 @@ fn sse42_into<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
         use std::any::TypeId;
         let id = TypeId::of::<T>();
         if id == TypeId::of::<u16>() {
-            let (a, b, out) = (cast::<T, u16>(a), cast::<T, u16>(b), cast_vec::<T, u16>(out));
+            let (a, b, out) = (
+                cast::<T, u16>(a),
+                cast::<T, u16>(b),
+                cast_vec::<T, u16>(out),
+            );
             // SAFETY: usable() checked sse42_available(); inputs strictly increasing.
             return unsafe { sse42::intersect_u16(a, b, out) };
         }
         if id == TypeId::of::<i16>() {
-            let (a, b, out) = (cast::<T, i16>(a), cast::<T, i16>(b), cast_vec::<T, i16>(out));
+            let (a, b, out) = (
+                cast::<T, i16>(a),
+                cast::<T, i16>(b),
+                cast_vec::<T, i16>(out),
+            );
             // SAFETY: as above.
             return unsafe { sse42::intersect_i16(a, b, out) };
         }
@@ -311,8 +368,8 @@ fn sse42_into<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
             return unsafe { sse42::intersect_u32_hier(a, b, out) };
         }
     }
-    let k = best_block::<T>();
-    run_into(k, a, b, out)
+    // Unreachable: Sse42 is only usable for u16, i16 and 32-bit types.
+    run_into(Kernel::Scalar, a, b, out)
 }
 
 /// The SSE4.2 kernel, count only. Only called once `Sse42.usable::<T>()`.
@@ -374,40 +431,86 @@ fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
     unsafe { run::<T, false>(kernel, a, b, std::ptr::null_mut()) }
 }
 
-// Hybrid policy thresholds, measured on the dev machine (Intel Xeon, Sapphire/Emerald
-// Rapids class, AVX-512 without VP2INTERSECT), u32, ~20% of the shorter list in common;
-// `examples/policy.rs` of the scratch harness, min of 5 runs. ns per pair:
+// Hybrid policy, measured on the dev machine: Intel Xeon (Sapphire/Emerald Rapids class,
+// AVX-512 with BW/VBMI2, no VP2INTERSECT), one thread, CPU time, caches flushed before each
+// pass, pairs laid out back to back as in an Arrow column (~4M values per configuration),
+// ~20% of the shorter list in common, values uniform. Harness: a scratch crate outside the
+// repo (`examples/bench.rs sweep`), min of 3 passes. ns per pair, u32:
 //
-//   short×ratio     scalar  gallop  avx2  avx512
-//   (filled in below by the measurement; see GALLOP_RATIO / SMALL_MAX)
+//   short  ratio |  scalar  gallop   avx2  avx512        short  ratio |  gallop   avx2  avx512
+//       1      1 |    14.2    17.5   23.4    25.1           16     64 |     591    725     530
+//       1      2 |    18.6    21.1   21.8    24.5           16     96 |     809   1113     801
+//       1      8 |    34.0    27.4   21.4    23.1           24     32 |     589    554     590
+//       1     16 |    49.0    18.1   32.9    26.5           24     48 |     706    838     884
+//       2      2 |    27.8    35.3   24.0    25.0           32     64 |    1141   1528    1106
+//       2     16 |   100.1    43.6   49.3    43.8           32     96 |    1459   2243    1641
+//       4      8 |   120.5    50.7   48.0    47.6           64     48 |    1943   2285    1673
+//       4     16 |   211.0    65.3   77.5    76.3           64     64 |    2105   3036    2185
+//       8     32 |   868.1   222.4  190.4   290.7          256    128 |   19619  24111   17198
+//       8     96 |  2574.8   467.2  538.2   495.4          256    192 |   25013  35203   25461
+//      12     32 |  1363.3   335.7  333.3   413.2         1024    192 |  108789 146595  103413
+//      12     48 |  2035.8   395.4  437.3   659.9         1024    256 |  112213 189660  136813
 //
-/// Gallop when `long >= GALLOP_RATIO * short`.
-const GALLOP_RATIO: usize = 192;
-/// Below this shorter length, gallop already when `long >= GALLOP_RATIO_SMALL * short`.
-const GALLOP_RATIO_SMALL: usize = 48;
-/// The shorter length under which `GALLOP_RATIO_SMALL` applies.
-const SMALL_SHORT: usize = 16;
+// So: the scalar merge only while the longer list has < 3 values; AVX2's single 8-lane
+// block beats AVX-512's masked 16-lane one while the shorter list has <= 12 values;
+// galloping from the ratios in `gallop_ratio`. u64 (`sweep64`): AVX2 (4 lanes) wins only
+// up to 4 values (4x16: 94 vs avx512 133; 8x16: 177 vs 118), galloping from ~64x
+// (16x64: avx512 824 vs gallop 874; 64x64: 3315 vs 2999; 512x128: 61105 vs 58558).
+// 16/8-bit use the 32-bit table (u16, 16x64: avx512 860 vs sse42 898 vs gallop 1062).
+// VP2INTERSECT could not be measured here (no such CPU); it takes AVX-512's place.
+//
+/// Gallop when `long >= gallop_ratio(short, T::BITS) * short`.
+const fn gallop_ratio(short: usize, bits: u32) -> usize {
+    if bits == 64 {
+        return match short {
+            0..=1 => 16,
+            2..=255 => 64,
+            _ => 128,
+        };
+    }
+    match short {
+        0..=7 => 16,
+        8..=15 => 48,
+        16..=127 => 64,
+        128..=255 => 128,
+        _ => 192,
+    }
+}
 /// Use the scalar merge when the longer list is shorter than this (SIMD setup does not pay).
-const SCALAR_MAX_LONG: usize = 0;
+const SCALAR_MAX_LONG: usize = 3;
+/// Up to this shorter length prefer the AVX2 block kernel (see `Features`): 12 for 32-bit
+/// values (8 lanes), 4 for 64-bit ones (4 lanes).
+const fn small_block_short(bits: u32) -> usize {
+    if bits == 64 { 4 } else { 12 }
+}
 
 /// The hybrid policy: which kernel [`intersect_auto`] runs for lengths `len_a`, `len_b`.
 ///
 /// Galloping when the lengths are skewed, the scalar merge when both are tiny, otherwise
-/// the fastest block kernel this CPU has for `T` (VP2INTERSECT, AVX-512, AVX2, scalar).
-/// Thresholds: see the measurement notes above `GALLOP_RATIO` in this file.
+/// the fastest block kernel this CPU has for `T` (VP2INTERSECT, AVX-512, AVX2, SSE4.2,
+/// scalar; AVX2 first for a very short list). Thresholds: see the measurements above
+/// `gallop_ratio` in this file.
 pub fn choose_kernel<T: SetElem>(len_a: usize, len_b: usize) -> Kernel {
-    let (short, long) = if len_a <= len_b { (len_a, len_b) } else { (len_b, len_a) };
+    let (short, long) = if len_a <= len_b {
+        (len_a, len_b)
+    } else {
+        (len_b, len_a)
+    };
     if short == 0 {
         return Kernel::Scalar;
     }
-    let ratio = if short < SMALL_SHORT { GALLOP_RATIO_SMALL } else { GALLOP_RATIO };
-    if long >= ratio.saturating_mul(short) {
+    if long >= gallop_ratio(short, T::BITS).saturating_mul(short) {
         return Kernel::Galloping;
     }
     if long < SCALAR_MAX_LONG {
         return Kernel::Scalar;
     }
-    best_block::<T>()
+    let f = features();
+    if short <= small_block_short(T::BITS) {
+        f.small_block[width_index(T::BITS)]
+    } else {
+        f.best_block[width_index(T::BITS)]
+    }
 }
 
 /// `intersect(choose_kernel(a.len(), b.len()), a, b, out)`.
@@ -430,8 +533,9 @@ pub(crate) unsafe fn auto_raw<T: SetElem, const WRITE: bool>(
     b: &[T],
     dst: *mut T,
 ) -> usize {
+    // The SSE4.2 kernel only appends to a Vec: the scalar merge stands in for it here.
     let k = match choose_kernel::<T>(a.len(), b.len()) {
-        Kernel::Sse42 => best_block::<T>(),
+        Kernel::Sse42 => Kernel::Scalar,
         k => k,
     };
     // SAFETY: `k` is usable and not Sse42; the rest is the caller's promise.
@@ -558,11 +662,18 @@ pub(crate) mod tests {
 
     fn deterministic<T: TestElem>(seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let lens = [0usize, 1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1000, 3000];
+        let lens = [
+            0usize, 1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1000, 3000,
+        ];
         // Domains: dense around 0, dense at the minimum, dense at the maximum, full range.
         let domains = |n: usize| {
             let n = n as i128;
-            [(-n, 2 * n), (T::LO, T::LO + 3 * n), (T::HI - 3 * n, T::HI), (T::LO, T::HI)]
+            [
+                (-n, 2 * n),
+                (T::LO, T::LO + 3 * n),
+                (T::HI - 3 * n, T::HI),
+                (T::LO, T::HI),
+            ]
         };
         for &la in &lens {
             for &lb in &lens {
@@ -642,7 +753,17 @@ pub(crate) mod tests {
     #[test]
     fn kernel_meta() {
         let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
-        assert_eq!(names, ["scalar", "galloping", "sse42", "avx2", "avx512", "vp2intersect"]);
+        assert_eq!(
+            names,
+            [
+                "scalar",
+                "galloping",
+                "sse42",
+                "avx2",
+                "avx512",
+                "vp2intersect"
+            ]
+        );
         assert!(Kernel::Scalar.is_available() && Kernel::Galloping.is_available());
         for k in Kernel::ALL {
             for bits in [8, 16, 32, 64] {
@@ -652,7 +773,10 @@ pub(crate) mod tests {
                     32 => resolve::<u32>(k),
                     _ => resolve::<i64>(k),
                 };
-                assert!(r.is_available() && r.supports_width(bits), "{k:?} {bits} -> {r:?}");
+                assert!(
+                    r.is_available() && r.supports_width(bits),
+                    "{k:?} {bits} -> {r:?}"
+                );
                 if k.is_available() && k.supports_width(bits) && (k != Kernel::Avx512 || bits >= 32)
                 {
                     assert_eq!(r, k);
@@ -664,6 +788,19 @@ pub(crate) mod tests {
         assert_eq!(choose_kernel::<u32>(10, 100_000), Kernel::Galloping);
         assert_eq!(choose_kernel::<u32>(100_000, 10), Kernel::Galloping);
         assert_eq!(choose_kernel::<u32>(1000, 1000), best_block::<u32>());
+        fn chosen_usable<T: SetElem>() {
+            for la in [0, 1, 2, 3, 5, 12, 13, 16, 100, 1000, 100_000] {
+                for lb in [0, 1, 4, 64, 1000, 1 << 20] {
+                    let k = choose_kernel::<T>(la, lb);
+                    assert!(k.usable::<T>(), "{k:?} for {la}x{lb}, {} bits", T::BITS);
+                    assert_eq!(k, choose_kernel::<T>(lb, la));
+                }
+            }
+        }
+        chosen_usable::<u8>();
+        chosen_usable::<i16>();
+        chosen_usable::<u32>();
+        chosen_usable::<i64>();
     }
 
     #[test]

@@ -74,7 +74,9 @@ mod tests {
         // SAFETY: n elements written.
         unsafe { out.set_len(n) };
         // SAFETY: WRITE = false.
-        assert_eq!(n, unsafe { merge::<i32, false>(a, b, std::ptr::null_mut()) });
+        assert_eq!(n, unsafe {
+            merge::<i32, false>(a, b, std::ptr::null_mut())
+        });
         out
     }
 
@@ -85,7 +87,9 @@ mod tests {
         // SAFETY: n elements written.
         unsafe { out.set_len(n) };
         // SAFETY: WRITE = false.
-        assert_eq!(n, unsafe { merge_dedup::<i8, false>(a, b, std::ptr::null_mut()) });
+        assert_eq!(n, unsafe {
+            merge_dedup::<i8, false>(a, b, std::ptr::null_mut())
+        });
         out
     }
 
@@ -94,14 +98,20 @@ mod tests {
         assert_eq!(run(&[], &[1, 2]), Vec::<i32>::new());
         assert_eq!(run(&[1, 2], &[]), Vec::<i32>::new());
         assert_eq!(run(&[-5, -1, 0, 3, 9], &[-5, 0, 2, 9, 10]), vec![-5, 0, 9]);
-        assert_eq!(run(&[i32::MIN, i32::MAX], &[i32::MIN, 0, i32::MAX]), vec![i32::MIN, i32::MAX]);
+        assert_eq!(
+            run(&[i32::MIN, i32::MAX], &[i32::MIN, 0, i32::MAX]),
+            vec![i32::MIN, i32::MAX]
+        );
         assert_eq!(run(&[1, 3, 5], &[2, 4, 6]), Vec::<i32>::new());
     }
 
     #[test]
     fn dedup_basic() {
         assert_eq!(run_dedup(&[1, 1, 2, 2, 2, 3], &[1, 2, 2, 4]), vec![1, 2]);
-        assert_eq!(run_dedup(&[-128, -128, 127], &[-128, 127, 127]), vec![-128, 127]);
+        assert_eq!(
+            run_dedup(&[-128, -128, 127], &[-128, 127, 127]),
+            vec![-128, 127]
+        );
         assert_eq!(run_dedup(&[0, 0, 0], &[0]), vec![0]);
         assert_eq!(run_dedup(&[5], &[]), Vec::<i8>::new());
     }

@@ -37,7 +37,11 @@ pub fn sortedness<T: SetElem>(s: &[T]) -> Sortedness {
         }
         dup |= eq;
     }
-    if dup { Sortedness::NonDecreasing } else { Sortedness::Strict }
+    if dup {
+        Sortedness::NonDecreasing
+    } else {
+        Sortedness::Strict
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the GPU machine (after scripts/gpu/build.sh here): every GPU test, then the benchmark.
+# Through the device tool: command `bash scripts/gpu/run.sh`, carry ["carry/gpu"].
+# Logs go to $OUT (or /tmp/gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/gpu-out}
+mkdir -p "$out" /tmp/gpubin
+export DFSETS_REQUIRE_GPU=1 RUST_BACKTRACE=1
+export DFSETS_UPSTREAM_SLT="$PWD/carry/gpu/upstream" DFSETS_SQL_TESTS="$PWD/carry/gpu/sql-tests"
+for f in carry/gpu/*.xz; do
+    b=/tmp/gpubin/$(basename "$f" .xz)
+    if command -v xz >/dev/null; then xz -dc "$f" >"$b"; else python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$f" >"$b"; fi
+    chmod +x "$b"
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
+status=0
+echo "== property tests (GPU == CPU)"
+/tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
+echo "== SQL suites with sets.backend = 'gpu'"
+/tmp/gpubin/gpu_sql 2>&1 | tee "$out/gpu_sql.log" || status=1
+echo "== benchmark"
+DFSETS_BENCH_OUT="$out/bench.txt" /tmp/gpubin/gpu_props --ignored --nocapture bench 2>&1 | tee "$out/bench.log" || status=1
+if command -v compute-sanitizer >/dev/null; then
+    echo "== compute-sanitizer memcheck on the engine tests"
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1
+fi
+echo "== summary"
+grep -E "^test result|passed|FAIL" "$out/gpu_props.log" "$out/gpu_sql.log" | tail -8
+cat "$out/bench.txt" 2>/dev/null
+exit $status

@@ -1,0 +1,1005 @@
+//! The CUDA runtime of the GPU backend: one context per process, the kernels compiled once
+//! with NVRTC, pooled device and pinned memory, and the batch driver behind [`intersect`].
+//!
+//! Everything goes through `cudarc`'s driver and NVRTC bindings, loaded at run time. The
+//! first call initializes (a missing library, device or compiler becomes a [`GpuError`],
+//! cached for the process); a fault during a batch (a kernel error, a panic in the library)
+//! turns the backend off for the rest of the process. One batch runs at a time (a mutex
+//! around the workspace); the device work of a batch is one stream.
+
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, sys};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use rayon::prelude::*;
+
+use super::{Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, HostOffsets, Mode, RowValidity};
+use crate::backend::cpu::SetElem;
+
+/// The kernels' source, compiled at run time.
+const SOURCE: &str = include_str!("../../../kernels/intersect.cu");
+
+/// Bytes of one tile descriptor (`TileDesc` in the kernel source).
+const DESC_BYTES: usize = 32;
+/// Threads of a merge block.
+const MERGE_THREADS: u32 = 256;
+/// Elements per block of the scan kernels, and their threads.
+const SCAN_SEG: u64 = 4096;
+const SCAN_THREADS: u32 = 1024;
+/// Threads of the per-row kernels.
+const ROW_THREADS: u32 = 256;
+/// The smallest input (bytes of values) a launch group is cut down to when memory runs out.
+const MIN_BUDGET: usize = 16 << 20;
+/// Alignment of the sections of the staging and device buffers.
+const ALIGN: usize = 256;
+
+fn drv(op: &'static str) -> impl Fn(DriverError) -> GpuError {
+    move |e| {
+        if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            GpuError::OutOfMemory(op)
+        } else {
+            GpuError::Driver {
+                op,
+                message: e.to_string(),
+            }
+        }
+    }
+}
+
+fn align(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// The kernels, loaded from the compiled module.
+struct Kernels {
+    plan_o32: CudaFunction,
+    plan_o64: CudaFunction,
+    scan_partials: CudaFunction,
+    scan_partials_single: CudaFunction,
+    scan_apply: CudaFunction,
+    row_offsets: CudaFunction,
+    /// Indexed by [`elem_index`]: u32, i32, u64, i64.
+    partition: [CudaFunction; 4],
+    /// Merge kernels with 8 path steps per thread, by [`elem_index`].
+    merge8: [CudaFunction; 4],
+    /// Merge kernels with 16 path steps per thread, 32-bit elements (u32, i32).
+    merge16: [CudaFunction; 2],
+}
+
+/// Path steps per merge thread: 8 (measured fastest, kernels/NOTES.md); 16 for 32-bit
+/// elements with `DFSETS_GPU_ITEMS=16` (experiments).
+fn items_for(bits: u32) -> u32 {
+    if bits == 32 && std::env::var("DFSETS_GPU_ITEMS").is_ok_and(|v| v == "16") {
+        16
+    } else {
+        8
+    }
+}
+
+/// Index of the kernel variant for `T`.
+fn elem_index<T: SetElem>() -> Option<usize> {
+    match (T::BITS, T::SIGNED) {
+        (32, false) => Some(0),
+        (32, true) => Some(1),
+        (64, false) => Some(2),
+        (64, true) => Some(3),
+        _ => None,
+    }
+}
+
+/// A device allocation owned by the workspace.
+struct DevBuf {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `malloc_sync` and is freed once; the workspace is only
+        // dropped or shrunk with the context bound and the stream idle.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// A page-locked host allocation owned by the workspace.
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl Pinned {
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `bytes` bytes of host memory owned by `self`, and the
+        // exclusive borrow of `self` rules out any other view while the slice lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `malloc_host` and is freed once.
+        let _ = unsafe { result::free_host(self.ptr.cast()) };
+    }
+}
+
+/// Pooled memory: named device buffers and two pinned staging buffers, each grown when a
+/// batch needs more and kept for the next one (never allocated per batch once large enough).
+#[derive(Default)]
+struct Workspace {
+    dev: Vec<(&'static str, DevBuf)>,
+    pin_in: Option<Pinned>,
+    pin_out: Option<Pinned>,
+    /// Bytes of input values per launch group (halved when memory runs out).
+    budget: usize,
+}
+
+// SAFETY: the raw pointers are owned allocations, only touched under the workspace mutex.
+unsafe impl Send for Workspace {}
+
+impl Workspace {
+    /// A device buffer of at least `bytes` bytes under `name` (contents undefined).
+    fn dev(&mut self, name: &'static str, bytes: usize) -> Result<sys::CUdeviceptr, GpuError> {
+        let bytes = bytes.max(ALIGN);
+        if let Some(i) = self.dev.iter().position(|(n, _)| *n == name) {
+            if self.dev[i].1.bytes >= bytes {
+                return Ok(self.dev[i].1.ptr);
+            }
+            self.dev.swap_remove(i);
+        }
+        let grown = bytes + bytes / 4;
+        // SAFETY: plain allocation; the context is bound by the caller.
+        let ptr = unsafe { result::malloc_sync(grown) }.map_err(drv("device allocation"))?;
+        self.dev.push((name, DevBuf { ptr, bytes: grown }));
+        Ok(ptr)
+    }
+
+    fn pinned(slot: &mut Option<Pinned>, bytes: usize) -> Result<&mut Pinned, GpuError> {
+        let bytes = bytes.max(ALIGN);
+        if slot.as_ref().is_none_or(|p| p.bytes < bytes) {
+            *slot = None;
+            let grown = bytes + bytes / 4;
+            // SAFETY: plain page-locked allocation; the context is bound by the caller.
+            let ptr = unsafe { result::malloc_host(grown, 0) }.map_err(drv("pinned allocation"))?;
+            *slot = Some(Pinned {
+                ptr: ptr.cast(),
+                bytes: grown,
+            });
+        }
+        slot.as_mut()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))
+    }
+
+    fn clear(&mut self) {
+        self.dev.clear();
+        self.pin_in = None;
+        self.pin_out = None;
+    }
+}
+
+/// The process's GPU: context, stream, kernels and memory pools.
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    info: DeviceInfo,
+    /// Blocks of the persistent merge grids: `merge8` by variant, then `merge16`.
+    merge_blocks: [u32; 6],
+    workspace: Mutex<Workspace>,
+    /// Set after a fault that may have left the context unusable.
+    broken: Mutex<Option<String>>,
+    broken_flag: AtomicBool,
+}
+
+static GPU: OnceLock<Result<Gpu, GpuError>> = OnceLock::new();
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+fn gpu() -> Result<&'static Gpu, GpuError> {
+    let g = GPU
+        .get_or_init(|| {
+            let r = catch_unwind(init).unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+            if let Err(e) = &r {
+                log::debug!("datafusion-sets: GPU backend unavailable, using the CPU: {e}");
+            }
+            r
+        })
+        .as_ref()
+        .map_err(Clone::clone)?;
+    if g.broken_flag.load(Ordering::Acquire) {
+        let why = g
+            .broken
+            .lock()
+            .map(|b| b.clone().unwrap_or_default())
+            .unwrap_or_default();
+        return Err(GpuError::Broken(why));
+    }
+    Ok(g)
+}
+
+fn init() -> Result<Gpu, GpuError> {
+    if std::env::var_os("DFSETS_DISABLE_GPU").is_some_and(|v| !v.is_empty() && v != "0") {
+        return Err(GpuError::Disabled);
+    }
+    // SAFETY: only tries to open the shared libraries.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDriver);
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::NoNvrtc);
+    }
+    result::init().map_err(drv("cuInit"))?;
+    let count = result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+    if count < 1 {
+        return Err(GpuError::NoDevice);
+    }
+    let ctx = CudaContext::new(0).map_err(drv("context creation"))?;
+    // SAFETY: every buffer of this module lives on the one stream below, and the workspace
+    // keeps each alive until the stream is synchronized; no cross-stream tracking is needed.
+    unsafe { ctx.disable_event_tracking() };
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(drv("compute capability"))?;
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let started = Instant::now();
+    let ptx = compile_ptx_with_opts(
+        SOURCE,
+        CompileOptions {
+            arch: Some(arch),
+            options: vec!["--std=c++17".into()],
+            name: Some("intersect.cu".into()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            GpuError::Compile(log.to_string_lossy().into_owned())
+        }
+        other => GpuError::Compile(format!("{other:?}")),
+    })?;
+    let module = ctx.load_module(ptx).map_err(drv("module load"))?;
+    let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
+    let kernels = Kernels {
+        plan_o32: f("plan_o32")?,
+        plan_o64: f("plan_o64")?,
+        scan_partials: f("scan_partials")?,
+        scan_partials_single: f("scan_partials_single")?,
+        scan_apply: f("scan_apply")?,
+        row_offsets: f("row_offsets")?,
+        partition: [
+            f("partition_u32")?,
+            f("partition_i32")?,
+            f("partition_u64")?,
+            f("partition_i64")?,
+        ],
+        merge8: [
+            f("merge_u32_8")?,
+            f("merge_i32_8")?,
+            f("merge_u64_8")?,
+            f("merge_i64_8")?,
+        ],
+        merge16: [f("merge_u32_16")?, f("merge_i32_16")?],
+    };
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(drv("device attribute"))?
+        .max(1) as u32;
+    let mut merge_blocks = [0u32; 6];
+    for (i, m) in kernels.merge8.iter().chain(&kernels.merge16).enumerate() {
+        let per_sm = m
+            .occupancy_max_active_blocks_per_multiprocessor(MERGE_THREADS, 0, None)
+            .map_err(drv("occupancy"))?
+            .max(1);
+        merge_blocks[i] = sms * per_sm;
+    }
+    let stream = ctx.new_stream().map_err(drv("stream creation"))?;
+    let info = DeviceInfo {
+        name: ctx.name().map_err(drv("device name"))?,
+        compute_capability: (major, minor),
+        total_memory: ctx.total_mem().map_err(drv("device memory"))?,
+        multiprocessors: sms,
+    };
+    log::debug!(
+        "datafusion-sets: GPU backend on {} (sm_{major}{minor}, {} SMs), kernels compiled in {:.0} ms",
+        info.name,
+        sms,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let budget = (info.total_memory / 8).clamp(MIN_BUDGET, 4 << 30);
+    Ok(Gpu {
+        ctx,
+        stream,
+        kernels,
+        info,
+        merge_blocks,
+        workspace: Mutex::new(Workspace {
+            budget,
+            ..Default::default()
+        }),
+        broken: Mutex::new(None),
+        broken_flag: AtomicBool::new(false),
+    })
+}
+
+/// The device the backend runs on (initializing it on first call).
+pub fn device() -> Result<DeviceInfo, GpuError> {
+    gpu().map(|g| g.info.clone())
+}
+
+/// A kernel parameter: the address of a value that outlives the launch call.
+fn arg<T>(x: &T) -> *mut c_void {
+    (x as *const T).cast_mut().cast()
+}
+
+impl Gpu {
+    fn mark_broken(&self, why: &GpuError) {
+        if let Ok(mut b) = self.broken.lock() {
+            *b = Some(why.to_string());
+        }
+        self.broken_flag.store(true, Ordering::Release);
+        log::debug!("datafusion-sets: GPU backend off for this process: {why}");
+    }
+
+    /// Launch `f` on the stream.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list in number and types, and every device
+    /// pointer among them must be valid for the accesses the kernel makes.
+    unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (grid.max(1), 1, 1),
+                (block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                params,
+            )
+        }
+        .map_err(drv("kernel launch"))
+    }
+
+    fn event(&self) -> Result<CudaEvent, GpuError> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("event"))
+    }
+
+    fn record(&self, e: &CudaEvent) -> Result<(), GpuError> {
+        e.record(&self.stream).map_err(drv("event record"))
+    }
+
+    fn sync(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(drv("stream synchronize"))
+    }
+
+    /// Exclusive scan of `n` u64 at `input` into `n + 1` u64 at `out`.
+    fn scan(&self, ws: &mut Workspace, input: u64, n: u64, out: u64) -> Result<(), GpuError> {
+        let blocks = n.div_ceil(SCAN_SEG);
+        let partials = ws.dev("scan_partials", (blocks as usize) * 8)?;
+        let k = &self.kernels;
+        // SAFETY: parameters match the kernels in kernels/intersect.cu; `input` holds `n`,
+        // `out` `n + 1` and `partials` `blocks` u64.
+        unsafe {
+            self.launch(
+                &k.scan_partials,
+                blocks as u32,
+                SCAN_THREADS,
+                &mut [arg(&input), arg(&n), arg(&partials)],
+            )?;
+            self.launch(
+                &k.scan_partials_single,
+                1,
+                SCAN_THREADS,
+                &mut [arg(&partials), arg(&blocks)],
+            )?;
+            self.launch(
+                &k.scan_apply,
+                blocks as u32,
+                SCAN_THREADS,
+                &mut [arg(&input), arg(&n), arg(&partials), arg(&out)],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// View of a slice of plain integers as bytes.
+fn bytes_of<T: Copy + 'static>(s: &[T]) -> &[u8] {
+    // SAFETY: callers pass slices of primitive integers (no padding, every byte initialized);
+    // the byte view covers exactly the slice's memory and borrows it.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
+}
+
+/// Copy `src` into `dst` (same length), with several threads for large copies.
+fn par_copy(dst: &mut [u8], src: &[u8]) {
+    const PIECE: usize = 8 << 20;
+    if src.len() < 2 * PIECE {
+        dst.copy_from_slice(src);
+    } else {
+        dst.par_chunks_mut(PIECE)
+            .zip(src.par_chunks(PIECE))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+    }
+}
+
+/// Offsets `r0..=r1` of one list as raw bytes.
+fn offsets_bytes<'a>(o: &HostOffsets<'a>, r0: usize, r1: usize) -> &'a [u8] {
+    match o {
+        HostOffsets::I32(s) => bytes_of(&s[r0..=r1]),
+        HostOffsets::I64(s) => bytes_of(&s[r0..=r1]),
+    }
+}
+
+/// The end of the launch group starting at row `r0`: as many rows as fit `budget_elems`
+/// input values (at least one row). Values per row group are monotone in the end row, so
+/// this is a binary search over the offsets (no per-row work).
+fn chunk_end<T>(
+    lists: &[HostList<'_, T>],
+    r0: usize,
+    n: usize,
+    budget_elems: usize,
+    max_rows: usize,
+) -> usize {
+    let vals = |r1: usize| -> usize {
+        lists
+            .iter()
+            .map(|l| l.offsets.at(r1) - l.offsets.at(r0))
+            .sum()
+    };
+    let hi_cap = n.min(r0.saturating_add(max_rows));
+    if vals(hi_cap) <= budget_elems {
+        return hi_cap;
+    }
+    let (mut lo, mut hi) = (r0 + 1, hi_cap);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if vals(mid) <= budget_elems {
+            lo = mid
+        } else {
+            hi = mid - 1
+        }
+    }
+    lo
+}
+
+/// Run the batched intersection of `lists` (k ≥ 2 list columns with the same number of
+/// rows, 32- or 64-bit elements) on the GPU. Rows whose lists are not all strictly
+/// increasing come back flagged (their device result is meaningless); the caller recomputes
+/// them, and rows holding NULL elements, on the CPU.
+pub fn intersect<T: SetElem>(
+    lists: &[HostList<'_, T>],
+    validity: Option<RowValidity<'_>>,
+    mode: Mode,
+) -> Result<GpuOutput<T>, GpuError> {
+    let Some(variant) = elem_index::<T>() else {
+        return Err(GpuError::Unsupported(format!("{}-bit elements", T::BITS)));
+    };
+    if lists.len() < 2 {
+        return Err(GpuError::Unsupported("fewer than two lists".into()));
+    }
+    let n = lists[0].offsets.rows();
+    for l in lists {
+        let rows = l.offsets.rows();
+        let (first, last) = if rows == n {
+            (l.offsets.at(0), l.offsets.at(n))
+        } else {
+            (1, 0)
+        };
+        if rows != n || first > last || last > l.values.len() {
+            return Err(GpuError::Unsupported(
+                "list columns of different lengths or bad offsets".into(),
+            ));
+        }
+    }
+    if n > (u32::MAX as usize) - 1 {
+        return Err(GpuError::Unsupported(
+            "more than 2^32 - 2 rows in one batch".into(),
+        ));
+    }
+    if let Some(v) = validity
+        && v.bits.len() * 8 < v.bit_offset + n
+    {
+        return Err(GpuError::Unsupported(
+            "validity bitmap shorter than the batch".into(),
+        ));
+    }
+    let g = gpu()?;
+    let started = Instant::now();
+    let mut out = GpuOutput::<T> {
+        offsets: Vec::with_capacity(n + 1),
+        ..Default::default()
+    };
+    out.offsets.push(0);
+    out.flagged = Vec::with_capacity(n);
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut ws = match g.workspace.lock() {
+        Ok(ws) => ws,
+        Err(poisoned) => {
+            let mut ws = poisoned.into_inner();
+            ws.clear();
+            ws
+        }
+    };
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let esz = std::mem::size_of::<T>();
+    let mut r0 = 0;
+    while r0 < n {
+        let budget_elems = (ws.budget / esz).max(1);
+        let max_rows = (ws.budget / 64).max(1);
+        let r1 = chunk_end(lists, r0, n, budget_elems, max_rows);
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            run_chunk(g, &mut ws, variant, lists, validity, r0, r1, mode, &mut out)
+        }))
+        .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+        match res {
+            Ok(()) => r0 = r1,
+            Err(GpuError::OutOfMemory(what)) => {
+                // Free the pools, wait for the stream, and retry with half the input.
+                let _ = g.sync();
+                ws.clear();
+                if ws.budget <= MIN_BUDGET || r1 == r0 + 1 {
+                    return Err(GpuError::OutOfMemory(what));
+                }
+                ws.budget /= 2;
+                log::debug!(
+                    "datafusion-sets: GPU memory short ({what}); launch groups cut to {} bytes",
+                    ws.budget
+                );
+            }
+            Err(e) => {
+                if matches!(
+                    e,
+                    GpuError::Kernel(_) | GpuError::Panic(_) | GpuError::Driver { .. }
+                ) {
+                    g.mark_broken(&e);
+                }
+                return Err(e);
+            }
+        }
+    }
+    out.any_flagged = out.flagged.iter().any(|&f| f);
+    out.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(out)
+}
+
+/// One launch group: rows `r0..r1`, appended to `out`.
+#[allow(clippy::too_many_arguments)]
+fn run_chunk<T: SetElem>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    variant: usize,
+    lists: &[HostList<'_, T>],
+    validity: Option<RowValidity<'_>>,
+    r0: usize,
+    r1: usize,
+    mode: Mode,
+    out: &mut GpuOutput<T>,
+) -> Result<(), GpuError> {
+    let k = lists.len();
+    let n = r1 - r0;
+    let esz = std::mem::size_of::<T>();
+    let osz = match lists[0].offsets {
+        HostOffsets::I32(_) => 4,
+        HostOffsets::I64(_) => 8,
+    };
+    if lists
+        .iter()
+        .any(|l| matches!(l.offsets, HostOffsets::I32(_)) != (osz == 4))
+    {
+        return Err(GpuError::Unsupported(
+            "List and LargeList arguments mixed".into(),
+        ));
+    }
+
+    // Layout of the input region, identical in pinned staging and on the device.
+    let counts: Vec<usize> = lists
+        .iter()
+        .map(|l| l.offsets.at(r1) - l.offsets.at(r0))
+        .collect();
+    let mut val_at = Vec::with_capacity(k);
+    let mut pos = 0usize;
+    for &c in &counts {
+        val_at.push(pos);
+        pos += align(c * esz);
+    }
+    let mut off_at = Vec::with_capacity(k);
+    for _ in 0..k {
+        off_at.push(pos);
+        pos += align((n + 1) * osz);
+    }
+    let valid = validity.map(|v| {
+        let first_bit = v.bit_offset + r0;
+        let (b0, b1) = (first_bit / 8, (first_bit + n).div_ceil(8));
+        (&v.bits[b0..b1], (first_bit % 8) as u64)
+    });
+    let valid_at = pos;
+    pos += align(valid.map_or(0, |(b, _)| b.len()));
+    let ptrs_at = pos;
+    pos += align(k * 8);
+    let bases_at = pos;
+    pos += align(k * 8);
+    let in_bytes = pos;
+
+    let cap = counts.iter().copied().min().unwrap_or(0);
+    let max_b = counts.iter().copied().max().unwrap_or(0);
+    let total_values: usize = counts.iter().sum();
+    let items = items_for(T::BITS);
+    let tile = 256 * items;
+    let tiles_max = ((cap + max_b) as u64).div_ceil(u64::from(tile)) + n as u64 + 1;
+    let (merge, merge_grid) = if items == 16 && variant < 2 {
+        (&g.kernels.merge16[variant], g.merge_blocks[4 + variant])
+    } else {
+        (&g.kernels.merge8[variant], g.merge_blocks[variant])
+    };
+    let n64 = n as u64;
+
+    // Device buffers.
+    let d_in = ws.dev("in", in_bytes)?;
+    let sel = ws.dev("sel", n * 4)?;
+    let a_pos = ws.dev("a_pos", n * 8)?;
+    let a_len = ws.dev("a_len", n * 8)?;
+    let b_pos = ws.dev("b_pos", n * 8)?;
+    let b_len = ws.dev("b_len", n * 8)?;
+    let tile_cnt = ws.dev("tile_cnt", n * 8)?;
+    let tile_start = ws.dev("tile_start", (n + 1) * 8)?;
+    let descs = ws.dev("descs", tiles_max as usize * DESC_BYTES)?;
+    let tile_excl = ws.dev("tile_excl", tiles_max as usize * 8)?;
+    let status = ws.dev("status", tiles_max as usize * 8)?;
+    let misc = ws.dev("misc", 64)?; // counter u32 @0, err u32 @4, total u64 @8
+    let roff = [ws.dev("roff0", (n + 1) * 8)?, ws.dev("roff1", (n + 1) * 8)?];
+    let res = if k > 2 {
+        [ws.dev("res0", cap * esz)?, ws.dev("res1", cap * esz)?]
+    } else {
+        [0, 0]
+    };
+    // Output region: flags (n bytes) | offsets ((n + 1) u64) | values (cap elements).
+    let flags_at = 0usize;
+    let offs_out_at = align(n);
+    let vals_out_at = offs_out_at + align((n + 1) * 8);
+    let out_cap = vals_out_at + if mode == Mode::Values { cap * esz } else { 0 };
+    let d_out = ws.dev("out", out_cap)?;
+
+    // Stage the inputs into pinned memory: values, offsets, validity, pointer table, bases.
+    let t_stage = Instant::now();
+    {
+        let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
+        for (j, l) in lists.iter().enumerate() {
+            let (v0, v1) = (l.offsets.at(r0), l.offsets.at(r1));
+            par_copy(
+                &mut pin[val_at[j]..val_at[j] + counts[j] * esz],
+                bytes_of(&l.values[v0..v1]),
+            );
+            let ob = offsets_bytes(&l.offsets, r0, r1);
+            pin[off_at[j]..off_at[j] + ob.len()].copy_from_slice(ob);
+        }
+        if let Some((bits, _)) = valid {
+            pin[valid_at..valid_at + bits.len()].copy_from_slice(bits);
+        }
+        for j in 0..k {
+            let p = d_in + off_at[j] as u64;
+            pin[ptrs_at + 8 * j..ptrs_at + 8 * j + 8].copy_from_slice(&p.to_le_bytes());
+            let first = lists[j].offsets.at(r0) as i64;
+            let base = (val_at[j] / esz) as i64 - first;
+            pin[bases_at + 8 * j..bases_at + 8 * j + 8].copy_from_slice(&base.to_le_bytes());
+        }
+    }
+    let stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
+
+    let (e0, e1, e2, e3, e4) = (g.event()?, g.event()?, g.event()?, g.event()?, g.event()?);
+    g.record(&e0)?;
+    {
+        let pin = ws
+            .pin_in
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+        // SAFETY: `d_in` holds at least `in_bytes` bytes; the pinned source stays alive and
+        // unmodified until the stream is synchronized below (the workspace owns it).
+        unsafe {
+            result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], g.stream.cu_stream())
+        }
+        .map_err(drv("host-to-device copy"))?;
+    }
+    g.record(&e1)?;
+
+    let kern = &g.kernels;
+    let cs = g.stream.cu_stream();
+    // SAFETY (memsets): every target lies inside a buffer allocated above with that size.
+    unsafe {
+        result::memset_d8_async(d_out + flags_at as u64, 0, n, cs).map_err(drv("memset"))?;
+        result::memset_d8_async(misc, 0, 64, cs).map_err(drv("memset"))?;
+    }
+    let ptrs = d_in + ptrs_at as u64;
+    let bases = d_in + bases_at as u64;
+    let (valid_ptr, valid_bit) = match valid {
+        Some((_, bit)) => (d_in + valid_at as u64, bit),
+        None => (0u64, 0u64),
+    };
+    let in_vals = d_in;
+    let flags = d_out + flags_at as u64;
+    let counter = misc;
+    let err = misc + 4;
+    let total = misc + 8;
+    let k32 = k as u32;
+    let n32 = n as u32;
+    let row_blocks = n.div_ceil(ROW_THREADS as usize) as u32;
+    let part_blocks =
+        (tiles_max.div_ceil(ROW_THREADS as u64)).min(g.info.multiprocessors as u64 * 16) as u32;
+    for step in 1..k as u32 {
+        let last = step as usize == k - 1;
+        let prev_off = roff[(step as usize + 1) % 2];
+        let this_off = if last {
+            d_out + offs_out_at as u64
+        } else {
+            roff[step as usize % 2]
+        };
+        let a_vals = if step == 1 {
+            in_vals
+        } else {
+            res[(step as usize + 1) % 2]
+        };
+        let dst_vals = match (last, mode) {
+            (true, Mode::Values) => d_out + vals_out_at as u64,
+            (true, Mode::Counts) => 0u64,
+            (false, _) => res[step as usize % 2],
+        };
+        let plan = if osz == 4 {
+            &kern.plan_o32
+        } else {
+            &kern.plan_o64
+        };
+        // SAFETY: parameters match the kernels' signatures in kernels/intersect.cu; every
+        // pointer is a buffer above sized for the accesses the kernel makes (n rows, n + 1
+        // offsets, tiles_max tiles, cap result values), and the values each list's offsets
+        // address lie within its section of the input region.
+        unsafe {
+            g.launch(
+                plan,
+                row_blocks,
+                ROW_THREADS,
+                &mut [
+                    arg(&n32),
+                    arg(&k32),
+                    arg(&step),
+                    arg(&tile),
+                    arg(&ptrs),
+                    arg(&bases),
+                    arg(&valid_ptr),
+                    arg(&valid_bit),
+                    arg(&prev_off),
+                    arg(&sel),
+                    arg(&a_pos),
+                    arg(&a_len),
+                    arg(&b_pos),
+                    arg(&b_len),
+                    arg(&tile_cnt),
+                ],
+            )?;
+            g.scan(ws, tile_cnt, n64, tile_start)?;
+            result::memset_d8_async(status, 0, tiles_max as usize * 8, cs)
+                .map_err(drv("memset"))?;
+            result::memset_d8_async(counter, 0, 4, cs).map_err(drv("memset"))?;
+            g.launch(
+                &kern.partition[variant],
+                part_blocks,
+                ROW_THREADS,
+                &mut [
+                    arg(&n32),
+                    arg(&tile),
+                    arg(&tile_start),
+                    arg(&a_vals),
+                    arg(&in_vals),
+                    arg(&a_pos),
+                    arg(&a_len),
+                    arg(&b_pos),
+                    arg(&b_len),
+                    arg(&descs),
+                ],
+            )?;
+            g.launch(
+                merge,
+                merge_grid,
+                MERGE_THREADS,
+                &mut [
+                    arg(&n32),
+                    arg(&tile_start),
+                    arg(&a_vals),
+                    arg(&in_vals),
+                    arg(&descs),
+                    arg(&counter),
+                    arg(&status),
+                    arg(&tile_excl),
+                    arg(&total),
+                    arg(&flags),
+                    arg(&dst_vals),
+                    arg(&err),
+                ],
+            )?;
+            g.launch(
+                &kern.row_offsets,
+                (n + 1).div_ceil(ROW_THREADS as usize) as u32,
+                ROW_THREADS,
+                &mut [
+                    arg(&n32),
+                    arg(&tile_start),
+                    arg(&tile_excl),
+                    arg(&total),
+                    arg(&this_off),
+                ],
+            )?;
+        }
+    }
+    g.record(&e2)?;
+
+    // The result size and the kernels' error word, then the results in one copy.
+    let mut head = [0u64; 2];
+    let mut tail = [0u64; 1];
+    // SAFETY: `misc` holds 64 bytes and `d_out` the offsets section; the host arrays live
+    // across the synchronizing copies.
+    unsafe {
+        result::memcpy_dtoh_async(&mut head[..], misc, cs).map_err(drv("device-to-host copy"))?;
+        result::memcpy_dtoh_async(&mut tail[..], d_out + (offs_out_at + n * 8) as u64, cs)
+            .map_err(drv("device-to-host copy"))?;
+    }
+    g.sync()?;
+    let kernel_err = (head[0] >> 32) as u32;
+    if kernel_err != 0 {
+        return Err(GpuError::Kernel(format!(
+            "look-back did not complete (code {kernel_err})"
+        )));
+    }
+    let got = tail[0] as usize;
+    if got > cap {
+        return Err(GpuError::Kernel(format!(
+            "{got} results for a capacity of {cap}"
+        )));
+    }
+    let back_bytes = vals_out_at + if mode == Mode::Values { got * esz } else { 0 };
+    g.record(&e3)?;
+    {
+        let pin = Workspace::pinned(&mut ws.pin_out, back_bytes)?;
+        // SAFETY: `d_out` holds at least `back_bytes` bytes (`got` ≤ `cap`); the pinned
+        // destination is owned by the workspace and read only after the synchronize below.
+        unsafe {
+            result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..back_bytes], d_out, cs)
+                .map_err(drv("device-to-host copy"))?;
+        }
+    }
+    g.record(&e4)?;
+    g.sync()?;
+
+    // Unstage: flags, offsets (shifted by what earlier launch groups produced), values.
+    let t_unstage = Instant::now();
+    let pin = ws
+        .pin_out
+        .as_ref()
+        .ok_or(GpuError::OutOfMemory("pinned allocation"))?
+        .as_slice();
+    out.flagged
+        .extend(pin[flags_at..flags_at + n].iter().map(|&f| f != 0));
+    let base = out.offsets.last().copied().unwrap_or(0);
+    let offs = &pin[offs_out_at + 8..offs_out_at + 8 * (n + 1)];
+    out.offsets.extend(offs.chunks_exact(8).map(|c| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        base + u64::from_le_bytes(w)
+    }));
+    if mode == Mode::Values {
+        let src = &pin[vals_out_at..vals_out_at + got * esz];
+        let old = out.values.len();
+        out.values.reserve(got);
+        // SAFETY: `reserve` made room for `got` more elements; `src` holds exactly `got`
+        // elements' bytes written by the device as values of `T` (a primitive integer, for
+        // which every bit pattern is valid); `set_len` follows the full initialization.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(
+                out.values.as_mut_ptr().add(old).cast::<u8>(),
+                got * esz,
+            );
+            par_copy(dst, src);
+            out.values.set_len(old + got);
+        }
+    }
+    let unstage_ms = t_unstage.elapsed().as_secs_f64() * 1e3;
+
+    let ms =
+        |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"));
+    let t = &mut out.timings;
+    t.stage_ms += stage_ms;
+    t.h2d_ms += ms(&e0, &e1)?;
+    t.kernel_ms += ms(&e1, &e2)?;
+    t.d2h_ms += ms(&e3, &e4)?;
+    t.unstage_ms += unstage_ms;
+    t.h2d_bytes += in_bytes as u64;
+    t.d2h_bytes += back_bytes as u64;
+    t.input_values += total_values as u64;
+    t.chunks += 1;
+    Ok(())
+}
+
+/// Measure the device's copy ceilings with `bytes`-byte buffers: device-to-device (bytes
+/// read plus written), pinned host-to-device and device-to-pinned-host; median of 5.
+pub fn measure_ceilings(bytes: usize) -> Result<Ceilings, GpuError> {
+    let g = gpu()?;
+    let mut ws = g
+        .workspace
+        .lock()
+        .map_err(|_| GpuError::Broken("workspace lock poisoned".into()))?;
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let bytes = bytes.max(1 << 20);
+    let a = ws.dev("ceil_a", bytes)?;
+    let b = ws.dev("ceil_b", bytes)?;
+    let cs = g.stream.cu_stream();
+    // SAFETY: `a` holds at least `bytes` bytes.
+    unsafe { result::memset_d8_async(a, 0x5a, bytes, cs) }.map_err(drv("memset"))?;
+    let time = |f: &dyn Fn() -> Result<(), GpuError>| -> Result<f64, GpuError> {
+        let mut v = Vec::new();
+        f()?; // warm-up
+        for _ in 0..5 {
+            let (s, e) = (g.event()?, g.event()?);
+            g.record(&s)?;
+            f()?;
+            g.record(&e)?;
+            g.sync()?;
+            v.push(f64::from(s.elapsed_ms(&e).map_err(drv("event timing"))?));
+        }
+        v.sort_by(f64::total_cmp);
+        Ok(v[2])
+    };
+    // SAFETY: both buffers hold at least `bytes` bytes.
+    let d2d = time(&|| {
+        unsafe { result::memcpy_dtod_async(b, a, bytes, cs) }.map_err(drv("device copy"))
+    })?;
+    let pin = Workspace::pinned(&mut ws.pin_in, bytes)?;
+    let host = pin.as_mut_slice();
+    host[..bytes].fill(0x3c);
+    let host_ptr = host.as_mut_ptr();
+    let h2d = time(&|| {
+        // SAFETY: `host_ptr` points to at least `bytes` pinned bytes that outlive the
+        // synchronized copy; `a` holds `bytes` bytes.
+        unsafe {
+            let src = std::slice::from_raw_parts(host_ptr.cast_const(), bytes);
+            result::memcpy_htod_async(a, src, cs)
+        }
+        .map_err(drv("host-to-device copy"))
+    })?;
+    let d2h = time(&|| {
+        // SAFETY: as above, in the other direction.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(host_ptr, bytes);
+            result::memcpy_dtoh_async(dst, a, cs)
+        }
+        .map_err(drv("device-to-host copy"))
+    })?;
+    ws.dev.retain(|(n, _)| !n.starts_with("ceil_"));
+    let gbps = |b: f64, ms: f64| b / (ms * 1e-3) / 1e9;
+    Ok(Ceilings {
+        d2d_gbps: gbps(2.0 * bytes as f64, d2d),
+        h2d_gbps: gbps(bytes as f64, h2d),
+        d2h_gbps: gbps(bytes as f64, d2h),
+    })
+}

@@ -1,0 +1,169 @@
+//! The GPU backend: batched k-way intersection of sorted integer list columns on NVIDIA GPUs.
+//!
+//! - The CUDA runtime ([`cuda`], with the cargo feature `cuda`, on by default) loads the
+//!   driver and NVRTC at run time through `cudarc`, so the crate builds, tests and runs with
+//!   no CUDA installed: without a driver or a device every entry point returns a
+//!   [`GpuError`] and the SQL layer stays on the CPU (the reason goes to the debug log).
+//! - The kernels (`kernels/intersect.cu`) are embedded in the binary, compiled once per
+//!   process with NVRTC for the device's own architecture, and cached with the context.
+//! - [`intersect`] runs one batch: list offsets and values go to the device in one copy
+//!   through a pooled pinned staging buffer (sliced arrays included, no per-row work), every
+//!   step of the k-way intersection runs on the device, and the results come back compacted
+//!   as Arrow-style values + offsets, in one copy, with a per-row flag for the rows the CPU
+//!   must recompute (a list not strictly increasing). Device and pinned memory are pooled per
+//!   process; a batch that does not fit is split into several launches.
+//! - `rows` connects this to the SQL functions (`sets.backend = 'gpu'`).
+//!
+//! Without the `cuda` feature a stub with the same names answers [`GpuError::NotCompiled`].
+
+mod error;
+pub(crate) mod rows;
+
+pub use error::GpuError;
+
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::{device, intersect, measure_ceilings};
+
+#[cfg(not(feature = "cuda"))]
+mod stub;
+#[cfg(not(feature = "cuda"))]
+pub use stub::{device, intersect, measure_ceilings};
+
+/// The device the backend runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The driver's name for the device.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
+    pub total_memory: usize,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+}
+
+static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Batches the SQL functions ran on the GPU in this process (for tests and diagnostics).
+pub fn batches_run() -> u64 {
+    BATCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether a GPU is usable by this process (initializing the backend on first call).
+pub fn is_available() -> bool {
+    device().is_ok()
+}
+
+/// One list column's offsets as Arrow stores them (`n + 1` entries, sliced arrays
+/// included: the first entry need not be 0).
+#[derive(Clone, Copy, Debug)]
+pub enum HostOffsets<'a> {
+    /// `List` offsets.
+    I32(&'a [i32]),
+    /// `LargeList` offsets.
+    I64(&'a [i64]),
+}
+
+impl HostOffsets<'_> {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            HostOffsets::I32(o) => o.len().saturating_sub(1),
+            HostOffsets::I64(o) => o.len().saturating_sub(1),
+        }
+    }
+
+    /// Entry `i` as a `usize` (offsets are never negative in a valid array; a negative one
+    /// reads as 0).
+    pub fn at(&self, i: usize) -> usize {
+        match self {
+            HostOffsets::I32(o) => usize::try_from(o[i]).unwrap_or(0),
+            HostOffsets::I64(o) => usize::try_from(o[i]).unwrap_or(0),
+        }
+    }
+}
+
+/// One argument of a batch: a list column seen through its buffers. Row `i` is
+/// `values[offsets[i]..offsets[i + 1]]`.
+#[derive(Clone, Copy, Debug)]
+pub struct HostList<'a, T> {
+    /// The list offsets.
+    pub offsets: HostOffsets<'a>,
+    /// The child values (only `values[offsets[0]..offsets[n]]` are read).
+    pub values: &'a [T],
+}
+
+/// Row validity shared by all arguments: bit `bit_offset + i` of `bits` (LSB first, Arrow's
+/// layout) is set when row `i` is not NULL. NULL rows get an empty result.
+#[derive(Clone, Copy, Debug)]
+pub struct RowValidity<'a> {
+    /// The bitmap bytes.
+    pub bits: &'a [u8],
+    /// Bit position of row 0.
+    pub bit_offset: usize,
+}
+
+/// What a batch computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The common values of every row (`list_intersect`).
+    Values,
+    /// Only their number (`list_intersect_count`).
+    Counts,
+}
+
+/// Where the time of one [`intersect`] call went (milliseconds; device times from CUDA
+/// events, host times from the wall clock).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Host copies of the inputs into pinned staging memory.
+    pub stage_ms: f64,
+    /// Host-to-device copies.
+    pub h2d_ms: f64,
+    /// All kernels.
+    pub kernel_ms: f64,
+    /// Device-to-host copies of the results.
+    pub d2h_ms: f64,
+    /// Host copies of the results out of pinned memory.
+    pub unstage_ms: f64,
+    /// The whole call.
+    pub total_ms: f64,
+    /// Bytes copied to the device (values, offsets, validity).
+    pub h2d_bytes: u64,
+    /// Bytes copied back.
+    pub d2h_bytes: u64,
+    /// Input values of the batch (all arguments).
+    pub input_values: u64,
+    /// Launch groups the batch was split into.
+    pub chunks: u32,
+}
+
+/// A batch's results.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOutput<T> {
+    /// Row `i`'s results are `values[offsets[i]..offsets[i + 1]]` (`n + 1` entries from 0).
+    /// In [`Mode::Counts`] the offsets are there and `values` is empty.
+    pub offsets: Vec<u64>,
+    /// The common values, ascending within each row.
+    pub values: Vec<T>,
+    /// `flagged[i]` is true where the device's result for row `i` must be discarded and the
+    /// row recomputed on the CPU: some list of the row is not strictly increasing.
+    pub flagged: Vec<bool>,
+    /// Whether any row is flagged.
+    pub any_flagged: bool,
+    /// Where the time went.
+    pub timings: Timings,
+}
+
+/// Measured transfer ceilings of the device (GB/s).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ceilings {
+    /// Device-to-device copy, bytes read plus bytes written.
+    pub d2d_gbps: f64,
+    /// Pinned host to device.
+    pub h2d_gbps: f64,
+    /// Device to pinned host.
+    pub d2h_gbps: f64,
+}

@@ -1,0 +1,151 @@
+//! The hook between the SQL functions and the GPU: `intersect_rows` calls [`try_values`] /
+//! [`try_counts`] first; `None` means "run on the CPU" (backend not chosen, element width
+//! not handled, or no usable GPU — the reason goes to the debug log).
+//!
+//! The device computes every row; rows the CPU must redo are those the kernels flag (a list
+//! not strictly increasing) and those holding a NULL element: they are recomputed with the
+//! CPU's exact path, so results are always identical to the CPU backend's.
+
+use std::any::TypeId;
+
+use datafusion::arrow::array::OffsetSizeTrait;
+use datafusion::arrow::buffer::NullBuffer;
+
+use super::{GpuOutput, HostList, HostOffsets, Mode, RowValidity};
+use crate::backend::cpu::SetElem;
+use crate::config::BackendChoice;
+use crate::functions::common::IntLists;
+use crate::functions::intersect_rows::{
+    EngineOptions, ValuesOut, cpu_counts_rows, cpu_values_rows,
+};
+
+/// Arrow offsets of type `O` as the backend's [`HostOffsets`].
+fn host_offsets<O: OffsetSizeTrait>(o: &[O]) -> Option<HostOffsets<'_>> {
+    if TypeId::of::<O>() == TypeId::of::<i32>() {
+        // SAFETY: `O` is `i32` (checked by `TypeId`), so the cast is the identity.
+        Some(HostOffsets::I32(unsafe {
+            std::slice::from_raw_parts(o.as_ptr().cast::<i32>(), o.len())
+        }))
+    } else if TypeId::of::<O>() == TypeId::of::<i64>() {
+        // SAFETY: `O` is `i64` (checked by `TypeId`), so the cast is the identity.
+        Some(HostOffsets::I64(unsafe {
+            std::slice::from_raw_parts(o.as_ptr().cast::<i64>(), o.len())
+        }))
+    } else {
+        None
+    }
+}
+
+/// Run the batch on the GPU when the options ask for it; the rows to redo on the CPU.
+fn run<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    opts: &EngineOptions,
+    mode: Mode,
+) -> Option<(GpuOutput<T>, Vec<usize>)> {
+    if opts.backend != BackendChoice::Gpu {
+        return None;
+    }
+    if !matches!(T::BITS, 32 | 64) || lists.len() < 2 || lists[0].is_empty() {
+        return None;
+    }
+    let mut host = Vec::with_capacity(lists.len());
+    let mut row_nulls: Option<NullBuffer> = None;
+    let mut element_nulls = false;
+    for l in lists {
+        let (offsets, values, nulls, elem_nulls) = l.parts();
+        host.push(HostList {
+            offsets: host_offsets(offsets)?,
+            values,
+        });
+        row_nulls = NullBuffer::union(row_nulls.as_ref(), nulls);
+        element_nulls |= elem_nulls.is_some();
+    }
+    let validity = row_nulls.as_ref().map(|nb| RowValidity {
+        bits: nb.inner().values(),
+        bit_offset: nb.inner().offset(),
+    });
+    let out = match super::intersect(&host, validity, mode) {
+        Ok(out) => out,
+        Err(e) => {
+            log::debug!("datafusion-sets: list intersection on the CPU: {e}");
+            return None;
+        }
+    };
+    super::BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let n = lists[0].len();
+    let mut redo = Vec::new();
+    if out.any_flagged || element_nulls {
+        for i in 0..n {
+            if out.flagged[i] || (element_nulls && lists.iter().any(|l| l.row_has_null_element(i)))
+            {
+                redo.push(i);
+            }
+        }
+    }
+    Some((out, redo))
+}
+
+/// `list_intersect` on the GPU, or `None` to run on the CPU.
+pub(crate) fn try_values<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    opts: &EngineOptions,
+) -> Option<ValuesOut<T>> {
+    let (out, redo) = run(lists, opts, Mode::Values)?;
+    let n = lists[0].len();
+    let off = &out.offsets;
+    let len = |r: usize| (off[r + 1] - off[r]) as usize;
+    if redo.is_empty() {
+        return Some(ValuesOut {
+            values: out.values,
+            lengths: (0..n).map(len).collect(),
+            validity: None,
+        });
+    }
+    let mut res = ValuesOut {
+        values: Vec::with_capacity(out.values.len()),
+        lengths: Vec::with_capacity(n),
+        validity: None,
+    };
+    let append_gpu = |res: &mut ValuesOut<T>, a: usize, b: usize| {
+        if a < b {
+            res.values
+                .extend_from_slice(&out.values[off[a] as usize..off[b] as usize]);
+            res.lengths.extend((a..b).map(len));
+            if let Some(v) = &mut res.validity {
+                v.resize(res.values.len(), true);
+            }
+        }
+    };
+    let mut next = 0;
+    let parts = cpu_values_rows(lists, &redo, opts);
+    for (&i, part) in redo.iter().zip(parts) {
+        append_gpu(&mut res, next, i);
+        if part.validity.is_some() && res.validity.is_none() {
+            res.validity = Some(vec![true; res.values.len()]);
+        }
+        res.values.extend_from_slice(&part.values);
+        res.lengths.extend_from_slice(&part.lengths);
+        if let Some(v) = &mut res.validity {
+            match &part.validity {
+                Some(pv) => v.extend_from_slice(pv),
+                None => v.resize(res.values.len(), true),
+            }
+        }
+        next = i + 1;
+    }
+    append_gpu(&mut res, next, n);
+    Some(res)
+}
+
+/// `list_intersect_count` on the GPU, or `None` to run on the CPU.
+pub(crate) fn try_counts<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    opts: &EngineOptions,
+) -> Option<Vec<u64>> {
+    let (out, redo) = run(lists, opts, Mode::Counts)?;
+    let mut counts: Vec<u64> = out.offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    for (&i, c) in redo.iter().zip(cpu_counts_rows(lists, &redo, opts)) {
+        counts[i] = c;
+    }
+    Some(counts)
+}

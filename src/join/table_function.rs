@@ -1,0 +1,266 @@
+//! `similarity_join(...)`: the set similarity join as a table function.
+//!
+//! ```sql
+//! -- R-S join: every (r, s) with jaccard(r.tokens, s.tokens) >= 0.8
+//! SELECT * FROM similarity_join('r', 'id', 'tokens', 's', 'id', 'tokens', 'jaccard', 0.8);
+//! -- self-join: every pair of rows x, y of r with x.id < y.id and cosine >= 0.9
+//! SELECT * FROM similarity_join('r', 'id', 'tokens', 'cosine', 0.9);
+//! -- strict comparison: an optional last argument, '>=' (default) or '>'
+//! SELECT * FROM similarity_join('r', 'id', 'tokens', 'dice', 0.5, '>');
+//! ```
+//!
+//! Arguments: table names (resolved in the session's catalog, `schema.table` allowed), id
+//! and token column names (string literals), the function (`jaccard`, `cosine`, `dice`,
+//! `overlap`, case-insensitive) and the threshold (a numeric literal: in `(0, 1]` for the
+//! normalized measures, `> 0` for `overlap`). Result columns: `left_id`, `right_id` (the id
+//! columns' types) and `similarity` (`Float64`; `UInt64` for `overlap`), exactly the value
+//! of the SQL function of the same name.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::{Result, ScalarValue, TableReference, plan_datafusion_err, plan_err};
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::FutureExt;
+
+use super::exec::{JoinInput, SimilarityJoinExec, output_schema};
+use super::threshold::{Comparison, Threshold};
+use crate::functions::common::list_element_type;
+use crate::functions::set_similarity::Measure;
+
+/// The table function's SQL name.
+pub const SIMILARITY_JOIN: &str = "similarity_join";
+
+const USAGE: &str = "similarity_join('r', 'r_id', 'r_tokens', 's', 's_id', 's_tokens', 'jaccard', 0.8 [, '>=' | '>']) or similarity_join('r', 'id', 'tokens', 'jaccard', 0.8 [, '>=' | '>'])";
+
+/// The `similarity_join` table function (see the module docs).
+#[derive(Debug, Default)]
+pub struct SimilarityJoinFunction;
+
+impl TableFunctionImpl for SimilarityJoinFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let exprs = args.exprs();
+        let session = args.session();
+        let (right_at, measure_at) = match exprs.len() {
+            5 | 6 => (None, 3),
+            8 | 9 => (Some(3), 6),
+            n => {
+                return plan_err!(
+                    "{SIMILARITY_JOIN}: expected 5, 6, 8 or 9 arguments, got {n}; usage: {USAGE}"
+                );
+            }
+        };
+        let left = side(session, exprs, 0)?;
+        let right = right_at.map(|at| side(session, exprs, at)).transpose()?;
+        let name = string_arg(exprs, measure_at, "function")?;
+        let Some(measure) = Measure::from_name(&name) else {
+            return plan_err!(
+                "{SIMILARITY_JOIN}: argument {} (function): unknown similarity function '{name}', expected one of jaccard, cosine, dice, overlap",
+                measure_at + 1
+            );
+        };
+        let value = threshold_arg(exprs, measure_at + 1)?;
+        let cmp = match exprs.get(measure_at + 2) {
+            None => Comparison::GtEq,
+            Some(_) => {
+                let op = string_arg(exprs, measure_at + 2, "comparison")?;
+                Comparison::from_op(&op).ok_or_else(|| {
+                    plan_datafusion_err!(
+                        "{SIMILARITY_JOIN}: argument {} (comparison): expected '>=' or '>', got '{op}'",
+                        measure_at + 3
+                    )
+                })?
+            }
+        };
+        let threshold = Threshold::try_new(
+            measure,
+            value,
+            cmp,
+            &format!("{SIMILARITY_JOIN}: argument {} (threshold)", measure_at + 2),
+        )?;
+        let right_id = right.as_ref().unwrap_or(&left).id_type();
+        let schema = Arc::new(output_schema(&left.id_type(), &right_id, measure));
+        Ok(Arc::new(SimilarityJoinTable {
+            left,
+            right,
+            threshold,
+            schema,
+        }))
+    }
+}
+
+/// One input: a resolved table and its two columns.
+#[derive(Debug, Clone)]
+struct Side {
+    table: Arc<dyn TableProvider>,
+    id: usize,
+    tokens: usize,
+}
+
+impl Side {
+    fn id_type(&self) -> DataType {
+        self.table.schema().field(self.id).data_type().clone()
+    }
+
+    async fn plan(&self, state: &dyn Session) -> Result<JoinInput> {
+        let (projection, id, tokens) = if self.id == self.tokens {
+            (vec![self.id], 0, 0)
+        } else {
+            (vec![self.id, self.tokens], 0, 1)
+        };
+        let plan = self.table.scan(state, Some(&projection), &[], None).await?;
+        Ok(JoinInput::new(plan, id, tokens))
+    }
+}
+
+/// Arguments `at`, `at + 1`, `at + 2`: table, id column, token column.
+fn side(session: &dyn Session, exprs: &[Expr], at: usize) -> Result<Side> {
+    let table_name = string_arg(exprs, at, "table")?;
+    let table = resolve_table(session, &table_name, at + 1)?;
+    let schema = table.schema();
+    let column = |k: usize, what: &str| -> Result<usize> {
+        let name = string_arg(exprs, k, what)?;
+        schema.index_of(&name).map_err(|_| {
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            plan_datafusion_err!(
+                "{SIMILARITY_JOIN}: argument {} ({what}): column '{name}' not found in table '{table_name}' (columns: {})",
+                k + 1,
+                names.join(", ")
+            )
+        })
+    };
+    let id = column(at + 1, "id column")?;
+    let tokens = column(at + 2, "tokens column")?;
+    let field = schema.field(tokens);
+    match list_element_type(field.data_type()) {
+        Some(e) if e.is_integer() || e.is_null() => {}
+        _ => {
+            return plan_err!(
+                "{SIMILARITY_JOIN}: argument {} (tokens column): column '{}' of '{table_name}' must be a list of integers (List, LargeList or FixedSizeList), got {}",
+                at + 3,
+                field.name(),
+                field.data_type()
+            );
+        }
+    }
+    Ok(Side { table, id, tokens })
+}
+
+/// Look a table up in the session's catalog. Catalogs that can only answer asynchronously
+/// (remote ones) are not supported: the table function is planned synchronously.
+fn resolve_table(session: &dyn Session, name: &str, arg: usize) -> Result<Arc<dyn TableProvider>> {
+    let options = session.config_options();
+    let resolved = TableReference::from(name).resolve(
+        &options.catalog.default_catalog,
+        &options.catalog.default_schema,
+    );
+    let not_found = || {
+        plan_datafusion_err!("{SIMILARITY_JOIN}: argument {arg} (table): table '{name}' not found")
+    };
+    let catalog = session
+        .catalog_list()
+        .catalog(&resolved.catalog)
+        .ok_or_else(not_found)?;
+    let schema = catalog.schema(&resolved.schema).ok_or_else(not_found)?;
+    match schema.table(&resolved.table).now_or_never() {
+        Some(Ok(Some(table))) => Ok(table),
+        Some(Ok(None)) => Err(not_found()),
+        Some(Err(e)) => Err(e),
+        None => plan_err!(
+            "{SIMILARITY_JOIN}: argument {arg} (table): table '{name}' lives in a catalog that cannot be read synchronously"
+        ),
+    }
+}
+
+/// The constant value of a literal, possibly negated or cast.
+fn literal(expr: &Expr) -> Option<ScalarValue> {
+    match expr {
+        Expr::Literal(v, _) => Some(v.clone()),
+        Expr::Negative(inner) => literal(inner)?.arithmetic_negate().ok(),
+        Expr::Cast(c) => literal(&c.expr)?.cast_to(c.field.data_type()).ok(),
+        Expr::TryCast(c) => literal(&c.expr)?.cast_to(c.field.data_type()).ok(),
+        _ => None,
+    }
+}
+
+fn string_arg(exprs: &[Expr], k: usize, what: &str) -> Result<String> {
+    let n = k + 1;
+    match exprs.get(k).and_then(literal) {
+        Some(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(s),
+        Some(v) if v.is_null() => {
+            plan_err!("{SIMILARITY_JOIN}: argument {n} ({what}) must not be NULL")
+        }
+        _ => plan_err!(
+            "{SIMILARITY_JOIN}: argument {n} ({what}) must be a string literal, got {}",
+            exprs.get(k).map(|e| e.to_string()).unwrap_or_default()
+        ),
+    }
+}
+
+fn threshold_arg(exprs: &[Expr], k: usize) -> Result<f64> {
+    let n = k + 1;
+    let shown = exprs.get(k).map(|e| e.to_string()).unwrap_or_default();
+    match exprs.get(k).and_then(literal) {
+        Some(v) if v.is_null() => {
+            plan_err!("{SIMILARITY_JOIN}: argument {n} (threshold) must not be NULL")
+        }
+        Some(v) if v.data_type().is_numeric() => match v.cast_to(&DataType::Float64) {
+            Ok(ScalarValue::Float64(Some(f))) => Ok(f),
+            _ => plan_err!(
+                "{SIMILARITY_JOIN}: argument {n} (threshold): cannot read {shown} as a number"
+            ),
+        },
+        _ => plan_err!(
+            "{SIMILARITY_JOIN}: argument {n} (threshold) must be a numeric literal, got {shown}"
+        ),
+    }
+}
+
+/// The table a `similarity_join(...)` call stands for.
+#[derive(Debug)]
+struct SimilarityJoinTable {
+    left: Side,
+    right: Option<Side>,
+    threshold: Threshold,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for SimilarityJoinTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let left = self.left.plan(state).await?;
+        let right = match &self.right {
+            Some(r) => Some(r.plan(state).await?),
+            None => None,
+        };
+        let partitions = state.config().target_partitions();
+        Ok(Arc::new(SimilarityJoinExec::try_new(
+            left,
+            right,
+            self.threshold,
+            projection.cloned(),
+            partitions,
+        )?))
+    }
+}

@@ -1,0 +1,479 @@
+//! The GPU backend against the CPU backend: random batches through the SQL functions with
+//! `sets.backend = 'gpu'` and `'cpu'`, results compared array for array, plus the engine
+//! called directly (flags, chunking) and, `#[ignore]`d, the benchmark.
+//!
+//! Without a usable GPU every test prints a note and passes, unless `DFSETS_REQUIRE_GPU=1`
+//! (the device script sets it), which makes the absence a failure.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, GenericListArray, Int64Array, OffsetSizeTrait};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::config::ConfigOptions;
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
+use datafusion_sets::SetsConfig;
+use datafusion_sets::backend::gpu::{self, HostList, HostOffsets, Mode};
+use datafusion_sets::config::BackendChoice;
+use datafusion_sets::functions::list_intersect::list_intersect_udf;
+use datafusion_sets::functions::list_intersect_count::list_intersect_count_udf;
+
+/// Whether to run: a GPU is there; or skip with a note; or fail under DFSETS_REQUIRE_GPU=1.
+fn gpu_or_skip(test: &str) -> bool {
+    match gpu::device() {
+        Ok(d) => {
+            eprintln!(
+                "{test}: on {} (sm_{}{})",
+                d.name, d.compute_capability.0, d.compute_capability.1
+            );
+            true
+        }
+        Err(e) => {
+            if std::env::var("DFSETS_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{test}: DFSETS_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("{test}: skipped, no usable GPU ({e})");
+            false
+        }
+    }
+}
+
+/// splitmix64: fast, deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+}
+
+/// One row: `None` = NULL list; elements `None` = NULL element.
+type Row = Option<Vec<Option<i64>>>;
+
+/// A strictly increasing list of `len` values from `start`, gaps 1..=2*gap.
+fn sorted_list(rng: &mut Rng, start: i64, len: usize, gap: u64) -> Vec<Option<i64>> {
+    let mut v = Vec::with_capacity(len);
+    let mut x = start;
+    for _ in 0..len {
+        x += 1 + rng.below(2 * gap.max(1)) as i64;
+        v.push(Some(x));
+    }
+    v
+}
+
+/// A random row of a batch: mostly sorted posting lists sharing a universe (so that
+/// intersections are not empty), with empty, single-element, unsorted, duplicated, NULL
+/// lists and NULL elements mixed in. `signed` puts values below zero.
+fn random_row(rng: &mut Rng, signed: bool, big: bool) -> Row {
+    let start = if signed {
+        -(rng.below(3000) as i64)
+    } else {
+        rng.below(100) as i64
+    };
+    let kind = rng.below(100);
+    let row = match kind {
+        0..=5 => return None,
+        6..=13 => vec![],
+        14..=21 => vec![Some(start + rng.below(20) as i64)],
+        22..=27 => {
+            // unsorted
+            let len = 1 + rng.below(60) as usize;
+            let mut v = sorted_list(rng, start, len, 2);
+            for i in (1..v.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                v.swap(i, j);
+            }
+            v
+        }
+        28..=32 => {
+            // sorted with duplicates
+            let len = 1 + rng.below(60) as usize;
+            let mut v = sorted_list(rng, start, len, 1);
+            let dups: Vec<_> = v.iter().step_by(3).copied().collect();
+            v.extend(dups);
+            v.sort();
+            v
+        }
+        33..=36 => {
+            // NULL elements
+            let len = 1 + rng.below(30) as usize;
+            let mut v = sorted_list(rng, start, len, 2);
+            let i = rng.below(v.len() as u64) as usize;
+            v[i] = None;
+            v
+        }
+        37..=44 if big => {
+            let len = 2000 + rng.below(30_000) as usize;
+            sorted_list(rng, start, len, 1)
+        }
+        _ => {
+            let len = [3u64, 30, 300, 3000][rng.below(4) as usize];
+            let (len, gap) = (1 + rng.below(len) as usize, 1 + rng.below(3));
+            sorted_list(rng, start, len, gap)
+        }
+    };
+    Some(row)
+}
+
+/// A list array of `rows` with elements of type `element`; with `pad`, junk values around
+/// the used range and a sliced child (the list's first offset is not 0).
+fn build<O: OffsetSizeTrait>(rows: &[Row], element: &DataType, pad: usize) -> ArrayRef {
+    let mut values: Vec<Option<i64>> = vec![Some(7); pad];
+    let mut offsets = vec![O::usize_as(pad)];
+    for r in rows {
+        if let Some(v) = r {
+            values.extend(v.iter().copied());
+        }
+        offsets.push(O::usize_as(values.len()));
+    }
+    values.extend(std::iter::repeat_n(Some(3), pad));
+    let child: ArrayRef = Arc::new(Int64Array::from(values));
+    let child = cast(&child, element).expect("cast the child");
+    let nulls = NullBuffer::from(rows.iter().map(|r| r.is_some()).collect::<Vec<_>>());
+    let field = Arc::new(Field::new_list_field(element.clone(), true));
+    let list =
+        GenericListArray::<O>::new(field, OffsetBuffer::new(offsets.into()), child, Some(nulls));
+    Arc::new(list)
+}
+
+fn config(backend: BackendChoice) -> Arc<ConfigOptions> {
+    let mut sets = SetsConfig::default();
+    sets.backend = backend;
+    let mut options = ConfigOptions::new();
+    options.extensions.insert(sets);
+    Arc::new(options)
+}
+
+fn invoke(udf: &ScalarUDF, args: &[ArrayRef], backend: BackendChoice) -> ArrayRef {
+    let fields: Vec<_> = args
+        .iter()
+        .map(|a| Arc::new(Field::new("a", a.data_type().clone(), true)))
+        .collect();
+    let ret = udf
+        .return_field_from_args(datafusion::logical_expr::ReturnFieldArgs {
+            arg_fields: &fields,
+            scalar_arguments: &vec![None; args.len()],
+        })
+        .expect("return type");
+    let out = udf
+        .invoke_with_args(ScalarFunctionArgs {
+            args: args
+                .iter()
+                .map(|a| ColumnarValue::Array(Arc::clone(a)))
+                .collect(),
+            arg_fields: fields,
+            number_rows: args[0].len(),
+            return_field: ret,
+            config_options: config(backend),
+        })
+        .expect("invoke");
+    match out {
+        ColumnarValue::Array(a) => a,
+        ColumnarValue::Scalar(_) => panic!("array arguments gave a scalar"),
+    }
+}
+
+/// `list_intersect` and `list_intersect_count` on the GPU equal the CPU's, and the GPU ran.
+fn check_same(args: &[ArrayRef], what: &str) {
+    let before = gpu::batches_run();
+    let cpu = invoke(&list_intersect_udf(), args, BackendChoice::Cpu);
+    let gpu_out = invoke(&list_intersect_udf(), args, BackendChoice::Gpu);
+    assert_eq!(
+        cpu.as_ref(),
+        gpu_out.as_ref(),
+        "list_intersect differs: {what}"
+    );
+    let cpu_c = invoke(&list_intersect_count_udf(), args, BackendChoice::Cpu);
+    let gpu_c = invoke(&list_intersect_count_udf(), args, BackendChoice::Gpu);
+    assert_eq!(
+        cpu_c.as_ref(),
+        gpu_c.as_ref(),
+        "list_intersect_count differs: {what}"
+    );
+    if ![
+        DataType::Int8,
+        DataType::Int16,
+        DataType::UInt8,
+        DataType::UInt16,
+    ]
+    .iter()
+    .any(|t| what.contains(&format!("{t}/")))
+    {
+        assert!(
+            gpu::batches_run() >= before + 2,
+            "the GPU did not run both calls: {what}"
+        );
+    }
+}
+
+const TYPES: [DataType; 5] = [
+    DataType::Int32,
+    DataType::UInt32,
+    DataType::Int64,
+    DataType::UInt64,
+    DataType::Int16,
+];
+
+#[test]
+fn gpu_equals_cpu_on_random_batches() {
+    if !gpu_or_skip("gpu_equals_cpu_on_random_batches") {
+        return;
+    }
+    let mut cases = 0;
+    for seed in 0..60u64 {
+        let mut rng = Rng(seed * 7919 + 1);
+        let element = &TYPES[(seed % TYPES.len() as u64) as usize];
+        let signed = matches!(element, DataType::Int32 | DataType::Int64 | DataType::Int16);
+        let k = 2 + (seed % 3) as usize;
+        let n = [1usize, 7, 100, 1000, 5000][(seed / 3 % 5) as usize];
+        let pad = (seed % 2) as usize * 5;
+        let large = seed % 4 == 3;
+        let big = seed % 5 == 0;
+        let lists: Vec<Vec<Row>> = (0..k)
+            .map(|_| (0..n).map(|_| random_row(&mut rng, signed, big)).collect())
+            .collect();
+        let args: Vec<ArrayRef> = lists
+            .iter()
+            .map(|rows| {
+                if large {
+                    build::<i64>(rows, element, pad)
+                } else {
+                    build::<i32>(rows, element, pad)
+                }
+            })
+            .collect();
+        let what = format!("seed {seed}: {element}/ k={k} n={n} pad={pad} large={large}");
+        check_same(&args, &what);
+        // A slice of the batch (list arrays with an offset).
+        if n > 4 {
+            let sliced: Vec<ArrayRef> = args.iter().map(|a| a.slice(1, n - 3)).collect();
+            check_same(&sliced, &format!("{what} sliced"));
+        }
+        cases += 1;
+    }
+    eprintln!("gpu_equals_cpu_on_random_batches: {cases} batches equal");
+}
+
+#[test]
+fn gpu_equals_cpu_on_ten_million_element_rows() {
+    if !gpu_or_skip("gpu_equals_cpu_on_ten_million_element_rows") {
+        return;
+    }
+    let mut rng = Rng(42);
+    for element in [DataType::UInt32, DataType::Int64] {
+        let mut a: Vec<Row> = Vec::new();
+        let mut b: Vec<Row> = Vec::new();
+        a.push(Some(sorted_list(&mut rng, -5, 10_000_000, 2)));
+        b.push(Some(sorted_list(&mut rng, 0, 10_000_000, 2)));
+        for _ in 0..50 {
+            a.push(random_row(&mut rng, false, false));
+            b.push(random_row(&mut rng, false, false));
+        }
+        // one long row against a short one, and a long unsorted one (flagged, redone on the CPU)
+        a.push(Some(sorted_list(&mut rng, 0, 3_000_000, 1)));
+        b.push(Some(sorted_list(&mut rng, 0, 17, 100_000)));
+        let mut u = sorted_list(&mut rng, 0, 2_000_000, 1);
+        u.swap(1_000_000, 1_500_000);
+        a.push(Some(u));
+        b.push(Some(sorted_list(&mut rng, 0, 2_000_000, 1)));
+        let args = vec![build::<i32>(&a, &element, 0), build::<i32>(&b, &element, 0)];
+        check_same(&args, &format!("{element}/ 1e7-element rows"));
+    }
+}
+
+#[test]
+fn engine_flags_unsorted_and_duplicated_rows() {
+    if !gpu_or_skip("engine_flags_unsorted_and_duplicated_rows") {
+        return;
+    }
+    let offsets = [0i32, 3, 6, 9, 9];
+    let a: Vec<u32> = vec![1, 2, 3, 3, 2, 1, 5, 5, 6];
+    let b_off = [0i32, 3, 5, 8, 10];
+    let b: Vec<u32> = vec![2, 3, 4, 1, 3, 5, 6, 7, 1, 2];
+    let lists = [
+        HostList {
+            offsets: HostOffsets::I32(&offsets),
+            values: &a,
+        },
+        HostList {
+            offsets: HostOffsets::I32(&b_off),
+            values: &b,
+        },
+    ];
+    let out = gpu::intersect(&lists, None, Mode::Values).expect("GPU batch");
+    assert_eq!(out.flagged, vec![false, true, true, false]);
+    assert_eq!(&out.values[..2], &[2, 3]);
+    assert_eq!(out.offsets[0..2], [0, 2]);
+    assert_eq!(out.offsets[4] - out.offsets[3], 0);
+}
+
+#[test]
+fn engine_counts_match_values() {
+    if !gpu_or_skip("engine_counts_match_values") {
+        return;
+    }
+    let mut rng = Rng(7);
+    let n = 20_000;
+    let mut offs = [vec![0i64], vec![0i64], vec![0i64]];
+    let mut vals: [Vec<i64>; 3] = [vec![], vec![], vec![]];
+    for _ in 0..n {
+        for j in 0..3 {
+            let len = rng.below(200) as usize;
+            let v = sorted_list(&mut rng, -100, len, 1);
+            vals[j].extend(v.into_iter().flatten());
+            offs[j].push(vals[j].len() as i64);
+        }
+    }
+    let lists: Vec<HostList<'_, i64>> = (0..3)
+        .map(|j| HostList {
+            offsets: HostOffsets::I64(&offs[j]),
+            values: &vals[j],
+        })
+        .collect();
+    let v = gpu::intersect(&lists, None, Mode::Values).expect("values");
+    let c = gpu::intersect(&lists, None, Mode::Counts).expect("counts");
+    assert_eq!(v.offsets, c.offsets);
+    assert!(!v.any_flagged);
+    // against a plain merge on the host
+    for r in 0..n {
+        let row = |j: usize| &vals[j][offs[j][r] as usize..offs[j][r + 1] as usize];
+        let ab: Vec<i64> = row(0)
+            .iter()
+            .copied()
+            .filter(|x| row(1).binary_search(x).is_ok())
+            .collect();
+        let abc: Vec<i64> = ab
+            .into_iter()
+            .filter(|x| row(2).binary_search(x).is_ok())
+            .collect();
+        assert_eq!(
+            &v.values[v.offsets[r] as usize..v.offsets[r + 1] as usize],
+            &abc[..],
+            "row {r}"
+        );
+    }
+}
+
+/// The benchmark of the issue: 100k rows of 10..10,000 u32 (log-uniform lengths, two lists),
+/// kernel throughput against the device copy ceiling and end to end from pinned memory
+/// against the pinned H2D ceiling. `cargo test --test gpu_props -- --ignored bench`.
+#[test]
+#[ignore]
+fn bench_gpu_intersect() {
+    if !gpu_or_skip("bench_gpu_intersect") {
+        return;
+    }
+    let dev = gpu::device().expect("device");
+    let ceil = gpu::measure_ceilings(1 << 30).expect("ceilings");
+    println!(
+        "device: {}  ceilings: D2D {:.0} GB/s (read+write), H2D pinned {:.1} GB/s, D2H pinned {:.1} GB/s",
+        dev.name, ceil.d2d_gbps, ceil.h2d_gbps, ceil.d2h_gbps
+    );
+    let mut rng = Rng(2026);
+    let rows = 100_000;
+    let mut report = Vec::new();
+    for (name, k) in [("2 lists", 2usize), ("3 lists", 3)] {
+        let mut offs: Vec<Vec<i32>> = vec![vec![0]; k];
+        let mut vals: Vec<Vec<u32>> = vec![Vec::new(); k];
+        for _ in 0..rows {
+            for j in 0..k {
+                let len = (10f64 * 1000f64.powf((rng.next() >> 11) as f64 / (1u64 << 53) as f64))
+                    as usize;
+                let mut x = 0u32;
+                for _ in 0..len {
+                    x += 1 + rng.below(4) as u32;
+                    vals[j].push(x);
+                }
+                offs[j].push(vals[j].len() as i32);
+            }
+        }
+        let lists: Vec<HostList<'_, u32>> = (0..k)
+            .map(|j| HostList {
+                offsets: HostOffsets::I32(&offs[j]),
+                values: &vals[j],
+            })
+            .collect();
+        let input: usize = vals.iter().map(|v| v.len()).sum();
+        for mode in [Mode::Values, Mode::Counts] {
+            let mut runs = Vec::new();
+            for _ in 0..8 {
+                runs.push(gpu::intersect(&lists, None, mode).expect("GPU batch"));
+            }
+            let med = |f: &dyn Fn(&gpu::GpuOutput<u32>) -> f64| {
+                let mut v: Vec<f64> = runs[1..].iter().map(f).collect();
+                v.sort_by(f64::total_cmp);
+                (v[v.len() / 2], v[0], v[v.len() - 1])
+            };
+            let out_values = runs[0].offsets[rows] as usize;
+            let (kern, kmin, kmax) = med(&|o| o.timings.kernel_ms);
+            let (e2e, _, _) = med(&|o| o.timings.h2d_ms + o.timings.kernel_ms + o.timings.d2h_ms);
+            let (h2d, _, _) = med(&|o| o.timings.h2d_ms);
+            let (stage, _, _) = med(&|o| o.timings.stage_ms);
+            let (total, _, _) = med(&|o| o.timings.total_ms);
+            let bytes = (input + if mode == Mode::Values { out_values } else { 0 }) as f64 * 4.0;
+            let kgbps = bytes / (kern * 1e-3) / 1e9;
+            let h2d_bytes = runs[0].timings.h2d_bytes as f64;
+            let e2e_floor = h2d_bytes / (ceil.h2d_gbps * 1e9) * 1e3;
+            let line = format!(
+                "{name:8} {mode:6?}: {input} input values, {out_values} results; kernels {kern:.3} ms (min {kmin:.3}, max {kmax:.3}) = {kgbps:.0} GB/s = {:.0}% of D2D copy; pinned end-to-end {e2e:.2} ms (H2D {h2d:.2} ms; H2D floor {e2e_floor:.2} ms = {:.0}%); host staging {stage:.1} ms; whole call {total:.1} ms",
+                100.0 * kgbps / ceil.d2d_gbps,
+                100.0 * e2e_floor / e2e
+            );
+            println!("{line}");
+            report.push(line);
+        }
+        // The CPU backend on the same data, through the SQL function (all cores).
+        let arrays: Vec<ArrayRef> = (0..k)
+            .map(|j| {
+                let field = Arc::new(Field::new_list_field(DataType::UInt32, true));
+                let child: ArrayRef =
+                    Arc::new(datafusion::arrow::array::UInt32Array::from(vals[j].clone()));
+                Arc::new(GenericListArray::<i32>::new(
+                    field,
+                    OffsetBuffer::new(offs[j].clone().into()),
+                    child,
+                    None,
+                )) as ArrayRef
+            })
+            .collect();
+        let mut cpu_ms = Vec::new();
+        let mut gpu_ms = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let c = invoke(&list_intersect_udf(), &arrays, BackendChoice::Cpu);
+            cpu_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            let g = invoke(&list_intersect_udf(), &arrays, BackendChoice::Gpu);
+            gpu_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            assert_eq!(c.as_ref(), g.as_ref(), "bench data: GPU != CPU");
+        }
+        cpu_ms.sort_by(f64::total_cmp);
+        gpu_ms.sort_by(f64::total_cmp);
+        let line = format!(
+            "{name:8} SQL function on Arrow arrays (pageable): CPU backend {:.1} ms ({} threads), GPU backend {:.1} ms; results equal",
+            cpu_ms[1],
+            rayon_threads(),
+            gpu_ms[1]
+        );
+        println!("{line}");
+        report.push(line);
+    }
+    if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
+        let _ = std::fs::write(path, report.join("\n") + "\n");
+    }
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

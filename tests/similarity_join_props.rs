@@ -1,0 +1,431 @@
+//! Property tests of the similarity join (`similarity_join(...)` → `SimilarityJoinExec`)
+//! against a brute-force nested loop over `BTreeSet`s: random collections (small token
+//! domains, so near-duplicates are common; duplicates, NULL elements, empty and NULL lists;
+//! duplicate and NULL ids), every function, many thresholds (including values that pairs
+//! reach exactly) with `>=` and `>`, self and R-S joins, several list types, batch sizes and
+//! partition counts. Also: `count(*)`, metrics, the memory pool, and dropping a stream early.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Int64Array, ListArray, RecordBatch, UInt64Array,
+};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::{ExecutionPlan, collect, execute_stream_partitioned};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_sets::SessionStateBuilderExt;
+use datafusion_sets::functions::set_similarity::Measure;
+use datafusion_sets::join::{Comparison, SimilarityJoinExec, Threshold};
+use futures::StreamExt;
+use proptest::prelude::*;
+
+/// One row: id (NULL allowed) and token list (`None` = NULL list, `None` elements = NULL).
+type Row = (Option<i64>, Option<Vec<Option<i64>>>);
+
+const TOKEN_TYPES: [&str; 5] = [
+    "List(Int64)",
+    "LargeList(Int32)",
+    "List(UInt8)",
+    "List(Int16)",
+    "FixedSizeList(4, Int64)",
+];
+
+fn rows_strategy(fixed: bool) -> impl Strategy<Value = Vec<Row>> {
+    (2i64..50).prop_flat_map(move |domain| {
+        let list = if fixed {
+            prop::collection::vec(prop::option::weighted(0.95, 0..domain), 4..=4).boxed()
+        } else {
+            prop::collection::vec(prop::option::weighted(0.97, 0..domain), 0..16).boxed()
+        };
+        let row = (
+            prop::option::weighted(0.95, 0i64..80),
+            prop::option::weighted(0.92, list),
+        );
+        prop::collection::vec(row, 0..60)
+    })
+}
+
+fn threshold_strategy() -> impl Strategy<Value = (Measure, f64, Comparison)> {
+    let measure = prop::sample::select(Measure::ALL.to_vec());
+    let cmp = prop::sample::select(vec![Comparison::GtEq, Comparison::Gt]);
+    (measure, cmp, 0usize..20, 0.0f64..1.0).prop_map(|(m, c, k, u)| {
+        let normalized = [
+            0.1,
+            0.2,
+            0.25,
+            1.0 / 3.0,
+            0.4,
+            0.5,
+            0.6,
+            2.0 / 3.0,
+            0.7,
+            0.75,
+            0.8,
+            0.9,
+            1.0,
+            4.0 / 7.0,
+            0.8944271909999159,
+        ];
+        let overlaps = [0.5, 1.0, 2.0, 3.0, 4.5, 6.0, 1.0e-9];
+        let t = if m.is_normalized() {
+            if k < normalized.len() {
+                normalized[k]
+            } else {
+                (1.0 - u).max(1e-3)
+            }
+        } else {
+            overlaps[k % overlaps.len()]
+        };
+        (m, t, c)
+    })
+}
+
+fn set_of(row: &Row) -> Option<BTreeSet<i64>> {
+    row.1
+        .as_ref()
+        .map(|l| l.iter().flatten().copied().collect())
+}
+
+/// `(left_id, right_id, similarity bits)` of every pair, sorted.
+type Pairs = Vec<(Option<i64>, Option<i64>, u64)>;
+
+fn brute_force(left: &[Row], right: Option<&[Row]>, th: &Threshold) -> Pairs {
+    let mut out = Vec::new();
+    let consider = |a: &Row, b: &Row, out: &mut Pairs| {
+        let (Some(x), Some(y)) = (set_of(a), set_of(b)) else {
+            return;
+        };
+        let o = x.intersection(&y).count() as u64;
+        let (n, m) = (x.len() as u64, y.len() as u64);
+        let score = th.measure().score(o, n, m);
+        if th.accepts(score) {
+            let bits = if th.measure() == Measure::Overlap {
+                o
+            } else {
+                score.to_bits()
+            };
+            out.push((a.0, b.0, bits));
+        }
+    };
+    match right {
+        Some(right) => {
+            for a in left {
+                for b in right {
+                    consider(a, b, &mut out);
+                }
+            }
+        }
+        None => {
+            for (i, a) in left.iter().enumerate() {
+                for b in &left[i + 1..] {
+                    match (a.0, b.0) {
+                        (Some(x), Some(y)) if x < y => consider(a, b, &mut out),
+                        (Some(x), Some(y)) if y < x => consider(b, a, &mut out),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+fn batch(rows: &[Row], token_type: &str) -> RecordBatch {
+    let ids = Int64Array::from(rows.iter().map(|r| r.0).collect::<Vec<_>>());
+    let tokens: ArrayRef = if let Some(size) = token_type
+        .strip_prefix("FixedSizeList(")
+        .and_then(|s| s.split(',').next())
+    {
+        let size: i32 = size.parse().unwrap_or(4);
+        let values = Int64Array::from(
+            rows.iter()
+                .flat_map(|r| r.1.clone().unwrap_or_else(|| vec![Some(0); size as usize]))
+                .collect::<Vec<_>>(),
+        );
+        let nulls = NullBuffer::from(rows.iter().map(|r| r.1.is_some()).collect::<Vec<_>>());
+        Arc::new(datafusion::arrow::array::FixedSizeListArray::new(
+            Arc::new(Field::new_list_field(DataType::Int64, true)),
+            size,
+            Arc::new(values),
+            Some(nulls),
+        ))
+    } else {
+        let list =
+            ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().map(|r| r.1.clone()));
+        let target = match token_type {
+            "List(Int64)" => DataType::new_list(DataType::Int64, true),
+            "LargeList(Int32)" => DataType::new_large_list(DataType::Int32, true),
+            "List(UInt8)" => DataType::new_list(DataType::UInt8, true),
+            _ => DataType::new_list(DataType::Int16, true),
+        };
+        cast(&list, &target).expect("cast token lists")
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("tokens", tokens.data_type().clone(), true),
+    ]));
+    RecordBatch::try_new(schema, vec![Arc::new(ids), tokens]).expect("batch")
+}
+
+fn context(batch_size: usize, partitions: usize) -> SessionContext {
+    let config = SessionConfig::new()
+        .with_batch_size(batch_size)
+        .with_target_partitions(partitions);
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_sets()
+        .build();
+    SessionContext::new_with_state(state)
+}
+
+/// Register `rows` as `name`, split into up to 3 batches (and partitions).
+fn register(ctx: &SessionContext, name: &str, rows: &[Row], token_type: &str) {
+    let full = batch(rows, token_type);
+    let n = full.num_rows();
+    let parts: Vec<Vec<RecordBatch>> = [0..n / 3, n / 3..n / 2, n / 2..n]
+        .into_iter()
+        .map(|r| vec![full.slice(r.start, r.len())])
+        .collect();
+    let table = MemTable::try_new(full.schema(), parts).expect("mem table");
+    ctx.register_table(name, Arc::new(table)).expect("register");
+}
+
+fn pairs_of(batches: &[RecordBatch], measure: Measure) -> Pairs {
+    let mut out = Vec::new();
+    for b in batches {
+        let l = b.column(0).as_primitive::<Int64Type>();
+        let r = b.column(1).as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            let bits = if measure == Measure::Overlap {
+                b.column(2)
+                    .as_any()
+                    .downcast_ref::<UInt64Array>()
+                    .map(|a| a.value(i))
+                    .unwrap_or(u64::MAX)
+            } else {
+                b.column(2)
+                    .as_any()
+                    .downcast_ref::<Float64Array>()
+                    .map(|a| a.value(i).to_bits())
+                    .unwrap_or(0)
+            };
+            out.push((
+                l.is_valid(i).then(|| l.value(i)),
+                r.is_valid(i).then(|| r.value(i)),
+                bits,
+            ));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+fn count_of(batches: &[RecordBatch]) -> i64 {
+    batches[0].column(0).as_primitive::<Int64Type>().value(0)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio")
+}
+
+fn call(left: &str, right: Option<&str>, m: Measure, t: f64, c: Comparison) -> String {
+    let tail = format!("'{}', {t:?}, '{c}'", m.name());
+    match right {
+        Some(r) => {
+            format!("similarity_join('{left}', 'id', 'tokens', '{r}', 'id', 'tokens', {tail})")
+        }
+        None => format!("similarity_join('{left}', 'id', 'tokens', {tail})"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    #[test]
+    fn join_equals_nested_loop(
+        left in rows_strategy(false),
+        right in rows_strategy(false),
+        self_join in any::<bool>(),
+        (measure, t, cmp) in threshold_strategy(),
+        types in (0usize..4, 0usize..4),
+        batch_size in 1usize..9,
+        partitions in 1usize..5,
+    ) {
+        let rt = runtime();
+        let th = Threshold::try_new(measure, t, cmp, "test").expect("valid threshold");
+        let ctx = context(batch_size, partitions);
+        register(&ctx, "l", &left, TOKEN_TYPES[types.0]);
+        register(&ctx, "r", &right, TOKEN_TYPES[types.1]);
+        let (sql_call, want) = if self_join {
+            (call("l", None, measure, t, cmp), brute_force(&left, None, &th))
+        } else {
+            (call("l", Some("r"), measure, t, cmp), brute_force(&left, Some(&right), &th))
+        };
+        let got = rt.block_on(async {
+            ctx.sql(&format!("SELECT left_id, right_id, similarity FROM {sql_call}")).await?.collect().await
+        }).expect("join runs");
+        prop_assert_eq!(pairs_of(&got, measure), want.clone(), "{}", sql_call);
+        let count = rt.block_on(async {
+            ctx.sql(&format!("SELECT count(*) FROM {sql_call}")).await?.collect().await
+        }).expect("count runs");
+        prop_assert_eq!(count_of(&count), want.len() as i64, "count(*) of {}", sql_call);
+        // The pairs as the scalar function sees them: the same similarity values.
+        let ids = rt.block_on(async {
+            ctx.sql(&format!("SELECT count(*) FROM {sql_call} WHERE right_id IS NOT NULL")).await?.collect().await
+        }).expect("projection runs");
+        prop_assert_eq!(count_of(&ids), want.iter().filter(|p| p.1.is_some()).count() as i64);
+    }
+
+    #[test]
+    fn fixed_size_lists(
+        left in rows_strategy(true),
+        (measure, t, cmp) in threshold_strategy(),
+        partitions in 1usize..4,
+    ) {
+        let rt = runtime();
+        let th = Threshold::try_new(measure, t, cmp, "test").expect("valid threshold");
+        let ctx = context(3, partitions);
+        register(&ctx, "f", &left, TOKEN_TYPES[4]);
+        register(&ctx, "g", &left, TOKEN_TYPES[0]);
+        let sql_call = call("f", Some("g"), measure, t, cmp);
+        let got = rt.block_on(async {
+            ctx.sql(&format!("SELECT * FROM {sql_call}")).await?.collect().await
+        }).expect("join runs");
+        prop_assert_eq!(pairs_of(&got, measure), brute_force(&left, Some(&left), &th));
+        let self_call = call("f", None, measure, t, cmp);
+        let got = rt.block_on(async {
+            ctx.sql(&format!("SELECT * FROM {self_call}")).await?.collect().await
+        }).expect("self join runs");
+        prop_assert_eq!(pairs_of(&got, measure), brute_force(&left, None, &th));
+    }
+}
+
+/// `n` rows with ids `0..n`, near-duplicate sets of a 20-token vocabulary.
+fn clustered(n: i64) -> Vec<Row> {
+    (0..n)
+        .map(|i| {
+            (
+                Some(i),
+                Some(
+                    (0..12)
+                        .map(|k| Some((i % 7 + k * (1 + i % 3)) % 20))
+                        .collect(),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<&SimilarityJoinExec> {
+    if let Some(join) = plan.downcast_ref::<SimilarityJoinExec>() {
+        return Some(join);
+    }
+    plan.children().into_iter().find_map(find_join)
+}
+
+#[test]
+fn metrics_are_reported() {
+    let rt = runtime();
+    let ctx = context(64, 3);
+    let rows = clustered(300);
+    register(&ctx, "c", &rows, "List(Int64)");
+    let th =
+        Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "test").expect("threshold");
+    let want = brute_force(&rows, None, &th).len();
+    assert!(want > 1000, "the test needs many pairs, got {want}");
+    rt.block_on(async {
+        let df = ctx.sql("SELECT * FROM similarity_join('c', 'id', 'tokens', 'jaccard', 0.5)").await?;
+        let plan = df.create_physical_plan().await?;
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), want);
+        assert!(batches.iter().all(|b| b.num_rows() <= 64));
+        let join = find_join(&plan).expect("a SimilarityJoinExec in the plan");
+        let metrics = join.metrics().expect("metrics");
+        assert_eq!(metrics.output_rows(), Some(want));
+        let value = |name: &str| metrics.sum_by_name(name).map(|v| v.as_usize()).unwrap_or(0);
+        assert!(value("candidates") >= value("verified"));
+        assert!(value("verified") >= want);
+        let shown = format!("{}", datafusion::physical_plan::displayable(plan.as_ref()).indent(true));
+        assert!(shown.contains("SimilarityJoinExec: mode=self, function=jaccard, threshold=>= 0.5"), "{shown}");
+        let analyzed = ctx
+            .sql("EXPLAIN ANALYZE SELECT count(*) FROM similarity_join('c', 'id', 'tokens', 'jaccard', 0.5)")
+            .await?
+            .collect()
+            .await?;
+        let text = format!("{}", datafusion::arrow::util::pretty::pretty_format_batches(&analyzed)?);
+        for metric in ["candidates=", "verified=", "filter_time=", "verify_time=", "build_time="] {
+            assert!(text.contains(metric), "EXPLAIN ANALYZE lacks {metric}: {text}");
+        }
+        Ok::<_, datafusion::error::DataFusionError>(())
+    })
+    .expect("query runs");
+}
+
+#[test]
+fn memory_pool_refusal_is_a_clear_error() {
+    let rt = runtime();
+    let runtime_env = RuntimeEnvBuilder::new()
+        .with_memory_limit(4096, 1.0)
+        .build_arc()
+        .expect("runtime env");
+    let state = SessionStateBuilder::new()
+        .with_config(SessionConfig::new())
+        .with_runtime_env(runtime_env)
+        .with_default_features()
+        .with_sets()
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    register(&ctx, "c", &clustered(2000), "List(Int64)");
+    let err = rt
+        .block_on(async {
+            ctx.sql("SELECT count(*) FROM similarity_join('c', 'id', 'tokens', 'jaccard', 0.5)")
+                .await?
+                .collect()
+                .await
+        })
+        .expect_err("4 KiB cannot hold the index");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("SimilarityJoinExec: the memory pool refused"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn dropping_the_stream_stops_the_join() {
+    let rt = runtime();
+    let ctx = context(100, 1);
+    // 3000 identical sets: 4.5 million pairs.
+    let rows: Vec<Row> = (0..3000)
+        .map(|i| (Some(i), Some((0..40).map(Some).collect())))
+        .collect();
+    register(&ctx, "same", &rows, "List(Int64)");
+    rt.block_on(async {
+        let df = ctx
+            .sql("SELECT * FROM similarity_join('same', 'id', 'tokens', 'jaccard', 0.9)")
+            .await?;
+        let plan = df.create_physical_plan().await?;
+        let mut streams = execute_stream_partitioned(plan, ctx.task_ctx())?;
+        let mut stream = streams.remove(0);
+        let start = Instant::now();
+        let first = stream.next().await.expect("a batch")?;
+        assert_eq!(first.num_rows(), 100);
+        drop(stream);
+        assert!(start.elapsed() < Duration::from_secs(20));
+        Ok::<_, datafusion::error::DataFusionError>(())
+    })
+    .expect("query runs");
+}
