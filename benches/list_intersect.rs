@@ -6,9 +6,12 @@
 //!                                   SETS_BENCH_DUMP=/some/dir cargo bench --bench list_intersect
 //!
 //! Groups (ids are `group/shape/variant`):
-//! - `sql/{W1,W2,W3}/{builtin,ours}`: `SELECT array_intersect(a, b)` vs `SELECT list_intersect(a, b)`
-//!   over one MemTable, result collected, one core: `target_partitions = 1`,
-//!   `SET sets.parallel_min_values = 0`, a current-thread tokio runtime and a 1-thread rayon pool.
+//! - `sql/{W1,W2,W3}/{builtin,ours,ours_cold}`: `SELECT array_intersect(a, b)` vs
+//!   `SELECT list_intersect(a, b)` over one MemTable, result collected, one core:
+//!   `target_partitions = 1`, `SET sets.parallel_min_values = 0`, a current-thread tokio
+//!   runtime and a 1-thread rayon pool. `ours` repeats the query on the same buffers (the
+//!   crate's per-buffer row-verdict cache is warm after the first run); `ours_cold` runs each
+//!   iteration on a fresh deep copy of the table (copy not timed), i.e. a table's first query.
 //! - `kernel/{W1,W2,W3}/{auto,scalar,galloping,sse42,avx2,avx512,vp2intersect}`: the CPU kernel
 //!   alone over every row, read straight from the Arrow buffers, `out` cleared per row.
 //!   Kernels the CPU lacks run their documented fallback (the bench prints which).
@@ -16,7 +19,7 @@
 //!   per-row check the SQL path does before it may call a sorted kernel.
 //! - `sql_threads/{W1,W2}/ours`: same query, default session (all cores, default
 //!   `target_partitions`, default `sets.parallel_min_values`, global rayon pool).
-//! - `count/{W1,W2,W3}/{builtin,ours}`: `cardinality(array_intersect(a, b))` vs
+//! - `count/{W1,W2,W3}/{builtin,ours,ours_cold}`: `cardinality(array_intersect(a, b))` vs
 //!   `list_intersect_count(a, b)`, one core.
 //! - `agg/gcide/*`: conjunctive queries of the TREC 2005 Terabyte efficiency log
 //!   (`terabyte05-eff`) over the gcide postings, one core; skipped with a note when
@@ -38,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use criterion::{BenchmarkGroup, Criterion, SamplingMode, measurement::WallTime};
+use criterion::{BatchSize, BenchmarkGroup, Criterion, SamplingMode, measurement::WallTime};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, ListArray, RecordBatch, StringArray, UInt32Array,
 };
@@ -67,9 +70,27 @@ struct Shape {
 }
 
 const SHAPES: [Shape; 3] = [
-    Shape { name: "W1", seed: 1, rows: 200_000, a: (10.0, 1000.0), b: (10.0, 1000.0) },
-    Shape { name: "W2", seed: 2, rows: 2_000, a: (1e3, 1e5), b: (1e3, 1e5) },
-    Shape { name: "W3", seed: 3, rows: 5_000, a: (5.0, 50.0), b: (5e3, 5e4) },
+    Shape {
+        name: "W1",
+        seed: 1,
+        rows: 200_000,
+        a: (10.0, 1000.0),
+        b: (10.0, 1000.0),
+    },
+    Shape {
+        name: "W2",
+        seed: 2,
+        rows: 2_000,
+        a: (1e3, 1e5),
+        b: (1e3, 1e5),
+    },
+    Shape {
+        name: "W3",
+        seed: 3,
+        rows: 5_000,
+        a: (5.0, 50.0),
+        b: (5e3, 5e4),
+    },
 ];
 
 const BATCH_ROWS: usize = 8192;
@@ -132,7 +153,12 @@ fn generate(shape: Shape) -> Workload {
             None,
         )
     };
-    Workload { shape, a: list(oa, va), b: list(ob, vb), expected_total }
+    Workload {
+        shape,
+        a: list(oa, va),
+        b: list(ob, vb),
+        expected_total,
+    }
 }
 
 fn workload(i: usize) -> &'static Workload {
@@ -161,9 +187,17 @@ fn row<'a>(values: &'a [u32], offsets: &[i32], i: usize) -> &'a [u32] {
 }
 
 fn rows(w: &'static Workload) -> Vec<(&'static [u32], &'static [u32])> {
-    let (av, ao) = (w.a.values().as_primitive::<UInt32Type>().values(), w.a.value_offsets());
-    let (bv, bo) = (w.b.values().as_primitive::<UInt32Type>().values(), w.b.value_offsets());
-    (0..w.a.len()).map(|i| (row(av, ao, i), row(bv, bo, i))).collect()
+    let (av, ao) = (
+        w.a.values().as_primitive::<UInt32Type>().values(),
+        w.a.value_offsets(),
+    );
+    let (bv, bo) = (
+        w.b.values().as_primitive::<UInt32Type>().values(),
+        w.b.value_offsets(),
+    );
+    (0..w.a.len())
+        .map(|i| (row(av, ao, i), row(bv, bo, i)))
+        .collect()
 }
 
 fn memtable(w: &Workload) -> Arc<MemTable> {
@@ -175,8 +209,10 @@ fn memtable(w: &Workload) -> Arc<MemTable> {
     let mut start = 0;
     while start < w.a.len() {
         let len = BATCH_ROWS.min(w.a.len() - start);
-        let cols: Vec<ArrayRef> =
-            vec![Arc::new(w.a.slice(start, len)), Arc::new(w.b.slice(start, len))];
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(w.a.slice(start, len)),
+            Arc::new(w.b.slice(start, len)),
+        ];
         batches.push(RecordBatch::try_new(Arc::clone(&schema), cols).unwrap());
         start += len;
     }
@@ -195,22 +231,37 @@ struct OneCore {
 }
 
 fn one_core() -> OneCore {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let cfg = SessionConfig::new().with_target_partitions(1);
-    let state =
-        SessionStateBuilder::new().with_config(cfg).with_default_features().with_sets().build();
+    let state = SessionStateBuilder::new()
+        .with_config(cfg)
+        .with_default_features()
+        .with_sets()
+        .build();
     let ctx = SessionContext::new_with_state(state);
     rt.block_on(async {
-        ctx.sql("SET sets.parallel_min_values = 0").await.unwrap().collect().await.unwrap();
+        ctx.sql("SET sets.parallel_min_values = 0")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
     });
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     OneCore { rt, ctx, pool }
 }
 
 impl OneCore {
     fn run(&self, sql: &str) -> Vec<RecordBatch> {
         self.pool.install(|| {
-            self.rt.block_on(async { self.ctx.sql(sql).await.unwrap().collect().await.unwrap() })
+            self.rt
+                .block_on(async { self.ctx.sql(sql).await.unwrap().collect().await.unwrap() })
         })
     }
 }
@@ -255,12 +306,27 @@ fn configure(g: &mut BenchmarkGroup<'_, WallTime>) {
 // Groups
 // ---------------------------------------------------------------------------------------------
 
-fn bench_sql(c: &mut Criterion, group: &str, variants: &[(&str, &str)]) {
+/// A deep copy of `l`: new buffers, so nothing cached about the old ones applies.
+fn deep_copy(l: &ListArray) -> ListArray {
+    let values = l.values().as_primitive::<UInt32Type>().values().to_vec();
+    ListArray::new(
+        Arc::new(Field::new_list_field(DataType::UInt32, true)),
+        OffsetBuffer::new(ScalarBuffer::from(l.value_offsets().to_vec())),
+        Arc::new(UInt32Array::from(values)),
+        None,
+    )
+}
+
+/// `variants`: (name, select expression, cold). A cold variant runs every iteration on a
+/// fresh deep copy of the table (copied and registered outside the timed part), so per-buffer
+/// caches (the crate's row-verdict cache) start empty as on a table's first query; a warm
+/// variant repeats the query on the same buffers, as criterion does by default.
+fn bench_sql(c: &mut Criterion, group: &str, variants: &[(&str, &str, bool)]) {
     for (i, shape) in SHAPES.iter().enumerate() {
         let mut g = c.benchmark_group(format!("{group}/{}", shape.name));
         configure(&mut g);
         let setup: OnceLock<OneCore> = OnceLock::new();
-        for &(name, expr) in variants {
+        for &(name, expr, cold) in variants {
             g.bench_function(name, |bch| {
                 let w = workload(i);
                 let oc = setup.get_or_init(|| {
@@ -268,10 +334,38 @@ fn bench_sql(c: &mut Criterion, group: &str, variants: &[(&str, &str)]) {
                     oc.ctx.register_table("t", memtable(w)).unwrap();
                     oc
                 });
-                let sql = format!("SELECT {expr} FROM t");
-                let got = total(&oc.run(&sql));
-                assert_eq!(got, w.expected_total, "{group}/{}/{name}: wrong result", shape.name);
-                bch.iter(|| black_box(oc.run(&sql)));
+                if !cold {
+                    let sql = format!("SELECT {expr} FROM t");
+                    let got = total(&oc.run(&sql));
+                    assert_eq!(
+                        got, w.expected_total,
+                        "{group}/{}/{name}: wrong result",
+                        shape.name
+                    );
+                    bch.iter(|| black_box(oc.run(&sql)));
+                } else {
+                    let sql = format!("SELECT {expr} FROM t_cold");
+                    let fresh = || {
+                        let copy = Workload {
+                            shape: w.shape,
+                            a: deep_copy(&w.a),
+                            b: deep_copy(&w.b),
+                            expected_total: w.expected_total,
+                        };
+                        // Replacing the previous copy drops it here, outside the timing.
+                        oc.ctx.deregister_table("t_cold").unwrap();
+                        oc.ctx.register_table("t_cold", memtable(&copy)).unwrap();
+                    };
+                    fresh();
+                    let got = total(&oc.run(&sql));
+                    assert_eq!(
+                        got, w.expected_total,
+                        "{group}/{}/{name}: wrong result",
+                        shape.name
+                    );
+                    bch.iter_batched(fresh, |()| oc.run(&sql), BatchSize::PerIteration);
+                    oc.ctx.deregister_table("t_cold").unwrap();
+                }
             });
         }
         g.finish();
@@ -284,7 +378,10 @@ fn bench_sql_threads(c: &mut Criterion) {
         configure(&mut g);
         g.bench_function("ours", |bch| {
             let w = workload(i);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             let ctx = datafusion_sets::new_context();
             ctx.register_table("t", memtable(w)).unwrap();
             let run = || {
@@ -326,7 +423,10 @@ fn bench_kernels(c: &mut Criterion) {
                     noted = true;
                     for k in Kernel::ALL {
                         if !k.is_available() {
-                            eprintln!("[kernel] {} not available on this CPU: it runs its fallback", k.name());
+                            eprintln!(
+                                "[kernel] {} not available on this CPU: it runs its fallback",
+                                k.name()
+                            );
                         }
                     }
                 }
@@ -401,7 +501,10 @@ struct Gcide {
 
 fn load_gcide(n_queries: usize) -> Option<Gcide> {
     let dir = bench_data_dir();
-    let (pp, qp) = (dir.join("gcide/postings.parquet"), dir.join("queries/queries.parquet"));
+    let (pp, qp) = (
+        dir.join("gcide/postings.parquet"),
+        dir.join("queries/queries.parquet"),
+    );
     if !pp.exists() || !qp.exists() {
         eprintln!(
             "[agg/gcide] skipped: {} or {} is missing; build them with benches/data/build.sh",
@@ -423,7 +526,11 @@ fn load_gcide(n_queries: usize) -> Option<Gcide> {
             .await
             .unwrap();
         oc.ctx
-            .register_parquet("queries", qp.to_str().unwrap(), ParquetReadOptions::default())
+            .register_parquet(
+                "queries",
+                qp.to_str().unwrap(),
+                ParquetReadOptions::default(),
+            )
             .await
             .unwrap();
         let q = oc
@@ -440,10 +547,15 @@ fn load_gcide(n_queries: usize) -> Option<Gcide> {
     let mut postings = HashMap::new();
     let mut values = Vec::new();
     for b in &postings_batches {
-        let terms = b.column(0).as_any().downcast_ref::<StringArray>().cloned().unwrap_or_else(|| {
-            let c = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
-            c.as_string::<i32>().clone()
-        });
+        let terms = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .cloned()
+            .unwrap_or_else(|| {
+                let c = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+                c.as_string::<i32>().clone()
+            });
         let lists = b.column(1).as_list::<i32>();
         for i in 0..b.num_rows() {
             let l = lists.value(i);
@@ -460,7 +572,9 @@ fn load_gcide(n_queries: usize) -> Option<Gcide> {
     let (mut seen, mut too_few) = (0usize, 0usize);
     'outer: for b in &query_batches {
         let texts = b.column(0).as_string_view_opt().map(|s| {
-            (0..s.len()).map(|i| s.value(i).to_owned()).collect::<Vec<_>>()
+            (0..s.len())
+                .map(|i| s.value(i).to_owned())
+                .collect::<Vec<_>>()
         });
         let texts = texts.unwrap_or_else(|| {
             let s = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
@@ -485,25 +599,45 @@ fn load_gcide(n_queries: usize) -> Option<Gcide> {
             }
         }
     }
-    Some(Gcide { oc, queries, postings, values, skipped: (seen, too_few) })
+    Some(Gcide {
+        oc,
+        queries,
+        postings,
+        values,
+        skipped: (seen, too_few),
+    })
 }
 
 fn in_list(terms: &[String]) -> String {
-    terms.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ")
+    terms
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A cross join of one single-term scan per term, with `f` combining their doc_ids.
 fn nested_sql(terms: &[String], f: impl Fn(&[String]) -> String) -> String {
     let cols: Vec<String> = (0..terms.len()).map(|i| format!("p{i}.doc_ids")).collect();
     let from: Vec<String> = (0..terms.len()).map(|i| format!("postings p{i}")).collect();
-    let filt: Vec<String> =
-        terms.iter().enumerate().map(|(i, t)| format!("p{i}.term = '{t}'")).collect();
-    format!("SELECT {} FROM {} WHERE {}", f(&cols), from.join(", "), filt.join(" AND "))
+    let filt: Vec<String> = terms
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("p{i}.term = '{t}'"))
+        .collect();
+    format!(
+        "SELECT {} FROM {} WHERE {}",
+        f(&cols),
+        from.join(", "),
+        filt.join(" AND ")
+    )
 }
 
 fn bench_gcide(c: &mut Criterion) {
-    let n_queries: usize =
-        std::env::var("SETS_BENCH_QUERIES").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let n_queries: usize = std::env::var("SETS_BENCH_QUERIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
     let data: OnceLock<Option<Gcide>> = OnceLock::new();
     let get = || {
         data.get_or_init(|| {
@@ -533,17 +667,27 @@ fn bench_gcide(c: &mut Criterion) {
     type Variant = (&'static str, fn(&[String]) -> String);
     let variants: [Variant; 4] = [
         ("ours_agg", |t| {
-            format!("SELECT list_intersect_agg(doc_ids) FROM postings WHERE term IN ({})", in_list(t))
+            format!(
+                "SELECT list_intersect_agg(doc_ids) FROM postings WHERE term IN ({})",
+                in_list(t)
+            )
         }),
-        ("scan_only", |t| format!("SELECT doc_ids FROM postings WHERE term IN ({})", in_list(t))),
+        ("scan_only", |t| {
+            format!(
+                "SELECT doc_ids FROM postings WHERE term IN ({})",
+                in_list(t)
+            )
+        }),
         ("builtin_nested", |t| {
             nested_sql(t, |cols| {
-                cols[1..]
-                    .iter()
-                    .fold(cols[0].clone(), |acc, c| format!("array_intersect({acc}, {c})"))
+                cols[1..].iter().fold(cols[0].clone(), |acc, c| {
+                    format!("array_intersect({acc}, {c})")
+                })
             })
         }),
-        ("ours_nary", |t| nested_sql(t, |cols| format!("list_intersect({})", cols.join(", ")))),
+        ("ours_nary", |t| {
+            nested_sql(t, |cols| format!("list_intersect({})", cols.join(", ")))
+        }),
     ];
     let expected: OnceLock<u64> = OnceLock::new();
     let kernel_total = |d: &Gcide| {
@@ -573,7 +717,10 @@ fn bench_gcide(c: &mut Criterion) {
             let run = || sqls.iter().map(|s| total(&d.oc.run(s))).sum::<u64>();
             let got = run();
             if name != "scan_only" {
-                assert_eq!(got, exp, "agg/gcide/{name}: results differ from the kernel's");
+                assert_eq!(
+                    got, exp,
+                    "agg/gcide/{name}: results differ from the kernel's"
+                );
             }
             bch.iter(|| black_box(run()));
         });
@@ -623,14 +770,26 @@ fn main() {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
-    bench_sql(&mut c, "sql", &[("builtin", "array_intersect(a, b)"), ("ours", "list_intersect(a, b)")]);
+    bench_sql(
+        &mut c,
+        "sql",
+        &[
+            ("builtin", "array_intersect(a, b)", false),
+            ("ours", "list_intersect(a, b)", false),
+            ("ours_cold", "list_intersect(a, b)", true),
+        ],
+    );
     bench_kernels(&mut c);
     bench_sortedness(&mut c);
     bench_sql_threads(&mut c);
     bench_sql(
         &mut c,
         "count",
-        &[("builtin", "cardinality(array_intersect(a, b))"), ("ours", "list_intersect_count(a, b)")],
+        &[
+            ("builtin", "cardinality(array_intersect(a, b))", false),
+            ("ours", "list_intersect_count(a, b)", false),
+            ("ours_cold", "list_intersect_count(a, b)", true),
+        ],
     );
     bench_gcide(&mut c);
     c.final_summary();

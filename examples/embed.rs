@@ -16,7 +16,10 @@ use datafusion_sets::expr_fn::list_intersect_agg;
 #[tokio::main]
 async fn main() -> Result<()> {
     // One call installs the functions and the `sets.*` options.
-    let state = SessionStateBuilder::new().with_default_features().with_sets().build();
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_sets()
+        .build();
     let ctx = SessionContext::new_with_state(state);
 
     let terms = StringArray::from(vec!["arrow", "gpu", "set", "simd"]);
@@ -44,7 +47,10 @@ async fn main() -> Result<()> {
     ctx.table("postings")
         .await?
         .filter(col("term").in_list(vec![lit("gpu"), lit("set")], false))?
-        .aggregate(vec![], vec![list_intersect_agg(col("doc_ids")).alias("docs")])?
+        .aggregate(
+            vec![],
+            vec![list_intersect_agg(col("doc_ids")).alias("docs")],
+        )?
         .show()
         .await?;
     Ok(())

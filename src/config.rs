@@ -107,13 +107,18 @@ pub struct SetsConfig {
 
 impl Default for SetsConfig {
     fn default() -> Self {
-        Self { backend: BackendChoice::Auto, cpu_kernel: CpuKernelChoice::Auto, parallel_min_values: 1 << 18 }
+        Self {
+            backend: BackendChoice::Auto,
+            cpu_kernel: CpuKernelChoice::Auto,
+            parallel_min_values: 1 << 18,
+        }
     }
 }
 
 const BACKEND_DOC: &str = "Device for set kernels: 'auto', 'cpu' or 'gpu'.";
 const CPU_KERNEL_DOC: &str = "CPU intersection kernel for sorted rows: 'auto' (hybrid) or one of 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'.";
-const PARALLEL_DOC: &str = "Split a batch's rows across threads when it holds at least this many list values (0: never).";
+const PARALLEL_DOC: &str =
+    "Split a batch's rows across threads when it holds at least this many list values (0: never).";
 
 impl ExtensionOptions for SetsConfig {
     fn as_any(&self) -> &dyn Any {
@@ -148,7 +153,11 @@ impl ExtensionOptions for SetsConfig {
         vec![
             entry("backend", self.backend.to_string(), BACKEND_DOC),
             entry("cpu_kernel", self.cpu_kernel.to_string(), CPU_KERNEL_DOC),
-            entry("parallel_min_values", self.parallel_min_values.to_string(), PARALLEL_DOC),
+            entry(
+                "parallel_min_values",
+                self.parallel_min_values.to_string(),
+                PARALLEL_DOC,
+            ),
         ]
     }
 }
@@ -161,6 +170,10 @@ impl SetsConfig {
     /// The options in force for a query: the session's, or the defaults when the extension
     /// was not registered (a UDF used on its own).
     pub fn from_options(options: &datafusion::config::ConfigOptions) -> SetsConfig {
-        options.extensions.get::<SetsConfig>().cloned().unwrap_or_default()
+        options
+            .extensions
+            .get::<SetsConfig>()
+            .cloned()
+            .unwrap_or_default()
     }
 }

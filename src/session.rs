@@ -25,7 +25,10 @@ impl SessionStateBuilderExt for SessionStateBuilder {
     fn with_sets(mut self) -> Self {
         let config = self.config().get_or_insert_with(SessionConfig::new);
         if config.options().extensions.get::<SetsConfig>().is_none() {
-            config.options_mut().extensions.insert(SetsConfig::default());
+            config
+                .options_mut()
+                .extensions
+                .insert(SetsConfig::default());
         }
         // Functions are registered after the defaults, so our `list_intersect` replaces the
         // built-in alias of `array_intersect`.
@@ -69,8 +72,18 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     {
         let state = ctx.state_ref();
         let mut state = state.write();
-        if state.config().options().extensions.get::<SetsConfig>().is_none() {
-            state.config_mut().options_mut().extensions.insert(SetsConfig::default());
+        if state
+            .config()
+            .options()
+            .extensions
+            .get::<SetsConfig>()
+            .is_none()
+        {
+            state
+                .config_mut()
+                .options_mut()
+                .extensions
+                .insert(SetsConfig::default());
         }
     }
     for f in all_scalar_functions() {
@@ -85,6 +98,9 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
 
 /// A new [`SessionContext`] with DataFusion's defaults and datafusion-sets installed.
 pub fn new_context() -> SessionContext {
-    let state = SessionStateBuilder::new().with_default_features().with_sets().build();
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_sets()
+        .build();
     SessionContext::new_with_state(state)
 }

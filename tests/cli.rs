@@ -33,15 +33,22 @@ fn command_flag_runs_our_functions() {
 
 #[test]
 fn quickstart_answers() {
-    let (ok, stdout, stderr) = dfsets(&["-q", "--format", "nd-json", "-f", "examples/quickstart.sql"]);
+    let (ok, stdout, stderr) =
+        dfsets(&["-q", "--format", "nd-json", "-f", "examples/quickstart.sql"]);
     assert!(ok, "{stderr}");
     assert!(!stdout.contains("Error"), "{stdout}");
     // Documents containing both "set" and "intersection": 1, 4 and 14 (22 says "sets").
     assert!(stdout.contains(r#"{"docs":[1,4,14],"n":3}"#), "{stdout}");
     // "posting", "lists" and "sorted" together: only document 21.
-    assert!(stdout.contains(r#"{"doc_id":21,"text":"Document ids sorted in ascending order"#), "{stdout}");
+    assert!(
+        stdout.contains(r#"{"doc_id":21,"text":"Document ids sorted in ascending order"#),
+        "{stdout}"
+    );
     // "conjunctive" and "query" share documents 1, 12 and 24.
-    assert!(stdout.contains(r#"{"t1":"conjunctive","t2":"query","shared":[1,12,24],"n":3}"#), "{stdout}");
+    assert!(
+        stdout.contains(r#"{"t1":"conjunctive","t2":"query","shared":[1,12,24],"n":3}"#),
+        "{stdout}"
+    );
     // "the", "of" and "intersection": 1, 12, 14 and 22.
     assert!(stdout.contains(r#"{"docs":[1,12,14,22]}"#), "{stdout}");
 }
@@ -50,5 +57,8 @@ fn quickstart_answers() {
 fn sql_errors_are_reported() {
     let (_, stdout, stderr) = dfsets(&["-q", "-c", "SELECT list_intersect([1])"]);
     let all = format!("{stdout}{stderr}");
-    assert!(all.contains("list_intersect expects at least 2 list arguments, got 1"), "{all}");
+    assert!(
+        all.contains("list_intersect expects at least 2 list arguments, got 1"),
+        "{all}"
+    );
 }

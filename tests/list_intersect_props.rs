@@ -29,7 +29,15 @@ const TYPES: [DataType; 8] = [
     DataType::UInt32,
     DataType::UInt64,
 ];
-const KERNELS: [&str; 7] = ["auto", "scalar", "galloping", "sse42", "avx2", "avx512", "vp2intersect"];
+const KERNELS: [&str; 7] = [
+    "auto",
+    "scalar",
+    "galloping",
+    "sse42",
+    "avx2",
+    "avx512",
+    "vp2intersect",
+];
 
 /// One row: `None` = NULL list; elements `None` = NULL element.
 type Row = Option<Vec<Option<i64>>>;
@@ -37,7 +45,8 @@ type Row = Option<Vec<Option<i64>>>;
 fn row_strategy() -> impl Strategy<Value = Row> {
     let values = prop_oneof![
         // sorted unique (posting list), dense or sparse
-        (0i64..120, 0usize..90, 1i64..4).prop_map(|(start, n, step)| (0..n as i64).map(|i| Some(start + i * step)).collect()),
+        (0i64..120, 0usize..90, 1i64..4)
+            .prop_map(|(start, n, step)| (0..n as i64).map(|i| Some(start + i * step)).collect()),
         // sorted with duplicates
         prop::collection::vec(0i64..60, 0..70).prop_map(|mut v| {
             v.sort();
@@ -48,7 +57,8 @@ fn row_strategy() -> impl Strategy<Value = Row> {
         // with NULL elements
         prop::collection::vec(prop::option::weighted(0.8, 0i64..30), 0..20),
         // long sorted, for skewed pairs
-        (0i64..5, 200usize..2000).prop_map(|(start, n)| (0..n as i64).map(|i| Some(start + 2 * i)).collect()),
+        (0i64..5, 200usize..2000)
+            .prop_map(|(start, n)| (0..n as i64).map(|i| Some(start + 2 * i)).collect()),
     ];
     prop::option::weighted(0.9, values)
 }
@@ -69,22 +79,40 @@ fn build<O: OffsetSizeTrait>(rows: &[Row], element: &DataType, pad: usize) -> Ar
     let child = cast(&child, element).expect("values fit every type");
     let nulls = NullBuffer::from(rows.iter().map(Option::is_some).collect::<Vec<_>>());
     let field = Arc::new(Field::new_list_field(element.clone(), true));
-    Arc::new(GenericListArray::<O>::new(field, OffsetBuffer::new(offsets.into()), child, Some(nulls)))
+    Arc::new(GenericListArray::<O>::new(
+        field,
+        OffsetBuffer::new(offsets.into()),
+        child,
+        Some(nulls),
+    ))
 }
 
 fn options(kernel: &str, threaded: bool) -> Arc<ConfigOptions> {
     let mut options = ConfigOptions::new();
     options.extensions.insert(SetsConfig::default());
     options.set("sets.cpu_kernel", kernel).expect("kernel name");
-    options.set("sets.parallel_min_values", if threaded { "1" } else { "0" }).expect("number");
+    options
+        .set("sets.parallel_min_values", if threaded { "1" } else { "0" })
+        .expect("number");
     Arc::new(options)
 }
 
-fn invoke(udf: &ScalarUDF, args: &[ArrayRef], return_type: DataType, config: Arc<ConfigOptions>) -> ArrayRef {
-    let arg_fields = args.iter().map(|a| Arc::new(Field::new("a", a.data_type().clone(), true))).collect();
+fn invoke(
+    udf: &ScalarUDF,
+    args: &[ArrayRef],
+    return_type: DataType,
+    config: Arc<ConfigOptions>,
+) -> ArrayRef {
+    let arg_fields = args
+        .iter()
+        .map(|a| Arc::new(Field::new("a", a.data_type().clone(), true)))
+        .collect();
     let result = udf
         .invoke_with_args(ScalarFunctionArgs {
-            args: args.iter().map(|a| ColumnarValue::Array(Arc::clone(a))).collect(),
+            args: args
+                .iter()
+                .map(|a| ColumnarValue::Array(Arc::clone(a)))
+                .collect(),
             arg_fields,
             number_rows: args[0].len(),
             return_field: Arc::new(Field::new("r", return_type, true)),
@@ -99,7 +127,12 @@ fn oracle(args: &[ArrayRef]) -> ArrayRef {
     let builtin = datafusion::functions_nested::set_ops::array_intersect_udf();
     let mut acc = Arc::clone(&args[0]);
     for a in &args[1..] {
-        acc = invoke(&builtin, &[acc, Arc::clone(a)], args[0].data_type().clone(), Arc::new(ConfigOptions::new()));
+        acc = invoke(
+            &builtin,
+            &[acc, Arc::clone(a)],
+            args[0].data_type().clone(),
+            Arc::new(ConfigOptions::new()),
+        );
     }
     acc
 }
@@ -116,12 +149,26 @@ fn counts(list: &ArrayRef) -> UInt64Array {
     UInt64Array::from(lens)
 }
 
-fn check(rows: Vec<Vec<Row>>, type_idx: usize, large: bool, pad: usize, slice: (usize, usize), kernel_idx: usize, threaded: bool) {
+fn check(
+    rows: Vec<Vec<Row>>,
+    type_idx: usize,
+    large: bool,
+    pad: usize,
+    slice: (usize, usize),
+    kernel_idx: usize,
+    threaded: bool,
+) {
     let element = &TYPES[type_idx];
     let n = rows[0].len();
     let args: Vec<ArrayRef> = rows
         .iter()
-        .map(|col| if large { build::<i64>(col, element, pad) } else { build::<i32>(col, element, pad) })
+        .map(|col| {
+            if large {
+                build::<i64>(col, element, pad)
+            } else {
+                build::<i32>(col, element, pad)
+            }
+        })
         .collect();
     // Slice the list arrays too.
     let start = slice.0.min(n);
@@ -129,15 +176,28 @@ fn check(rows: Vec<Vec<Row>>, type_idx: usize, large: bool, pad: usize, slice: (
     let args: Vec<ArrayRef> = args.iter().map(|a| a.slice(start, len)).collect();
     let config = options(KERNELS[kernel_idx], threaded);
     let expected = oracle(&args);
-    let ours = invoke(&list_intersect_udf(), &args, args[0].data_type().clone(), Arc::clone(&config));
+    let ours = invoke(
+        &list_intersect_udf(),
+        &args,
+        args[0].data_type().clone(),
+        Arc::clone(&config),
+    );
     assert_eq!(ours.data_type(), expected.data_type());
-    assert_eq!(&ours, &expected, "kernel {} on {element}", KERNELS[kernel_idx]);
+    assert_eq!(
+        &ours, &expected,
+        "kernel {} on {element}",
+        KERNELS[kernel_idx]
+    );
     let count = invoke(&list_intersect_count_udf(), &args, DataType::UInt64, config);
-    assert_eq!(count.as_primitive::<datafusion::arrow::datatypes::UInt64Type>(), &counts(&expected));
+    assert_eq!(
+        count.as_primitive::<datafusion::arrow::datatypes::UInt64Type>(),
+        &counts(&expected)
+    );
 }
 
 fn columns(k: usize) -> impl Strategy<Value = Vec<Vec<Row>>> {
-    (1usize..24).prop_flat_map(move |n| prop::collection::vec(prop::collection::vec(row_strategy(), n), k))
+    (1usize..24)
+        .prop_flat_map(move |n| prop::collection::vec(prop::collection::vec(row_strategy(), n), k))
 }
 
 proptest! {
@@ -169,7 +229,12 @@ fn empty_batch() {
         new_empty_array(&DataType::Int32),
         None,
     ));
-    let ours = invoke(&list_intersect_udf(), &[Arc::clone(&empty), Arc::clone(&empty)], empty.data_type().clone(), options("auto", false));
+    let ours = invoke(
+        &list_intersect_udf(),
+        &[Arc::clone(&empty), Arc::clone(&empty)],
+        empty.data_type().clone(),
+        options("auto", false),
+    );
     assert_eq!(ours.len(), 0);
 }
 
@@ -183,17 +248,50 @@ fn large_list_past_two_to_the_31() {
     values.extend(1..=100i8);
     let offsets = OffsetBuffer::new(vec![0i64, big as i64, big as i64 + 100].into());
     let field = Arc::new(Field::new_list_field(DataType::Int8, true));
-    let a: ArrayRef = Arc::new(LargeListArray::new(Arc::clone(&field), offsets, Arc::new(Int8Array::from(values)), None));
+    let a: ArrayRef = Arc::new(LargeListArray::new(
+        Arc::clone(&field),
+        offsets,
+        Arc::new(Int8Array::from(values)),
+        None,
+    ));
     let b: ArrayRef = Arc::new(LargeListArray::new(
         field,
         OffsetBuffer::new(vec![0i64, 2, 5].into()),
         Arc::new(Int8Array::from(vec![0i8, 5, 3, 50, 127])),
         None,
     ));
-    let ours = invoke(&list_intersect_udf(), &[a.clone(), b.clone()], a.data_type().clone(), options("auto", false));
+    let ours = invoke(
+        &list_intersect_udf(),
+        &[a.clone(), b.clone()],
+        a.data_type().clone(),
+        options("auto", false),
+    );
     let ours = ours.as_list::<i64>();
-    assert_eq!(ours.value(0).as_primitive::<datafusion::arrow::datatypes::Int8Type>().values().as_ref(), &[0i8]);
-    assert_eq!(ours.value(1).as_primitive::<datafusion::arrow::datatypes::Int8Type>().values().as_ref(), &[3i8, 50]);
-    let count = invoke(&list_intersect_count_udf(), &[a, b], DataType::UInt64, options("auto", true));
-    assert_eq!(count.as_primitive::<datafusion::arrow::datatypes::UInt64Type>().values().as_ref(), &[1u64, 2]);
+    assert_eq!(
+        ours.value(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int8Type>()
+            .values()
+            .as_ref(),
+        &[0i8]
+    );
+    assert_eq!(
+        ours.value(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int8Type>()
+            .values()
+            .as_ref(),
+        &[3i8, 50]
+    );
+    let count = invoke(
+        &list_intersect_count_udf(),
+        &[a, b],
+        DataType::UInt64,
+        options("auto", true),
+    );
+    assert_eq!(
+        count
+            .as_primitive::<datafusion::arrow::datatypes::UInt64Type>()
+            .values()
+            .as_ref(),
+        &[1u64, 2]
+    );
 }

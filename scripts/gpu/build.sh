@@ -7,7 +7,9 @@ cd "$(dirname "$0")/../.."
 out=carry/gpu
 rm -rf "$out" && mkdir -p "$out/upstream/array"
 # --no-default-features: the CLI binary is not needed by these tests.
-cargo test --no-default-features --features cuda --test gpu_props --test gpu_sql --no-run \
+# The library's unit tests ride along: on the GPU machine they exercise the CPU kernels on its
+# own processor (VP2INTERSECT, when it has it, which the development machine may not).
+cargo test --no-default-features --features cuda --lib --test gpu_props --test gpu_sql --no-run \
     --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
@@ -16,6 +18,8 @@ for line in sys.stdin:
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql"):
         print(m["target"]["name"], m["executable"])
+    elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "datafusion_sets" and m["profile"]["test"]:
+        print("lib_tests", m["executable"])
 ' | while read -r name exe; do
     strip -o "$out/$name" "$exe"
     xz -T0 -1 -f "$out/$name"

@@ -15,6 +15,10 @@ for f in carry/gpu/*.xz; do
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
 status=0
+echo "== the CPU kernels' unit tests on this machine's processor"
+grep -m1 "model name" /proc/cpuinfo | tee "$out/cpu.txt"
+grep -qw avx512_vp2intersect /proc/cpuinfo && echo "VP2INTERSECT: yes" | tee -a "$out/cpu.txt" || echo "VP2INTERSECT: no" | tee -a "$out/cpu.txt"
+/tmp/gpubin/lib_tests backend::cpu 2>&1 | tee "$out/lib_tests.log" | tail -3 || status=1
 echo "== property tests (GPU == CPU)"
 /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
 echo "== SQL suites with sets.backend = 'gpu'"

@@ -9,20 +9,24 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use datafusion::common::config_err;
 use datafusion::common::config::ConfigNonZeroUsize;
+use datafusion::common::config_err;
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionConfig;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
-use datafusion::execution::memory_pool::{FairSpillPool, GreedyMemoryPool, MemoryPool, TrackConsumersPool};
+use datafusion::execution::memory_pool::{
+    FairSpillPool, GreedyMemoryPool, MemoryPool, TrackConsumersPool,
+};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::ExplainFormat;
 use datafusion::prelude::SessionContext;
 use datafusion_cli::catalog::DynamicObjectStoreCatalog;
 use datafusion_cli::exec;
 use datafusion_cli::functions::ParquetMetadataFunc;
-use datafusion_cli::object_storage::instrumented::{InstrumentedObjectStoreMode, InstrumentedObjectStoreRegistry};
+use datafusion_cli::object_storage::instrumented::{
+    InstrumentedObjectStoreMode, InstrumentedObjectStoreRegistry,
+};
 use datafusion_cli::pool_type::PoolType;
 use datafusion_cli::print_format::PrintFormat;
 use datafusion_cli::print_options::{MaxRows, PrintOptions};
@@ -105,7 +109,11 @@ async fn run() -> Result<()> {
     env_logger::init();
     let args = Args::parse();
     if !args.quiet {
-        eprintln!("dfsets {} (DataFusion CLI v{})", env!("CARGO_PKG_VERSION"), datafusion_cli::DATAFUSION_CLI_VERSION);
+        eprintln!(
+            "dfsets {} (DataFusion CLI v{})",
+            env!("CARGO_PKG_VERSION"),
+            datafusion_cli::DATAFUSION_CLI_VERSION
+        );
     }
     if let Some(path) = &args.data_path {
         std::env::set_current_dir(path)?;
@@ -131,9 +139,13 @@ async fn run() -> Result<()> {
         let top = NonZeroUsize::new(args.top_memory_consumers);
         let pool: Arc<dyn MemoryPool> = match (args.mem_pool_type, top) {
             (PoolType::Fair, None) => Arc::new(FairSpillPool::new(limit)),
-            (PoolType::Fair, Some(n)) => Arc::new(TrackConsumersPool::new(FairSpillPool::new(limit), n)),
+            (PoolType::Fair, Some(n)) => {
+                Arc::new(TrackConsumersPool::new(FairSpillPool::new(limit), n))
+            }
             (PoolType::Greedy, None) => Arc::new(GreedyMemoryPool::new(limit)),
-            (PoolType::Greedy, Some(n)) => Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(limit), n)),
+            (PoolType::Greedy, Some(n)) => {
+                Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(limit), n))
+            }
         };
         runtime = runtime.with_memory_pool(pool);
     }
@@ -144,7 +156,9 @@ async fn run() -> Result<()> {
                 .with_max_temp_directory_size(limit as u64),
         );
     }
-    let registry = Arc::new(InstrumentedObjectStoreRegistry::new().with_profile_mode(args.object_store_profiling));
+    let registry = Arc::new(
+        InstrumentedObjectStoreRegistry::new().with_profile_mode(args.object_store_profiling),
+    );
     runtime = runtime.with_object_store_registry(registry.clone());
 
     let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc()?).enable_url_table();
@@ -192,15 +206,27 @@ fn default_rc() -> Vec<String> {
 }
 
 fn valid_file(path: &str) -> Result<String, String> {
-    if Path::new(path).is_file() { Ok(path.to_string()) } else { Err(format!("Invalid file '{path}'")) }
+    if Path::new(path).is_file() {
+        Ok(path.to_string())
+    } else {
+        Err(format!("Invalid file '{path}'"))
+    }
 }
 
 fn valid_dir(path: &str) -> Result<String, String> {
-    if Path::new(path).is_dir() { Ok(path.to_string()) } else { Err(format!("Invalid data directory '{path}'")) }
+    if Path::new(path).is_dir() {
+        Ok(path.to_string())
+    } else {
+        Err(format!("Invalid data directory '{path}'"))
+    }
 }
 
 fn non_empty(command: &str) -> Result<String, String> {
-    if command.is_empty() { Err("-c flag expects only non empty commands".to_string()) } else { Ok(command.to_string()) }
+    if command.is_empty() {
+        Err("-c flag expects only non empty commands".to_string())
+    } else {
+        Ok(command.to_string())
+    }
 }
 
 /// '512', '64k', '10m', '2g', '1t' (binary units) → bytes.
@@ -217,5 +243,7 @@ fn byte_size(s: &str) -> Result<usize, String> {
         _ => return Err(format!("Invalid size unit in '{s}'")),
     };
     let n: usize = digits.parse().map_err(|_| format!("Invalid size '{s}'"))?;
-    n.checked_shl(shift).filter(|v| v >> shift == n).ok_or_else(|| format!("Size '{s}' is too large"))
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n)
+        .ok_or_else(|| format!("Size '{s}' is too large"))
 }

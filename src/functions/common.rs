@@ -35,7 +35,11 @@ pub fn list_element_type(dt: &DataType) -> Option<&DataType> {
 /// `array_intersect`: element types unified with `type_union_resolution`, any `LargeList`
 /// makes every list a `LargeList`, `FixedSizeList` becomes `List`, `NULL` stays `NULL`.
 /// Errors name the function and the offending argument (1-based).
-pub fn coerce_list_args(name: &str, arg_types: &[DataType], min_args: usize) -> Result<Vec<DataType>> {
+pub fn coerce_list_args(
+    name: &str,
+    arg_types: &[DataType],
+    min_args: usize,
+) -> Result<Vec<DataType>> {
     if arg_types.len() < min_args {
         return plan_err!(
             "{name} expects at least {min_args} list arguments, got {}",
@@ -115,7 +119,9 @@ pub fn apply_to_columns(
     let arrays = ColumnarValue::values_to_arrays(args)?;
     let result = inner(&arrays)?;
     if all_scalar {
-        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&result, 0)?))
+        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
+            &result, 0,
+        )?))
     } else {
         Ok(ColumnarValue::Array(result))
     }
@@ -164,7 +170,14 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
 
     /// The raw parts: offsets (`len() + 1` entries), child values, list validity and child
     /// validity (`None` when the child holds no NULL), for backends that ship whole buffers.
-    pub(crate) fn parts(&self) -> (&'a [O], &'a [T], Option<&'a NullBuffer>, Option<&'a NullBuffer>) {
+    pub(crate) fn parts(
+        &self,
+    ) -> (
+        &'a [O],
+        &'a [T],
+        Option<&'a NullBuffer>,
+        Option<&'a NullBuffer>,
+    ) {
         (self.offsets, self.values, self.nulls, self.element_nulls)
     }
 
@@ -218,12 +231,10 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
         let r = self.range(i);
         let vals = &self.values[r.clone()];
         let nulls = self.element_nulls;
-        vals.iter()
-            .enumerate()
-            .map(move |(k, v)| match nulls {
-                Some(n) if n.is_null(r.start + k) => None,
-                _ => Some(*v),
-            })
+        vals.iter().enumerate().map(move |(k, v)| match nulls {
+            Some(n) if n.is_null(r.start + k) => None,
+            _ => Some(*v),
+        })
     }
 
     /// Total number of values referenced by the rows.
@@ -245,14 +256,38 @@ macro_rules! dispatch_integer {
     ($dt:expr, $P:ident => $body:expr, _ => $fallback:expr) => {{
         use datafusion::arrow::datatypes as adt;
         match $dt {
-            adt::DataType::Int8 => { type $P = adt::Int8Type; $body }
-            adt::DataType::Int16 => { type $P = adt::Int16Type; $body }
-            adt::DataType::Int32 => { type $P = adt::Int32Type; $body }
-            adt::DataType::Int64 => { type $P = adt::Int64Type; $body }
-            adt::DataType::UInt8 => { type $P = adt::UInt8Type; $body }
-            adt::DataType::UInt16 => { type $P = adt::UInt16Type; $body }
-            adt::DataType::UInt32 => { type $P = adt::UInt32Type; $body }
-            adt::DataType::UInt64 => { type $P = adt::UInt64Type; $body }
+            adt::DataType::Int8 => {
+                type $P = adt::Int8Type;
+                $body
+            }
+            adt::DataType::Int16 => {
+                type $P = adt::Int16Type;
+                $body
+            }
+            adt::DataType::Int32 => {
+                type $P = adt::Int32Type;
+                $body
+            }
+            adt::DataType::Int64 => {
+                type $P = adt::Int64Type;
+                $body
+            }
+            adt::DataType::UInt8 => {
+                type $P = adt::UInt8Type;
+                $body
+            }
+            adt::DataType::UInt16 => {
+                type $P = adt::UInt16Type;
+                $body
+            }
+            adt::DataType::UInt32 => {
+                type $P = adt::UInt32Type;
+                $body
+            }
+            adt::DataType::UInt64 => {
+                type $P = adt::UInt64Type;
+                $body
+            }
             _ => $fallback,
         }
     }};

@@ -214,7 +214,14 @@ fn general_row<O: OffsetSizeTrait, T: SetElem>(
     i: usize,
     scratch: &mut Scratch<'_, T>,
 ) {
-    let Scratch { opt_a, opt_b, opt_out, lookup, seen, .. } = scratch;
+    let Scratch {
+        opt_a,
+        opt_b,
+        opt_out,
+        lookup,
+        seen,
+        ..
+    } = scratch;
     opt_a.clear();
     opt_a.extend(lists[0].row_options(i));
     for l in &lists[1..] {
@@ -241,14 +248,25 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     kernel: CpuKernelChoice,
 ) -> ValuesOut<T> {
     let mut scratch: Scratch<'a, T> = Scratch::new();
-    let mut out = ValuesOut { values: Vec::new(), lengths: Vec::with_capacity(rows.len()), validity: None };
+    let mut out = ValuesOut {
+        values: Vec::new(),
+        lengths: Vec::with_capacity(rows.len()),
+        validity: None,
+    };
     for i in rows {
         let before = out.values.len();
         if !row_is_null(lists, i) {
             match classify(lists, verdicts, i) {
                 RowKind::Empty => {}
                 RowKind::Sorted { strict } => {
-                    sorted_row(lists, i, strict, kernel, &mut scratch, Some(&mut out.values));
+                    sorted_row(
+                        lists,
+                        i,
+                        strict,
+                        kernel,
+                        &mut scratch,
+                        Some(&mut out.values),
+                    );
                 }
                 RowKind::General => {
                     general_row(lists, i, &mut scratch);
@@ -297,7 +315,10 @@ fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
 
 /// Row ranges of about equal value counts, one per task, or the whole batch when it is too
 /// small to be worth splitting.
-fn chunks<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], opts: &EngineOptions) -> Vec<Range<usize>> {
+fn chunks<O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'_, O, T>],
+    opts: &EngineOptions,
+) -> Vec<Range<usize>> {
     let n = lists[0].len();
     let total: usize = lists.iter().map(|l| l.total_values()).sum();
     let threads = rayon::current_num_threads();
@@ -389,7 +410,9 @@ pub(crate) fn cpu_values_rows<O: OffsetSizeTrait, T: SetElem>(
     opts: &EngineOptions,
 ) -> Vec<ValuesOut<T>> {
     let verdicts = vec![None; lists.len()];
-    rows.iter().map(|&i| values_chunk(lists, &verdicts, i..i + 1, opts.kernel)).collect()
+    rows.iter()
+        .map(|&i| values_chunk(lists, &verdicts, i..i + 1, opts.kernel))
+        .collect()
 }
 
 /// The CPU's exact count of single rows (see [`cpu_values_rows`]).
@@ -399,5 +422,7 @@ pub(crate) fn cpu_counts_rows<O: OffsetSizeTrait, T: SetElem>(
     opts: &EngineOptions,
 ) -> Vec<u64> {
     let verdicts = vec![None; lists.len()];
-    rows.iter().map(|&i| count_chunk(lists, &verdicts, i..i + 1, opts.kernel)[0]).collect()
+    rows.iter()
+        .map(|&i| count_chunk(lists, &verdicts, i..i + 1, opts.kernel)[0])
+        .collect()
 }

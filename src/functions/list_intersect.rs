@@ -17,7 +17,9 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::common::{IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type};
+use super::common::{
+    IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
+};
 use super::intersect_rows::{EngineOptions, intersect_values};
 use crate::backend::cpu::SetElem;
 use crate::config::SetsConfig;
@@ -49,8 +51,14 @@ Semantics are the built-in's, folded left over the arguments: duplicates are rem
 | [5, 9]                                                                        |
 +-------------------------------------------------------------------------------+
 ```"#,
-    argument(name = "list1", description = "List expression (List, LargeList or FixedSizeList)."),
-    argument(name = "listN", description = "More list expressions; their element types are unified with list1's.")
+    argument(
+        name = "list1",
+        description = "List expression (List, LargeList or FixedSizeList)."
+    ),
+    argument(
+        name = "listN",
+        description = "More list expressions; their element types are unified with list1's."
+    )
 )]
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ListIntersect {
@@ -66,12 +74,13 @@ impl Default for ListIntersect {
 impl ListIntersect {
     /// A new instance (prefer [`list_intersect_udf`], a shared singleton).
     pub fn new() -> Self {
-        Self { signature: Signature::user_defined(Volatility::Immutable) }
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
     }
 }
 
 impl ScalarUDFImpl for ListIntersect {
-
     fn name(&self) -> &str {
         "list_intersect"
     }
@@ -110,26 +119,41 @@ fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
 /// The engine options in force for this call.
 pub(crate) fn engine_options(config: &ConfigOptions) -> EngineOptions {
     let cfg = SetsConfig::from_options(config);
-    EngineOptions { kernel: cfg.cpu_kernel, parallel_min_values: cfg.parallel_min_values, backend: cfg.backend }
+    EngineOptions {
+        kernel: cfg.cpu_kernel,
+        parallel_min_values: cfg.parallel_min_values,
+        backend: cfg.backend,
+    }
 }
 
 /// Non-integer elements: the built-in `array_intersect`, folded left for k > 2 arguments.
 fn delegate_to_builtin(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
     let builtin = datafusion::functions_nested::set_ops::array_intersect_udf();
-    let ScalarFunctionArgs { args: values, arg_fields, number_rows, return_field, config_options } = args;
+    let ScalarFunctionArgs {
+        args: values,
+        arg_fields,
+        number_rows,
+        return_field,
+        config_options,
+    } = args;
     let mut values = values.into_iter();
     let mut fields = arg_fields.into_iter();
     let (Some(mut acc), Some(mut acc_field)) = (values.next(), fields.next()) else {
         return internal_err!("list_intersect called with no arguments");
     };
     for (value, field) in values.zip(fields) {
-        let step_return: FieldRef = if acc_field.data_type().is_null() && field.data_type().is_null() {
-            Arc::new(Field::new("list_intersect", DataType::new_list(DataType::Null, true), true))
-        } else if acc_field.data_type().is_null() {
-            Arc::clone(&field)
-        } else {
-            Arc::clone(&acc_field)
-        };
+        let step_return: FieldRef =
+            if acc_field.data_type().is_null() && field.data_type().is_null() {
+                Arc::new(Field::new(
+                    "list_intersect",
+                    DataType::new_list(DataType::Null, true),
+                    true,
+                ))
+            } else if acc_field.data_type().is_null() {
+                Arc::clone(&field)
+            } else {
+                Arc::clone(&acc_field)
+            };
         acc = builtin.invoke_with_args(ScalarFunctionArgs {
             args: vec![acc, value],
             arg_fields: vec![acc_field, field],
@@ -144,7 +168,11 @@ fn delegate_to_builtin(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
 }
 
 /// Integer lists (all arguments coerced to one type, or NULL).
-pub(crate) fn intersect_arrays(arrays: &[ArrayRef], ret: &DataType, opts: &EngineOptions) -> Result<ArrayRef> {
+pub(crate) fn intersect_arrays(
+    arrays: &[ArrayRef],
+    ret: &DataType,
+    opts: &EngineOptions,
+) -> Result<ArrayRef> {
     let len = arrays.first().map(|a| a.len()).unwrap_or(0);
     if arrays.iter().any(|a| a.data_type().is_null()) {
         return Ok(new_null_array(ret, len));
@@ -156,11 +184,20 @@ pub(crate) fn intersect_arrays(arrays: &[ArrayRef], ret: &DataType, opts: &Engin
     }
 }
 
-fn intersect_generic<O: OffsetSizeTrait>(arrays: &[ArrayRef], field: &FieldRef, opts: &EngineOptions) -> Result<ArrayRef> {
+fn intersect_generic<O: OffsetSizeTrait>(
+    arrays: &[ArrayRef],
+    field: &FieldRef,
+    opts: &EngineOptions,
+) -> Result<ArrayRef> {
     let mut lists = Vec::with_capacity(arrays.len());
     for (i, a) in arrays.iter().enumerate() {
         let Some(list) = a.as_list_opt::<O>() else {
-            return internal_err!("list_intersect: argument {} is {}, expected {}", i + 1, a.data_type(), field.data_type());
+            return internal_err!(
+                "list_intersect: argument {} is {}, expected {}",
+                i + 1,
+                a.data_type(),
+                field.data_type()
+            );
         };
         if list.value_type() != *field.data_type() {
             return internal_err!(
@@ -184,11 +221,19 @@ fn build<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
 where
     P::Native: SetElem,
 {
-    let views: Vec<IntLists<'_, O, P::Native>> = lists.iter().map(|l| IntLists::new::<P>(l)).collect();
+    let views: Vec<IntLists<'_, O, P::Native>> =
+        lists.iter().map(|l| IntLists::new::<P>(l)).collect();
     let out = intersect_values(&views, opts);
-    let nulls = lists.iter().fold(None, |acc: Option<NullBuffer>, l| NullBuffer::union(acc.as_ref(), l.nulls()));
+    let nulls = lists.iter().fold(None, |acc: Option<NullBuffer>, l| {
+        NullBuffer::union(acc.as_ref(), l.nulls())
+    });
     let values = PrimitiveArray::<P>::new(out.values.into(), out.validity.map(NullBuffer::from))
         .with_data_type(field.data_type().clone());
     let offsets = OffsetBuffer::<O>::from_lengths(out.lengths);
-    Ok(Arc::new(GenericListArray::<O>::try_new(Arc::clone(field), offsets, Arc::new(values), nulls)?))
+    Ok(Arc::new(GenericListArray::<O>::try_new(
+        Arc::clone(field),
+        offsets,
+        Arc::new(values),
+        nulls,
+    )?))
 }

@@ -4,8 +4,7 @@
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait,
-    PrimitiveArray,
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait, PrimitiveArray,
 };
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
@@ -60,7 +59,9 @@ impl Default for ListIntersectAgg {
 impl ListIntersectAgg {
     /// A new instance (prefer [`list_intersect_agg_udaf`]).
     pub fn new() -> Self {
-        Self { signature: Signature::user_defined(Volatility::Immutable) }
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
     }
 }
 
@@ -75,13 +76,18 @@ impl AggregateUDFImpl for ListIntersectAgg {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let [arg] = arg_types else {
-            return plan_err!("list_intersect_agg expects 1 argument, got {}", arg_types.len());
+            return plan_err!(
+                "list_intersect_agg expects 1 argument, got {}",
+                arg_types.len()
+            );
         };
         let (field, large) = match arg {
             DataType::List(f) | DataType::FixedSizeList(f, _) => (f, false),
             DataType::LargeList(f) => (f, true),
             other => {
-                return plan_err!("list_intersect_agg: argument 1 must be a list of integers, got {other}");
+                return plan_err!(
+                    "list_intersect_agg: argument 1 must be a list of integers, got {other}"
+                );
             }
         };
         if !field.data_type().is_integer() {
@@ -90,12 +96,18 @@ impl AggregateUDFImpl for ListIntersectAgg {
                 field.data_type()
             );
         }
-        Ok(vec![if large { arg.clone() } else { DataType::List(Arc::clone(field)) }])
+        Ok(vec![if large {
+            arg.clone()
+        } else {
+            DataType::List(Arc::clone(field))
+        }])
     }
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         match arg_types {
-            [DataType::List(f)] | [DataType::FixedSizeList(f, _)] => Ok(DataType::new_list(f.data_type().clone(), true)),
+            [DataType::List(f)] | [DataType::FixedSizeList(f, _)] => {
+                Ok(DataType::new_list(f.data_type().clone(), true))
+            }
             [DataType::LargeList(f)] => Ok(DataType::new_large_list(f.data_type().clone(), true)),
             other => internal_err!("list_intersect_agg: unexpected argument types {other:?}"),
         }
@@ -177,7 +189,10 @@ where
 
     fn hold<O: OffsetSizeTrait>(&mut self, array: &ArrayRef) -> Result<()> {
         let Some(list) = array.as_list_opt::<O>() else {
-            return internal_err!("list_intersect_agg: unexpected input type {}", array.data_type());
+            return internal_err!(
+                "list_intersect_agg: unexpected input type {}",
+                array.data_type()
+            );
         };
         let mut added = false;
         let offsets = list.value_offsets();
@@ -219,7 +234,10 @@ where
 
     fn fold_row<O: OffsetSizeTrait>(&mut self, array: &ArrayRef, row: usize) -> Result<()> {
         let Some(list) = array.as_list_opt::<O>() else {
-            return internal_err!("list_intersect_agg: unexpected input type {}", array.data_type());
+            return internal_err!(
+                "list_intersect_agg: unexpected input type {}",
+                array.data_type()
+            );
         };
         let view = IntLists::<O, P::Native>::new::<P>(list);
         let has_null = view.row_has_null_element(row);
@@ -266,10 +284,20 @@ where
         let element = Arc::new(PrimitiveArray::<P>::new(values.into(), nulls));
         let field = Arc::new(Field::new_list_field(P::DATA_TYPE, true));
         Ok(if self.large {
-            let list = GenericListArray::<i64>::try_new(field, OffsetBuffer::from_lengths([len]), element, None)?;
+            let list = GenericListArray::<i64>::try_new(
+                field,
+                OffsetBuffer::from_lengths([len]),
+                element,
+                None,
+            )?;
             ScalarValue::LargeList(Arc::new(list))
         } else {
-            let list = GenericListArray::<i32>::try_new(field, OffsetBuffer::from_lengths([len]), element, None)?;
+            let list = GenericListArray::<i32>::try_new(
+                field,
+                OffsetBuffer::from_lengths([len]),
+                element,
+                None,
+            )?;
             ScalarValue::List(Arc::new(list))
         })
     }
@@ -295,7 +323,10 @@ where
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
         match values {
             [lists] => self.add_lists(lists),
-            _ => internal_err!("list_intersect_agg expects one input column, got {}", values.len()),
+            _ => internal_err!(
+                "list_intersect_agg expects one input column, got {}",
+                values.len()
+            ),
         }
     }
 
@@ -315,7 +346,10 @@ where
 
     fn size(&self) -> usize {
         size_of_val(self)
-            + self.result.as_ref().map_or(0, |r| r.capacity() * size_of::<P::Native>())
+            + self
+                .result
+                .as_ref()
+                .map_or(0, |r| r.capacity() * size_of::<P::Native>())
             + (self.tmp.capacity() + self.row_buf.capacity()) * size_of::<P::Native>()
             + self.pending.capacity() * size_of::<(ArrayRef, usize, usize)>()
             + self.held_bytes

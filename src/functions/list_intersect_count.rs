@@ -16,7 +16,9 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::common::{IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type};
+use super::common::{
+    IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
+};
 use super::intersect_rows::{EngineOptions, intersect_counts};
 use super::list_intersect::{engine_options, list_intersect_udf};
 use crate::backend::cpu::SetElem;
@@ -46,7 +48,10 @@ pub fn list_intersect_count(args: Vec<Expr>) -> Expr {
 | 2                                                                    |
 +----------------------------------------------------------------------+
 ```"#,
-    argument(name = "list1", description = "List expression (List, LargeList or FixedSizeList)."),
+    argument(
+        name = "list1",
+        description = "List expression (List, LargeList or FixedSizeList)."
+    ),
     argument(name = "listN", description = "More list expressions.")
 )]
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -63,12 +68,13 @@ impl Default for ListIntersectCount {
 impl ListIntersectCount {
     /// A new instance (prefer [`list_intersect_count_udf`]).
     pub fn new() -> Self {
-        Self { signature: Signature::user_defined(Volatility::Immutable) }
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
     }
 }
 
 impl ScalarUDFImpl for ListIntersectCount {
-
     fn name(&self) -> &str {
         "list_intersect_count"
     }
@@ -95,9 +101,15 @@ impl ScalarUDFImpl for ListIntersectCount {
 }
 
 fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-    let arg_types: Vec<DataType> = args.arg_fields.iter().map(|f| f.data_type().clone()).collect();
+    let arg_types: Vec<DataType> = args
+        .arg_fields
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
     let list_type = first_list_type(&arg_types);
-    let element = list_element_type(&list_type).cloned().unwrap_or(DataType::Null);
+    let element = list_element_type(&list_type)
+        .cloned()
+        .unwrap_or(DataType::Null);
     if !element.is_integer() {
         return count_via_list_intersect(args, list_type);
     }
@@ -106,10 +118,17 @@ fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
 }
 
 /// Non-integer elements: the lengths of `list_intersect`'s result.
-fn count_via_list_intersect(args: ScalarFunctionArgs, list_type: DataType) -> Result<ColumnarValue> {
+fn count_via_list_intersect(
+    args: ScalarFunctionArgs,
+    list_type: DataType,
+) -> Result<ColumnarValue> {
     let udf = list_intersect_udf();
     let inner = ScalarFunctionArgs {
-        return_field: Arc::new(datafusion::arrow::datatypes::Field::new("list_intersect", list_type, true)),
+        return_field: Arc::new(datafusion::arrow::datatypes::Field::new(
+            "list_intersect",
+            list_type,
+            true,
+        )),
         ..args
     };
     let result = udf.invoke_with_args(inner)?;
@@ -121,7 +140,9 @@ fn count_via_list_intersect(args: ScalarFunctionArgs, list_type: DataType) -> Re
         _ => new_null_array(&DataType::UInt64, array.len()),
     };
     if as_scalar {
-        Ok(ColumnarValue::Scalar(datafusion::common::ScalarValue::try_from_array(&counts, 0)?))
+        Ok(ColumnarValue::Scalar(
+            datafusion::common::ScalarValue::try_from_array(&counts, 0)?,
+        ))
     } else {
         Ok(ColumnarValue::Array(counts))
     }
@@ -129,11 +150,18 @@ fn count_via_list_intersect(args: ScalarFunctionArgs, list_type: DataType) -> Re
 
 fn lengths<O: OffsetSizeTrait>(list: &GenericListArray<O>) -> UInt64Array {
     let offsets = list.value_offsets();
-    let values: Vec<u64> = offsets.windows(2).map(|w| (w[1] - w[0]).as_usize() as u64).collect();
+    let values: Vec<u64> = offsets
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_usize() as u64)
+        .collect();
     UInt64Array::new(values.into(), list.nulls().cloned())
 }
 
-fn count_arrays(arrays: &[ArrayRef], list_type: &DataType, opts: &EngineOptions) -> Result<ArrayRef> {
+fn count_arrays(
+    arrays: &[ArrayRef],
+    list_type: &DataType,
+    opts: &EngineOptions,
+) -> Result<ArrayRef> {
     let len = arrays.first().map(|a| a.len()).unwrap_or(0);
     if arrays.iter().any(|a| a.data_type().is_null()) {
         return Ok(new_null_array(&DataType::UInt64, len));
@@ -145,7 +173,11 @@ fn count_arrays(arrays: &[ArrayRef], list_type: &DataType, opts: &EngineOptions)
     }
 }
 
-fn count_generic<O: OffsetSizeTrait>(arrays: &[ArrayRef], element: &DataType, opts: &EngineOptions) -> Result<ArrayRef> {
+fn count_generic<O: OffsetSizeTrait>(
+    arrays: &[ArrayRef],
+    element: &DataType,
+    opts: &EngineOptions,
+) -> Result<ArrayRef> {
     let mut lists = Vec::with_capacity(arrays.len());
     for (i, a) in arrays.iter().enumerate() {
         match a.as_list_opt::<O>() {
@@ -170,8 +202,11 @@ fn count_build<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
 where
     P::Native: SetElem,
 {
-    let views: Vec<IntLists<'_, O, P::Native>> = lists.iter().map(|l| IntLists::new::<P>(l)).collect();
+    let views: Vec<IntLists<'_, O, P::Native>> =
+        lists.iter().map(|l| IntLists::new::<P>(l)).collect();
     let counts = intersect_counts(&views, opts);
-    let nulls = lists.iter().fold(None, |acc: Option<NullBuffer>, l| NullBuffer::union(acc.as_ref(), l.nulls()));
+    let nulls = lists.iter().fold(None, |acc: Option<NullBuffer>, l| {
+        NullBuffer::union(acc.as_ref(), l.nulls())
+    });
     Ok(Arc::new(UInt64Array::new(counts.into(), nulls)))
 }

@@ -84,15 +84,24 @@ mod tests {
                 std::iter::once(f.name().to_string()).chain(f.aliases().iter().cloned())
             }))
         {
-            assert!(ours.insert(name.clone()), "{name} defined twice by datafusion-sets");
+            assert!(
+                ours.insert(name.clone()),
+                "{name} defined twice by datafusion-sets"
+            );
             assert!(
                 !state.table_functions().contains_key(&name),
                 "{name} would shadow a DataFusion table function"
             );
             if name == "list_intersect" {
-                assert!(builtin.contains(&name), "DataFusion no longer defines list_intersect");
+                assert!(
+                    builtin.contains(&name),
+                    "DataFusion no longer defines list_intersect"
+                );
             } else {
-                assert!(!builtin.contains(&name), "{name} would shadow a DataFusion function");
+                assert!(
+                    !builtin.contains(&name),
+                    "{name} would shadow a DataFusion function"
+                );
             }
         }
     }

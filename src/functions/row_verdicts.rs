@@ -77,7 +77,9 @@ pub fn verdict_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>, i: 
 
 /// Verdicts of every row of `list`, from the cache when the column is large enough to be
 /// worth it; `None` for small columns (check rows as they come).
-pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> Option<Arc<[Verdict]>> {
+pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(
+    list: &IntLists<'_, O, T>,
+) -> Option<Arc<[Verdict]>> {
     if list.total_values() < CACHE_MIN_VALUES {
         return None;
     }
@@ -87,7 +89,9 @@ pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>
         cache.clock += 1;
         let now = cache.clock;
         // Entries whose buffers only the cache still holds belong to dropped data.
-        cache.entries.retain(|e| e.pins.iter().any(|b| b.strong_count() > 1));
+        cache
+            .entries
+            .retain(|e| e.pins.iter().any(|b| b.strong_count() > 1));
         if let Some(e) = cache.entries.iter_mut().find(|e| e.key == key) {
             e.last_used = now;
             let verdicts = Arc::clone(&e.verdicts);
@@ -105,12 +109,22 @@ pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>
         .into();
     if let Ok(mut cache) = CACHE.lock() {
         if cache.entries.len() >= CACHE_ENTRIES
-            && let Some(oldest) = cache.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i)
+            && let Some(oldest) = cache
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(i, _)| i)
         {
             cache.entries.swap_remove(oldest);
         }
         let last_used = cache.clock;
-        cache.entries.push(Entry { key, pins, verdicts: Arc::clone(&verdicts), last_used });
+        cache.entries.push(Entry {
+            key,
+            pins,
+            verdicts: Arc::clone(&verdicts),
+            last_used,
+        });
     }
     Some(verdicts)
 }
@@ -132,7 +146,10 @@ fn key_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> (Vec<Buf
 
 /// (hits, misses, entries) — for tests and diagnostics.
 pub fn cache_stats() -> (u64, u64, usize) {
-    CACHE.lock().map(|c| (c.hits, c.misses, c.entries.len())).unwrap_or((0, 0, 0))
+    CACHE
+        .lock()
+        .map(|c| (c.hits, c.misses, c.entries.len()))
+        .unwrap_or((0, 0, 0))
 }
 
 #[cfg(test)]
@@ -159,7 +176,12 @@ mod tests {
             offsets.push(values.len() as i32);
         }
         let field = Arc::new(Field::new_list_field(DataType::Int32, true));
-        ListArray::new(field, OffsetBuffer::new(offsets.into()), Arc::new(Int32Array::from(values)), None)
+        ListArray::new(
+            field,
+            OffsetBuffer::new(offsets.into()),
+            Arc::new(Int32Array::from(values)),
+            None,
+        )
     }
 
     #[test]
@@ -173,7 +195,10 @@ mod tests {
             assert_eq!(*v, expected, "row {i}");
         }
         let again = cached_verdicts(&view).expect("cached");
-        assert!(Arc::ptr_eq(&first, &again), "second lookup must hit the cache");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "second lookup must hit the cache"
+        );
 
         // A slice is another view: its own entry, rows renumbered.
         let sliced = list.slice(1, 300);
