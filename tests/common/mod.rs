@@ -1,0 +1,164 @@
+//! The sqllogictest runner shared by `sqllogictests` (CPU) and `gpu_sql` (`sets.backend = 'gpu'`).
+
+#![allow(dead_code, reason = "each test binary uses part of this module")]
+
+use std::path::{Path, PathBuf};
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{FunctionRegistry, SessionStateBuilder};
+use datafusion::logical_expr::ScalarUDF;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_sets::SessionStateBuilderExt;
+use datafusion_sqllogictest::{DataFusion, TestContext, df_value_validator, value_normalizer};
+use indicatif::ProgressBar;
+use sqllogictest::strict_column_validator;
+
+/// DataFusion's test files holding `array_intersect` / `list_intersect` cases.
+pub const UPSTREAM_FILES: &[&str] = &["array/array_union.slt", "array/arrays_zip.slt"];
+
+/// Print one file's outcome and count it.
+pub fn report(path: &Path, result: Result<()>, passed: &mut usize, failed: &mut usize) {
+    match result {
+        Ok(()) => {
+            println!("ok    {}", path.display());
+            *passed += 1;
+        }
+        Err(e) => {
+            println!("FAIL  {}\n{e}", path.display());
+            *failed += 1;
+        }
+    }
+}
+
+/// Run statements (e.g. `SET sets.backend = 'gpu'`) on a session before a file.
+async fn prepare(ctx: &SessionContext, setup: &[&str]) -> Result<()> {
+    for sql in setup {
+        ctx.sql(sql).await?.collect().await?;
+    }
+    Ok(())
+}
+
+/// Our suites: DataFusion's defaults plus datafusion-sets, 4 partitions for stable plans.
+pub async fn run_ours(path: &Path, setup: &[&str]) -> Result<()> {
+    let config = SessionConfig::new()
+        .with_target_partitions(4)
+        .with_information_schema(true);
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_sets()
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    prepare(&ctx, setup).await?;
+    run_file(
+        ctx,
+        path,
+        path.file_name().map(PathBuf::from).unwrap_or_default(),
+    )
+    .await
+}
+
+/// DataFusion's own file, in the session DataFusion's runner builds for it, with ours installed
+/// and answering to both `list_intersect` and `array_intersect`.
+pub async fn run_upstream(path: &Path, relative: &Path, setup: &[&str]) -> Result<()> {
+    let Some(test_ctx) = TestContext::try_new_for_test_file(relative).await else {
+        return Err(DataFusionError::Execution(format!(
+            "DataFusion cannot set up {}",
+            relative.display()
+        )));
+    };
+    let ctx = test_ctx.session_ctx().clone();
+    datafusion_sets::register(&ctx)?;
+    let ours = datafusion_sets::functions::list_intersect::list_intersect_udf();
+    ctx.register_udf(ScalarUDF::clone(&ours).with_aliases(["array_intersect"]));
+    for name in ["list_intersect", "array_intersect"] {
+        let resolved = ctx.udf(name)?;
+        if resolved.name() != "list_intersect" {
+            return Err(DataFusionError::Execution(format!(
+                "{name} resolves to {}, not ours",
+                resolved.name()
+            )));
+        }
+    }
+    prepare(&ctx, setup).await?;
+    run_file(ctx, path, relative.to_path_buf()).await
+}
+
+pub async fn run_file(ctx: SessionContext, path: &Path, relative: PathBuf) -> Result<()> {
+    let mut runner = sqllogictest::Runner::new(|| {
+        let ctx = ctx.clone();
+        let relative = relative.clone();
+        async move { Ok(DataFusion::new(ctx, relative, ProgressBar::hidden())) }
+    });
+    runner.with_column_validator(strict_column_validator);
+    runner.with_normalizer(value_normalizer);
+    runner.with_validator(df_value_validator);
+    let records =
+        sqllogictest::parse_file(path).map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let mut errors = Vec::new();
+    for record in records {
+        if let sqllogictest::Record::Halt { .. } = record {
+            break;
+        }
+        if let Err(e) = runner.run_async(record).await {
+            errors.push(e.to_string());
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(DataFusionError::Execution(format!(
+            "{} failing records:\n{}",
+            errors.len(),
+            errors.join("\n")
+        )))
+    }
+}
+
+/// `DFSETS_UPSTREAM_SLT` when set (the GPU machine has no cargo registry), else the
+/// `test_files/` of the `datafusion-sqllogictest` package in cargo's registry, at the
+/// version `Cargo.lock` resolved.
+pub fn upstream_test_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("DFSETS_UPSTREAM_SLT") {
+        return Ok(PathBuf::from(dir));
+    }
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lock = std::fs::read_to_string(manifest_dir.join("Cargo.lock"))?;
+    let mut lines = lock.lines();
+    let version = loop {
+        match lines.next() {
+            Some("name = \"datafusion-sqllogictest\"") => {
+                let v = lines
+                    .next()
+                    .and_then(|l| l.strip_prefix("version = \""))
+                    .and_then(|v| v.strip_suffix('"'));
+                break v.ok_or_else(|| {
+                    DataFusionError::Execution(
+                        "Cargo.lock: no version after datafusion-sqllogictest".into(),
+                    )
+                })?;
+            }
+            Some(_) => {}
+            None => {
+                return Err(DataFusionError::Execution(
+                    "Cargo.lock has no datafusion-sqllogictest".into(),
+                ));
+            }
+        }
+    };
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .ok_or_else(|| DataFusionError::Execution("neither CARGO_HOME nor HOME is set".into()))?;
+    let package = format!("datafusion-sqllogictest-{version}");
+    for index in std::fs::read_dir(cargo_home.join("registry").join("src"))?.flatten() {
+        let dir = index.path().join(&package).join("test_files");
+        if dir.join(UPSTREAM_FILES[0]).is_file() {
+            return Ok(dir);
+        }
+    }
+    Err(DataFusionError::Execution(format!(
+        "{package}/test_files not found under {}",
+        cargo_home.display()
+    )))
+}
