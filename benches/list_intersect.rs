@@ -15,8 +15,9 @@
 //! - `kernel/{W1,W2,W3}/{auto,scalar,galloping,sse42,avx2,avx512,vp2intersect}`: the CPU kernel
 //!   alone over every row, read straight from the Arrow buffers, `out` cleared per row.
 //!   Kernels the CPU lacks run their documented fallback (the bench prints which).
-//! - `check/{W1,W2,W3}/sortedness`: `cpu::sortedness` over both lists of every row: the
-//!   per-row check the SQL path does before it may call a sorted kernel.
+//! - `check/{W1,W2,W3}/{sortedness,read}`: `cpu::sortedness` over both lists of every row
+//!   (the per-row check the SQL path does before it may call a sorted kernel), and a plain
+//!   read (sum) of the same values as a memory-bandwidth baseline.
 //! - `sql_threads/{W1,W2}/ours`: same query, default session (all cores, default
 //!   `target_partitions`, default `sets.parallel_min_values`, global rayon pool).
 //! - `count/{W1,W2,W3}/{builtin,ours,ours_cold}`: `cardinality(array_intersect(a, b))` vs
@@ -317,6 +318,21 @@ fn deep_copy(l: &ListArray) -> ListArray {
     )
 }
 
+/// One row of 2^16 values: large enough for the crate's row-verdict cache, whose lookups drop
+/// entries of buffers nobody else holds.
+fn flush_table() -> Arc<MemTable> {
+    let values: Vec<u32> = (0..1u32 << 16).collect();
+    let list = ListArray::new(
+        Arc::new(Field::new_list_field(DataType::UInt32, true)),
+        OffsetBuffer::from_lengths([values.len()]),
+        Arc::new(UInt32Array::from(values)),
+        None,
+    );
+    let schema = Arc::new(Schema::new(vec![Field::new("a", list.data_type().clone(), true)]));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(list)]).unwrap();
+    Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
+}
+
 /// `variants`: (name, select expression, cold). A cold variant runs every iteration on a
 /// fresh deep copy of the table (copied and registered outside the timed part), so per-buffer
 /// caches (the crate's row-verdict cache) start empty as on a table's first query; a warm
@@ -334,6 +350,7 @@ fn bench_sql(c: &mut Criterion, group: &str, variants: &[(&str, &str, bool)]) {
                 let oc = setup.get_or_init(|| {
                     let oc = one_core();
                     oc.ctx.register_table("t", memtable(w)).unwrap();
+                    oc.ctx.register_table("flush", flush_table()).unwrap();
                     oc
                 });
                 if !cold {
@@ -357,8 +374,12 @@ fn bench_sql(c: &mut Criterion, group: &str, variants: &[(&str, &str, bool)]) {
                             b: deep_copy(&w.b),
                             expected_total: w.expected_total,
                         };
-                        // Replacing the previous copy drops it here, outside the timing.
+                        // Drop the previous copy here, outside the timing: deregister it, then
+                        // run one query over a large-enough column so the row-verdict cache
+                        // releases its stale entries (and their buffers) now rather than in
+                        // the next timed query.
                         oc.ctx.deregister_table("t_cold").unwrap();
+                        oc.run("SELECT list_intersect_count(a, a) FROM flush");
                         oc.ctx.register_table("t_cold", memtable(&copy)).unwrap();
                     };
                     if !checked {
@@ -486,6 +507,18 @@ fn bench_sortedness(c: &mut Criterion) {
                 }
                 assert_eq!(strict, 2 * p.len());
                 black_box(strict)
+            });
+        });
+        // Baseline: read the same values once (wrapping sum), to tell a check bound by memory
+        // bandwidth from one bound by compute.
+        g.bench_function("read", |bch| {
+            let p = pairs.get_or_init(|| rows(workload(i)));
+            bch.iter(|| {
+                let mut sum = 0u32;
+                for &(a, b) in p {
+                    sum = a.iter().chain(b).fold(sum, |s, &v| s.wrapping_add(v));
+                }
+                black_box(sum)
             });
         });
         g.finish();
