@@ -18,7 +18,7 @@ use datafusion::arrow::array::OffsetSizeTrait;
 use rayon::prelude::*;
 
 use super::common::IntLists;
-use super::row_verdicts::{Verdict, cached_verdicts, verdict_of};
+use super::row_verdicts::{Lookup, Verdict, lookup_verdicts, store_verdicts, verdict_of};
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::config::{BackendChoice, CpuKernelChoice};
 
@@ -82,18 +82,93 @@ enum RowKind {
     General,
 }
 
+/// Where each list's row verdicts come from during one call.
+struct Verdicts {
+    /// Verdicts of every row, from the cache.
+    cached: Vec<Option<Arc<[Verdict]>>>,
+    /// Lists the cache missed: their rows are checked as the chunk reads them (so the values
+    /// are in cache when the kernel runs), recorded, and stored when the call ends.
+    record: Vec<bool>,
+}
+
+impl Verdicts {
+    fn look_up<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>]) -> Self {
+        let (mut cached, mut record) = (Vec::new(), Vec::new());
+        for l in lists {
+            let (c, r) = match lookup_verdicts(l) {
+                Lookup::Hit(v) => (Some(v), false),
+                Lookup::Miss => (None, true),
+                Lookup::Small => (None, false),
+            };
+            cached.push(c);
+            record.push(r);
+        }
+        Self { cached, record }
+    }
+
+    /// Check every row as it comes, record nothing.
+    fn unchecked(lists: usize) -> Self {
+        Self {
+            cached: vec![None; lists],
+            record: vec![false; lists],
+        }
+    }
+
+    /// Fresh per-chunk recording buffers.
+    fn recorder(&self, rows: usize) -> Vec<Vec<Verdict>> {
+        self.record
+            .iter()
+            .map(|&r| Vec::with_capacity(if r { rows } else { 0 }))
+            .collect()
+    }
+
+    /// Check row `i` of every recorded list; called once per row, in row order.
+    fn record_row<O: OffsetSizeTrait, T: SetElem>(
+        &self,
+        lists: &[IntLists<'_, O, T>],
+        rec: &mut [Vec<Verdict>],
+        i: usize,
+    ) {
+        for ((l, &r), out) in lists.iter().zip(&self.record).zip(rec) {
+            if r {
+                out.push(verdict_of(l, i));
+            }
+        }
+    }
+
+    /// Store the recorded verdicts, the chunks' recorders in row order.
+    fn store<O: OffsetSizeTrait, T: SetElem>(
+        &self,
+        lists: &[IntLists<'_, O, T>],
+        recorders: Vec<Vec<Vec<Verdict>>>,
+    ) {
+        for (k, l) in lists.iter().enumerate() {
+            if self.record[k] {
+                let all: Vec<Verdict> = recorders
+                    .iter()
+                    .flat_map(|r| r[k].iter().copied())
+                    .collect();
+                store_verdicts(l, all);
+            }
+        }
+    }
+}
+
 fn classify<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
-    verdicts: &[Option<Arc<[Verdict]>>],
+    verdicts: &Verdicts,
+    rec: &[Vec<Verdict>],
     i: usize,
 ) -> RowKind {
     if lists.iter().any(|l| l.range(i).is_empty()) {
         return RowKind::Empty;
     }
     let mut strict = true;
-    for (l, v) in lists.iter().zip(verdicts) {
-        let verdict = match v {
+    for (k, l) in lists.iter().enumerate() {
+        let verdict = match &verdicts.cached[k] {
             Some(v) => v[i],
+            // `record_row` has just checked this row.
+            None if verdicts.record[k] => rec[k][rec[k].len() - 1],
             None => verdict_of(l, i),
         };
         match verdict {
@@ -243,20 +318,22 @@ fn row_is_null<O: OffsetSizeTrait, T: SetElem>(lists: &[IntLists<'_, O, T>], i: 
 
 fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'a, O, T>],
-    verdicts: &[Option<Arc<[Verdict]>>],
+    verdicts: &Verdicts,
     rows: Range<usize>,
     kernel: CpuKernelChoice,
-) -> ValuesOut<T> {
+) -> (ValuesOut<T>, Vec<Vec<Verdict>>) {
     let mut scratch: Scratch<'a, T> = Scratch::new();
+    let mut rec = verdicts.recorder(rows.len());
     let mut out = ValuesOut {
         values: Vec::new(),
         lengths: Vec::with_capacity(rows.len()),
         validity: None,
     };
     for i in rows {
+        verdicts.record_row(lists, &mut rec, i);
         let before = out.values.len();
         if !row_is_null(lists, i) {
-            match classify(lists, verdicts, i) {
+            match classify(lists, verdicts, &rec, i) {
                 RowKind::Empty => {}
                 RowKind::Sorted { strict } => {
                     sorted_row(
@@ -287,30 +364,36 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
         }
         out.lengths.push(after - before);
     }
-    out
+    (out, rec)
 }
 
 fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'a, O, T>],
-    verdicts: &[Option<Arc<[Verdict]>>],
+    verdicts: &Verdicts,
     rows: Range<usize>,
     kernel: CpuKernelChoice,
-) -> Vec<u64> {
+) -> (Vec<u64>, Vec<Vec<Verdict>>) {
     let mut scratch: Scratch<'a, T> = Scratch::new();
-    rows.map(|i| {
-        if row_is_null(lists, i) {
-            return 0;
-        }
-        (match classify(lists, verdicts, i) {
-            RowKind::Empty => 0,
-            RowKind::Sorted { strict } => sorted_row(lists, i, strict, kernel, &mut scratch, None),
-            RowKind::General => {
-                general_row(lists, i, &mut scratch);
-                scratch.opt_out.len()
+    let mut rec = verdicts.recorder(rows.len());
+    let counts = rows
+        .map(|i| {
+            verdicts.record_row(lists, &mut rec, i);
+            if row_is_null(lists, i) {
+                return 0;
             }
-        }) as u64
-    })
-    .collect()
+            (match classify(lists, verdicts, &rec, i) {
+                RowKind::Empty => 0,
+                RowKind::Sorted { strict } => {
+                    sorted_row(lists, i, strict, kernel, &mut scratch, None)
+                }
+                RowKind::General => {
+                    general_row(lists, i, &mut scratch);
+                    scratch.opt_out.len()
+                }
+            }) as u64
+        })
+        .collect();
+    (counts, rec)
 }
 
 /// Row ranges of about equal value counts, one per task, or the whole batch when it is too
@@ -353,15 +436,18 @@ pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
     if let Some(out) = crate::backend::gpu::rows::try_values(lists, opts) {
         return out;
     }
-    let verdicts: Vec<_> = lists.iter().map(cached_verdicts).collect();
+    let verdicts = Verdicts::look_up(lists);
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
-        return values_chunk(lists, &verdicts, ranges[0].clone(), opts.kernel);
+        let (out, rec) = values_chunk(lists, &verdicts, ranges[0].clone(), opts.kernel);
+        verdicts.store(lists, vec![rec]);
+        return out;
     }
-    let parts: Vec<ValuesOut<T>> = ranges
+    let (parts, recs): (Vec<ValuesOut<T>>, Vec<_>) = ranges
         .into_par_iter()
         .map(|r| values_chunk(lists, &verdicts, r, opts.kernel))
-        .collect();
+        .unzip();
+    verdicts.store(lists, recs);
     let total: usize = parts.iter().map(|p| p.values.len()).sum();
     let any_nulls = parts.iter().any(|p| p.validity.is_some());
     let mut out = ValuesOut {
@@ -390,15 +476,18 @@ pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
     if let Some(out) = crate::backend::gpu::rows::try_counts(lists, opts) {
         return out;
     }
-    let verdicts: Vec<_> = lists.iter().map(cached_verdicts).collect();
+    let verdicts = Verdicts::look_up(lists);
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
-        return count_chunk(lists, &verdicts, ranges[0].clone(), opts.kernel);
+        let (out, rec) = count_chunk(lists, &verdicts, ranges[0].clone(), opts.kernel);
+        verdicts.store(lists, vec![rec]);
+        return out;
     }
-    let parts: Vec<Vec<u64>> = ranges
+    let (parts, recs): (Vec<Vec<u64>>, Vec<_>) = ranges
         .into_par_iter()
         .map(|r| count_chunk(lists, &verdicts, r, opts.kernel))
-        .collect();
+        .unzip();
+    verdicts.store(lists, recs);
     parts.concat()
 }
 
@@ -409,9 +498,9 @@ pub(crate) fn cpu_values_rows<O: OffsetSizeTrait, T: SetElem>(
     rows: &[usize],
     opts: &EngineOptions,
 ) -> Vec<ValuesOut<T>> {
-    let verdicts = vec![None; lists.len()];
+    let verdicts = Verdicts::unchecked(lists.len());
     rows.iter()
-        .map(|&i| values_chunk(lists, &verdicts, i..i + 1, opts.kernel))
+        .map(|&i| values_chunk(lists, &verdicts, i..i + 1, opts.kernel).0)
         .collect()
 }
 
@@ -421,8 +510,86 @@ pub(crate) fn cpu_counts_rows<O: OffsetSizeTrait, T: SetElem>(
     rows: &[usize],
     opts: &EngineOptions,
 ) -> Vec<u64> {
-    let verdicts = vec![None; lists.len()];
+    let verdicts = Verdicts::unchecked(lists.len());
     rows.iter()
-        .map(|&i| count_chunk(lists, &verdicts, i..i + 1, opts.kernel)[0])
+        .map(|&i| count_chunk(lists, &verdicts, i..i + 1, opts.kernel).0[0])
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int32Array, ListArray};
+    use datafusion::arrow::buffer::OffsetBuffer;
+    use datafusion::arrow::datatypes::{DataType, Field, Int32Type};
+
+    use super::*;
+
+    /// `rows` rows of 400 values each: strictly increasing (r % 3 == 0), sorted with
+    /// duplicates (1) and unsorted (2); every 7th row empty.
+    fn column(rows: usize, shift: i32) -> ListArray {
+        let (mut values, mut lengths) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            let base: Vec<i32> = if r % 7 == 0 {
+                Vec::new()
+            } else {
+                (0..400).map(|k| k * 3 + shift + r as i32).collect()
+            };
+            lengths.push(base.len());
+            match r % 3 {
+                0 => values.extend(base),
+                1 => values.extend(base.iter().map(|v| v / 4)),
+                _ => values.extend(base.iter().rev()),
+            }
+        }
+        ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Int32, true)),
+            OffsetBuffer::from_lengths(lengths),
+            Arc::new(Int32Array::from(values)),
+            None,
+        )
+    }
+
+    /// A cache miss checks rows as the chunks read them and stores what it saw: the stored
+    /// verdicts are the checked ones (every row, in order, also across parallel chunks), the
+    /// next call hits, and the results of the recording call, the hitting call and a call
+    /// that checks everything itself are identical.
+    #[test]
+    fn verdicts_recorded_during_the_kernel_pass_are_stored_and_reused() {
+        for parallel_min_values in [0, 1000] {
+            let (a, b) = (column(500, 0), column(500, 1));
+            let la = IntLists::<i32, i32>::new::<Int32Type>(&a);
+            let lb = IntLists::<i32, i32>::new::<Int32Type>(&b);
+            let lists = [la, lb];
+            let opts = EngineOptions {
+                kernel: CpuKernelChoice::Auto,
+                parallel_min_values,
+                backend: BackendChoice::Cpu,
+            };
+            let reference = values_chunk(
+                &lists,
+                &Verdicts::unchecked(2),
+                0..500,
+                CpuKernelChoice::Auto,
+            )
+            .0;
+            let first = intersect_values(&lists, &opts);
+            for l in &lists {
+                let Lookup::Hit(v) = lookup_verdicts(l) else {
+                    panic!("the first call must store the verdicts");
+                };
+                assert_eq!(v.len(), 500);
+                for (i, got) in v.iter().enumerate() {
+                    assert_eq!(*got, verdict_of(l, i), "row {i}");
+                }
+            }
+            let again = intersect_values(&lists, &opts);
+            let counts = intersect_counts(&lists, &opts);
+            for out in [&first, &again] {
+                assert_eq!(out.values, reference.values);
+                assert_eq!(out.lengths, reference.lengths);
+            }
+            let want: Vec<u64> = reference.lengths.iter().map(|&n| n as u64).collect();
+            assert_eq!(counts, want);
+        }
+    }
 }

@@ -75,39 +75,55 @@ pub fn verdict_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>, i: 
     }
 }
 
-/// Verdicts of every row of `list`, from the cache when the column is large enough to be
-/// worth it; `None` for small columns (check rows as they come).
-pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(
-    list: &IntLists<'_, O, T>,
-) -> Option<Arc<[Verdict]>> {
+/// What the cache holds for a column.
+pub enum Lookup {
+    /// Every row's verdict, computed by an earlier query over the same buffers.
+    Hit(Arc<[Verdict]>),
+    /// Not cached yet, but large enough to be: the caller checks the rows as it reads them
+    /// (while they are in cache for its kernel) and hands the verdicts to [`store_verdicts`].
+    Miss,
+    /// Too small to be worth caching: check rows as they come.
+    Small,
+}
+
+/// Look `list`'s verdicts up.
+pub fn lookup_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> Lookup {
     if list.total_values() < CACHE_MIN_VALUES {
-        return None;
+        return Lookup::Small;
     }
+    let (_, key) = key_of(list);
+    let Ok(mut cache) = CACHE.lock() else {
+        return Lookup::Small;
+    };
+    cache.clock += 1;
+    let now = cache.clock;
+    // Entries whose buffers only the cache still holds belong to dropped data.
+    cache
+        .entries
+        .retain(|e| e.pins.iter().any(|b| b.strong_count() > 1));
+    if let Some(e) = cache.entries.iter_mut().find(|e| e.key == key) {
+        e.last_used = now;
+        let verdicts = Arc::clone(&e.verdicts);
+        cache.hits += 1;
+        return Lookup::Hit(verdicts);
+    }
+    cache.misses += 1;
+    Lookup::Miss
+}
+
+/// Cache the verdicts of every row of `list` (one per row, in row order), computed by the
+/// caller after a [`Lookup::Miss`]. A concurrent query that stored them first wins.
+pub fn store_verdicts<O: OffsetSizeTrait, T: SetElem>(
+    list: &IntLists<'_, O, T>,
+    verdicts: Vec<Verdict>,
+) -> Arc<[Verdict]> {
+    debug_assert_eq!(verdicts.len(), list.len());
+    let verdicts: Arc<[Verdict]> = verdicts.into();
     let (pins, key) = key_of(list);
-    {
-        let mut cache = CACHE.lock().ok()?;
-        cache.clock += 1;
-        let now = cache.clock;
-        // Entries whose buffers only the cache still holds belong to dropped data.
-        cache
-            .entries
-            .retain(|e| e.pins.iter().any(|b| b.strong_count() > 1));
-        if let Some(e) = cache.entries.iter_mut().find(|e| e.key == key) {
-            e.last_used = now;
-            let verdicts = Arc::clone(&e.verdicts);
-            cache.hits += 1;
-            return Some(verdicts);
-        }
-        cache.misses += 1;
-    }
-    let rows = list.len();
-    let verdicts: Arc<[Verdict]> = (0..rows)
-        .into_par_iter()
-        .with_min_len(ROWS_PER_TASK)
-        .map(|i| verdict_of(list, i))
-        .collect::<Vec<_>>()
-        .into();
     if let Ok(mut cache) = CACHE.lock() {
+        if let Some(e) = cache.entries.iter().find(|e| e.key == key) {
+            return Arc::clone(&e.verdicts);
+        }
         if cache.entries.len() >= CACHE_ENTRIES
             && let Some(oldest) = cache
                 .entries
@@ -126,7 +142,26 @@ pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(
             last_used,
         });
     }
-    Some(verdicts)
+    verdicts
+}
+
+/// Verdicts of every row of `list`, from the cache when the column is large enough to be
+/// worth it (computed in parallel and stored on a miss); `None` for small columns.
+pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(
+    list: &IntLists<'_, O, T>,
+) -> Option<Arc<[Verdict]>> {
+    match lookup_verdicts(list) {
+        Lookup::Hit(v) => Some(v),
+        Lookup::Small => None,
+        Lookup::Miss => {
+            let verdicts = (0..list.len())
+                .into_par_iter()
+                .with_min_len(ROWS_PER_TASK)
+                .map(|i| verdict_of(list, i))
+                .collect::<Vec<_>>();
+            Some(store_verdicts(list, verdicts))
+        }
+    }
 }
 
 fn key_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> (Vec<Buffer>, Key) {
