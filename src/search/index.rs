@@ -1,0 +1,351 @@
+//! The inverted index: its Arrow form (one row per term, the table `bm25_index` returns and
+//! users store as Parquet) and its in-memory form (CSR over all postings) that queries run on.
+//!
+//! Arrow schema, one row per term, rows sorted by term:
+//!
+//! | column | type | meaning |
+//! | --- | --- | --- |
+//! | `term` | Utf8 | the term (after tokenization) |
+//! | `doc_ids` | List<UInt32> | documents holding it, strictly increasing |
+//! | `tfs` | List<UInt32> | its count in each of those documents |
+//! | `doc_lens` | List<UInt32> | each of those documents' length in terms |
+//! | `static_scores` | List<Float64> | each document's static score (only when one was given) |
+//! | `n_docs` | UInt64 | documents in the corpus (every row the same) |
+//! | `total_len` | UInt64 | terms in the corpus (every row the same; avgdl = total_len / n_docs) |
+//! | `tokenizer` | Utf8 | the tokenizer options the documents were indexed with |
+//!
+//! Document lengths (and static scores) ride along with each posting so one table holds
+//! everything a ranking needs, and a postings list read from Parquet is scored without a join.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, ListArray, RecordBatch, StringArray, UInt32Array,
+    UInt64Array,
+};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::datatypes::{
+    DataType, Field, Float64Type, Schema, SchemaRef, UInt32Type, UInt64Type,
+};
+use datafusion::common::{Result, exec_err, plan_err};
+
+use super::tokenize::TokenizerOptions;
+
+/// The in-memory index: postings of all terms in one CSR layout.
+#[derive(Debug)]
+pub struct InvertedIndex {
+    term_ids: HashMap<String, u32>,
+    /// Postings of term `t`: `offsets[t]..offsets[t + 1]`.
+    offsets: Vec<usize>,
+    docs: Vec<u32>,
+    tfs: Vec<u32>,
+    lens: Vec<u32>,
+    statics: Option<Vec<f64>>,
+    n_docs: u64,
+    total_len: u64,
+    tokenizer: TokenizerOptions,
+}
+
+/// One document to index: its id, its terms (repeats count) and its static score.
+pub struct IndexedDoc<'a> {
+    pub id: u32,
+    pub terms: Vec<&'a str>,
+    pub static_score: Option<f64>,
+}
+
+/// The Arrow schema of an index table.
+pub fn index_schema(with_static: bool) -> SchemaRef {
+    let list = |t: DataType| DataType::List(Arc::new(Field::new_list_field(t, false)));
+    let mut fields = vec![
+        Field::new("term", DataType::Utf8, false),
+        Field::new("doc_ids", list(DataType::UInt32), false),
+        Field::new("tfs", list(DataType::UInt32), false),
+        Field::new("doc_lens", list(DataType::UInt32), false),
+    ];
+    if with_static {
+        fields.push(Field::new("static_scores", list(DataType::Float64), false));
+    }
+    fields.extend([
+        Field::new("n_docs", DataType::UInt64, false),
+        Field::new("total_len", DataType::UInt64, false),
+        Field::new("tokenizer", DataType::Utf8, false),
+    ]);
+    Arc::new(Schema::new(fields))
+}
+
+impl InvertedIndex {
+    /// Index `docs` (ids must be distinct; the caller checks).
+    pub fn build(docs: &[IndexedDoc<'_>], tokenizer: TokenizerOptions, with_static: bool) -> Self {
+        // term -> postings (doc position, tf)
+        let mut by_term: HashMap<&str, Vec<(u32, u32)>> = HashMap::new();
+        let mut order: Vec<usize> = (0..docs.len()).collect();
+        order.sort_unstable_by_key(|&i| docs[i].id);
+        let mut counts: HashMap<&str, u32> = HashMap::new();
+        let mut total_len = 0u64;
+        for &i in &order {
+            counts.clear();
+            for t in &docs[i].terms {
+                *counts.entry(t).or_default() += 1;
+            }
+            total_len += docs[i].terms.len() as u64;
+            for (t, tf) in counts.drain() {
+                by_term.entry(t).or_default().push((i as u32, tf));
+            }
+        }
+        let mut terms: Vec<&str> = by_term.keys().copied().collect();
+        terms.sort_unstable();
+        let mut index = Self {
+            term_ids: HashMap::with_capacity(terms.len()),
+            offsets: vec![0],
+            docs: Vec::new(),
+            tfs: Vec::new(),
+            lens: Vec::new(),
+            statics: with_static.then(Vec::new),
+            n_docs: docs.len() as u64,
+            total_len,
+            tokenizer,
+        };
+        for (t, term) in terms.iter().enumerate() {
+            index.term_ids.insert(term.to_string(), t as u32);
+            for &(i, tf) in &by_term[term] {
+                let d = &docs[i as usize];
+                index.docs.push(d.id);
+                index.tfs.push(tf);
+                index.lens.push(d.terms.len() as u32);
+                if let Some(s) = &mut index.statics {
+                    s.push(d.static_score.unwrap_or(0.0));
+                }
+            }
+            index.offsets.push(index.docs.len());
+        }
+        index
+    }
+
+    /// The index as one record batch of [`index_schema`].
+    pub fn to_batch(&self) -> Result<RecordBatch> {
+        let mut terms: Vec<(&str, u32)> = self
+            .term_ids
+            .iter()
+            .map(|(k, &v)| (k.as_str(), v))
+            .collect();
+        terms.sort_unstable_by_key(|&(_, t)| t);
+        let n = terms.len();
+        let offsets = OffsetBuffer::from_lengths(terms.iter().map(|&(_, t)| self.postings_len(t)));
+        let order: Vec<usize> = terms
+            .iter()
+            .flat_map(|&(_, t)| self.offsets[t as usize]..self.offsets[t as usize + 1])
+            .collect();
+        let list_u32 = |v: &[u32]| -> ArrayRef {
+            Arc::new(ListArray::new(
+                Arc::new(Field::new_list_field(DataType::UInt32, false)),
+                offsets.clone(),
+                Arc::new(UInt32Array::from_iter_values(order.iter().map(|&p| v[p]))),
+                None,
+            ))
+        };
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(terms.iter().map(|&(s, _)| s))),
+            list_u32(&self.docs),
+            list_u32(&self.tfs),
+            list_u32(&self.lens),
+        ];
+        if let Some(s) = &self.statics {
+            columns.push(Arc::new(ListArray::new(
+                Arc::new(Field::new_list_field(DataType::Float64, false)),
+                offsets.clone(),
+                Arc::new(Float64Array::from_iter_values(order.iter().map(|&p| s[p]))),
+                None,
+            )));
+        }
+        columns.push(Arc::new(UInt64Array::from_value(self.n_docs, n)));
+        columns.push(Arc::new(UInt64Array::from_value(self.total_len, n)));
+        let tok = self.tokenizer.to_string();
+        columns.push(Arc::new(StringArray::from_iter_values(
+            std::iter::repeat_n(tok.as_str(), n),
+        )));
+        Ok(RecordBatch::try_new(
+            index_schema(self.statics.is_some()),
+            columns,
+        )?)
+    }
+
+    /// Load an index from the batches of an index table (any batch split, any row order).
+    /// `who` and `table` name the caller and the table in errors.
+    pub fn from_batches(batches: &[RecordBatch], who: &str, table: &str) -> Result<Self> {
+        let not_index = |why: String| {
+            plan_err!(
+                "{who}: table '{table}' is not a BM25 index ({why}); build one with bm25_index('docs', 'id', 'text')"
+            )
+        };
+        let Some(first) = batches.first() else {
+            return Ok(Self::empty());
+        };
+        let schema = first.schema();
+        let with_static = schema.column_with_name("static_scores").is_some();
+        for f in index_schema(with_static).fields() {
+            match schema.column_with_name(f.name()) {
+                None => return not_index(format!("no column '{}'", f.name())),
+                Some((_, got)) if !same_shape(got.data_type(), f.data_type()) => {
+                    return not_index(format!(
+                        "column '{}' is {}, expected {}",
+                        f.name(),
+                        got.data_type(),
+                        f.data_type()
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let mut index = Self {
+            statics: with_static.then(Vec::new),
+            ..Self::empty()
+        };
+        let mut tokenizer: Option<String> = None;
+        let mut stats: Option<(u64, u64)> = None;
+        for batch in batches {
+            let col = |name: &str| batch.column(batch.schema().index_of(name).unwrap()).clone();
+            let terms = cast_utf8(&col("term"))?;
+            let docs = col("doc_ids");
+            let docs = docs.as_list::<i32>();
+            let tfs = col("tfs");
+            let tfs = tfs.as_list::<i32>();
+            let lens = col("doc_lens");
+            let lens = lens.as_list::<i32>();
+            let statics = with_static.then(|| col("static_scores"));
+            let n_docs = col("n_docs");
+            let n_docs = n_docs.as_primitive::<UInt64Type>();
+            let total = col("total_len");
+            let total = total.as_primitive::<UInt64Type>();
+            let toks = cast_utf8(&col("tokenizer"))?;
+            for r in 0..batch.num_rows() {
+                if terms.is_null(r) || docs.is_null(r) || tfs.is_null(r) || lens.is_null(r) {
+                    return not_index(format!("NULL in row {r}"));
+                }
+                let term = terms.value(r);
+                let d = docs.value(r);
+                let d = d.as_primitive::<UInt32Type>();
+                let f = tfs.value(r);
+                let f = f.as_primitive::<UInt32Type>();
+                let l = lens.value(r);
+                let l = l.as_primitive::<UInt32Type>();
+                if d.len() != f.len()
+                    || d.len() != l.len()
+                    || d.null_count() + f.null_count() + l.null_count() > 0
+                {
+                    return not_index(format!(
+                        "term '{term}': doc_ids, tfs and doc_lens differ in length or hold NULLs"
+                    ));
+                }
+                if d.values().windows(2).any(|w| w[0] >= w[1]) {
+                    return not_index(format!("term '{term}': doc_ids not strictly increasing"));
+                }
+                let row_stats = (n_docs.value(r), total.value(r));
+                if *stats.get_or_insert(row_stats) != row_stats {
+                    return not_index("n_docs / total_len differ between rows".into());
+                }
+                let tok = toks.value(r);
+                if tokenizer.get_or_insert_with(|| tok.to_string()) != tok {
+                    return not_index("tokenizer differs between rows".into());
+                }
+                let t = index.offsets.len() as u32 - 1;
+                if index.term_ids.insert(term.to_string(), t).is_some() {
+                    return not_index(format!("term '{term}' appears twice"));
+                }
+                index.docs.extend_from_slice(d.values());
+                index.tfs.extend_from_slice(f.values());
+                index.lens.extend_from_slice(l.values());
+                if let (Some(dst), Some(s)) = (&mut index.statics, &statics) {
+                    let s = s.as_list::<i32>().value(r);
+                    let s = s.as_primitive::<Float64Type>();
+                    if s.len() != d.len() || s.null_count() > 0 {
+                        return not_index(format!(
+                            "term '{term}': static_scores differ in length or hold NULLs"
+                        ));
+                    }
+                    dst.extend_from_slice(s.values());
+                }
+                index.offsets.push(index.docs.len());
+            }
+        }
+        let (n_docs, total_len) = stats.unwrap_or((0, 0));
+        index.n_docs = n_docs;
+        index.total_len = total_len;
+        if let Some(t) = tokenizer {
+            index.tokenizer = TokenizerOptions::parse(&t, who)?;
+        }
+        if index.tfs.contains(&0) {
+            return exec_err!("{who}: table '{table}' has a zero term frequency");
+        }
+        Ok(index)
+    }
+
+    fn empty() -> Self {
+        Self {
+            term_ids: HashMap::new(),
+            offsets: vec![0],
+            docs: Vec::new(),
+            tfs: Vec::new(),
+            lens: Vec::new(),
+            statics: None,
+            n_docs: 0,
+            total_len: 0,
+            tokenizer: TokenizerOptions::default(),
+        }
+    }
+
+    pub fn term_id(&self, term: &str) -> Option<u32> {
+        self.term_ids.get(term).copied()
+    }
+    pub fn terms(&self) -> usize {
+        self.offsets.len() - 1
+    }
+    pub fn postings_len(&self, t: u32) -> usize {
+        self.offsets[t as usize + 1] - self.offsets[t as usize]
+    }
+    pub fn range(&self, t: u32) -> std::ops::Range<usize> {
+        self.offsets[t as usize]..self.offsets[t as usize + 1]
+    }
+    pub fn docs(&self) -> &[u32] {
+        &self.docs
+    }
+    pub fn tfs(&self) -> &[u32] {
+        &self.tfs
+    }
+    pub fn lens(&self) -> &[u32] {
+        &self.lens
+    }
+    pub fn statics(&self) -> Option<&[f64]> {
+        self.statics.as_deref()
+    }
+    pub fn n_docs(&self) -> u64 {
+        self.n_docs
+    }
+    pub fn total_len(&self) -> u64 {
+        self.total_len
+    }
+    pub fn tokenizer(&self) -> TokenizerOptions {
+        self.tokenizer
+    }
+    /// Bytes held (for memory accounting).
+    pub fn size_bytes(&self) -> usize {
+        self.docs.len() * 12
+            + self.statics.as_ref().map_or(0, |s| s.len() * 8)
+            + self.offsets.len() * 8
+            + self.term_ids.keys().map(|k| k.len() + 32).sum::<usize>()
+    }
+}
+
+/// Whether two types match up to list field names/nullability and string flavour.
+fn same_shape(got: &DataType, want: &DataType) -> bool {
+    match (got, want) {
+        (DataType::List(a), DataType::List(b)) => a.data_type() == b.data_type(),
+        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Utf8) => true,
+        (a, b) => a == b,
+    }
+}
+
+fn cast_utf8(a: &ArrayRef) -> Result<StringArray> {
+    let c = datafusion::arrow::compute::cast(a, &DataType::Utf8)?;
+    Ok(c.as_string::<i32>().clone())
+}

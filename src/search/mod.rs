@@ -1,0 +1,8 @@
+//! BM25 ranking over an inverted index stored as an Arrow table: tokenizer, index (Arrow and
+//! in-memory forms), scoring, the top-k evaluators, and the loaded-index cache the SQL
+//! functions share.
+
+pub mod index;
+pub mod scoring;
+pub mod tokenize;
+pub mod topk;

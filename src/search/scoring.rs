@@ -1,0 +1,120 @@
+//! BM25 with the parameters of one query: every posting's term score ("impact") computed
+//! once, with per-term and per-block maxima for the pruning bounds.
+//!
+//! For a query q (its distinct terms) and a document d:
+//!
+//! ```text
+//! BM25(d, q)  = Σ_{t ∈ q ∩ d} idf(t) · tf(t,d) · (k1 + 1) / (tf(t,d) + k1 · (1 − b + b · |d| / avgdl))
+//! idf(t)      = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))
+//! S(d, q)     = α · static(d) + (1 − α) · BM25(d, q)      (when the index has static scores)
+//! ```
+//!
+//! N documents, n(t) of them holding t, avgdl = total terms / N: Lucene's and tantivy's
+//! BM25 (tantivy quantizes |d|; this is exact). The sum runs over the query's distinct terms
+//! in ascending term-id order, always, so every algorithm (pruned, exhaustive, CPU, GPU)
+//! adds the same f64 values in the same order and gets the same bits.
+
+use super::index::InvertedIndex;
+
+/// Postings per skipping block.
+pub const BLOCK: usize = 64;
+
+/// BM25's parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bm25Params {
+    pub k1: f64,
+    pub b: f64,
+    /// Weight of the static score (ignored when the index has none).
+    pub alpha: f64,
+}
+
+impl Default for Bm25Params {
+    fn default() -> Self {
+        Self {
+            k1: 1.2,
+            b: 0.75,
+            alpha: 0.3,
+        }
+    }
+}
+
+/// An index with the impacts of one parameter set.
+#[derive(Debug)]
+pub struct Scored {
+    pub params: Bm25Params,
+    /// Impact of every posting (same positions as the index's postings).
+    pub impacts: Vec<f64>,
+    /// Largest impact of each block of [`BLOCK`] postings of each term: block `j` of term
+    /// `t` is `block_start[t] + j`.
+    pub block_max: Vec<f64>,
+    pub block_start: Vec<usize>,
+    /// Largest impact of each term.
+    pub term_max: Vec<f64>,
+    /// Largest static score over all documents (0 without static scores).
+    pub static_max: f64,
+    /// Weighted static score of every posting, `α · static`, or empty.
+    pub weighted_static: Vec<f64>,
+}
+
+/// The idf of a term held by `n` of `n_docs` documents.
+pub fn idf(n_docs: u64, n: u64) -> f64 {
+    let (big_n, n) = (n_docs as f64, n as f64);
+    (1.0 + (big_n - n + 0.5) / (n + 0.5)).ln()
+}
+
+impl Scored {
+    pub fn new(index: &InvertedIndex, params: Bm25Params) -> Self {
+        let avgdl = if index.n_docs() == 0 {
+            1.0
+        } else {
+            (index.total_len() as f64 / index.n_docs() as f64).max(f64::MIN_POSITIVE)
+        };
+        let bm25_weight = if index.statics().is_some() {
+            1.0 - params.alpha
+        } else {
+            1.0
+        };
+        let (k1, b) = (params.k1, params.b);
+        let mut impacts = vec![0.0; index.docs().len()];
+        let mut block_max = Vec::new();
+        let mut block_start = Vec::with_capacity(index.terms() + 1);
+        let mut term_max = Vec::with_capacity(index.terms());
+        for t in 0..index.terms() as u32 {
+            let r = index.range(t);
+            let w = bm25_weight * idf(index.n_docs(), r.len() as u64) * (k1 + 1.0);
+            for p in r.clone() {
+                let tf = index.tfs()[p] as f64;
+                let norm = k1 * (1.0 - b + b * index.lens()[p] as f64 / avgdl);
+                impacts[p] = w * tf / (tf + norm);
+            }
+            block_start.push(block_max.len());
+            let mut m = 0.0f64;
+            for chunk in impacts[r].chunks(BLOCK) {
+                let bm = chunk.iter().copied().fold(0.0, f64::max);
+                block_max.push(bm);
+                m = m.max(bm);
+            }
+            term_max.push(m);
+        }
+        block_start.push(block_max.len());
+        let weighted_static: Vec<f64> = index
+            .statics()
+            .map(|s| s.iter().map(|&v| params.alpha * v).collect())
+            .unwrap_or_default();
+        let static_max = weighted_static.iter().copied().fold(0.0, f64::max);
+        Self {
+            params,
+            impacts,
+            block_max,
+            block_start,
+            term_max,
+            static_max,
+            weighted_static,
+        }
+    }
+
+    /// The static part of a document's score, read at posting `p` (0 without static scores).
+    pub fn static_at(&self, p: usize) -> f64 {
+        self.weighted_static.get(p).copied().unwrap_or(0.0)
+    }
+}
