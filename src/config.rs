@@ -103,6 +103,12 @@ pub struct SetsConfig {
     /// Split a batch's rows across threads when it holds at least this many list values
     /// (0 disables intra-batch threading).
     pub parallel_min_values: usize,
+    /// BM25's k1 (term-frequency saturation), >= 0.
+    pub bm25_k1: f64,
+    /// BM25's b (length normalization), in [0, 1].
+    pub bm25_b: f64,
+    /// Weight of an index's static score: S = alpha * static + (1 - alpha) * BM25, in [0, 1].
+    pub bm25_alpha: f64,
 }
 
 impl Default for SetsConfig {
@@ -111,12 +117,18 @@ impl Default for SetsConfig {
             backend: BackendChoice::Auto,
             cpu_kernel: CpuKernelChoice::Auto,
             parallel_min_values: 1 << 18,
+            bm25_k1: 1.2,
+            bm25_b: 0.75,
+            bm25_alpha: 0.3,
         }
     }
 }
 
 const BACKEND_DOC: &str = "Device for set kernels: 'auto', 'cpu' or 'gpu'.";
 const CPU_KERNEL_DOC: &str = "CPU intersection kernel for sorted rows: 'auto' (hybrid) or one of 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'.";
+const BM25_K1_DOC: &str = "BM25 k1 (term-frequency saturation) for topk_bm25, >= 0.";
+const BM25_B_DOC: &str = "BM25 b (document-length normalization) for topk_bm25, in [0, 1].";
+const BM25_ALPHA_DOC: &str = "topk_bm25 over an index with static scores: score = alpha * static + (1 - alpha) * BM25; alpha in [0, 1].";
 const PARALLEL_DOC: &str =
     "Split a batch's rows across threads when it holds at least this many list values (0: never).";
 
@@ -138,8 +150,11 @@ impl ExtensionOptions for SetsConfig {
             "backend" => self.backend.set("", value),
             "cpu_kernel" => self.cpu_kernel.set("", value),
             "parallel_min_values" => self.parallel_min_values.set("", value),
+            "bm25_k1" => set_f64(&mut self.bm25_k1, key, value, 0.0, f64::MAX),
+            "bm25_b" => set_f64(&mut self.bm25_b, key, value, 0.0, 1.0),
+            "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha"
             ),
         }
     }
@@ -158,7 +173,28 @@ impl ExtensionOptions for SetsConfig {
                 self.parallel_min_values.to_string(),
                 PARALLEL_DOC,
             ),
+            entry("bm25_k1", self.bm25_k1.to_string(), BM25_K1_DOC),
+            entry("bm25_b", self.bm25_b.to_string(), BM25_B_DOC),
+            entry("bm25_alpha", self.bm25_alpha.to_string(), BM25_ALPHA_DOC),
         ]
+    }
+}
+
+/// Parse a finite float in `[lo, hi]` into `field`.
+fn set_f64(
+    field: &mut f64,
+    key: &str,
+    value: &str,
+    lo: f64,
+    hi: f64,
+) -> datafusion::common::Result<()> {
+    match value.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (lo..=hi).contains(&v) => {
+            *field = v;
+            Ok(())
+        }
+        _ if hi == f64::MAX => config_err!("sets.{key}: expected a number >= {lo}, got '{value}'"),
+        _ => config_err!("sets.{key}: expected a number in [{lo}, {hi}], got '{value}'"),
     }
 }
 

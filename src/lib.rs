@@ -32,6 +32,7 @@ pub mod functions;
 pub mod join;
 pub mod search;
 mod session;
+pub mod table_args;
 
 pub use config::SetsConfig;
 pub use functions::expr_fn;

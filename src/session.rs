@@ -3,15 +3,28 @@
 
 use std::sync::Arc;
 
-use datafusion::catalog::TableFunction;
+use datafusion::catalog::{MemoryCatalogProviderList, TableFunction, TableFunctionImpl};
 use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::config::SetsConfig;
+use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
 use crate::join::{SIMILARITY_JOIN, SimilarityJoinFunction};
+use crate::search::index_function::{BM25_INDEX, Bm25IndexFunction};
+use crate::search::topk_function::{TOPK_BM25, TopkBm25Function};
+
+/// The crate's table functions, by SQL name.
+fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
+    vec![
+        (SIMILARITY_JOIN, Arc::new(SimilarityJoinFunction)),
+        (BM25_INDEX, Arc::new(Bm25IndexFunction)),
+        (TOPK_BM25, Arc::new(TopkBm25Function)),
+    ]
+}
 
 /// Installs datafusion-sets into a [`SessionStateBuilder`].
 pub trait SessionStateBuilderExt {
@@ -42,19 +55,34 @@ impl SessionStateBuilderExt for SessionStateBuilder {
         } else {
             self = self.with_aggregate_functions(all_aggregate_functions());
         }
-        let join = Arc::new(TableFunction::new(
-            SIMILARITY_JOIN.into(),
-            Arc::new(SimilarityJoinFunction),
-        ));
-        self.table_functions()
-            .get_or_insert_with(Default::default)
-            .insert(SIMILARITY_JOIN.into(), join);
+        for (name, f) in table_functions() {
+            self.table_functions()
+                .get_or_insert_with(Default::default)
+                .insert(name.into(), Arc::new(TableFunction::new(name.into(), f)));
+        }
+        // `topk_bm25` reads index tables through the catalog and runtime the state will be
+        // built with: fix them now (the defaults `build()` would create otherwise).
+        let catalogs = self
+            .catalog_list()
+            .get_or_insert_with(|| Arc::new(MemoryCatalogProviderList::new()))
+            .clone();
+        let runtime = self
+            .runtime_env()
+            .get_or_insert_with(|| Arc::new(RuntimeEnv::default()))
+            .clone();
+        let topk = topk_bm25_udf(SessionHandle { catalogs, runtime });
+        if let Some(scalars) = self.scalar_functions() {
+            scalars.push(topk);
+        } else {
+            self = self.with_scalar_functions(vec![topk]);
+        }
         self
     }
 }
 
 /// Register every function of the crate into an existing registry (a `SessionContext` or a
-/// `SessionState`). The `sets.*` options are not installed this way: use [`register`] or
+/// `SessionState`). The `sets.*` options, the table functions and `topk_bm25` (which reads
+/// tables through the session's catalog) are not installed this way: use [`register`] or
 /// [`SessionStateBuilderExt::with_sets`] for those.
 pub fn register_all(registry: &mut dyn FunctionRegistry) -> Result<()> {
     for f in all_scalar_functions() {
@@ -66,8 +94,9 @@ pub fn register_all(registry: &mut dyn FunctionRegistry) -> Result<()> {
     Ok(())
 }
 
-/// Install datafusion-sets into a running [`SessionContext`]: functions, the
-/// `similarity_join` table function and configuration.
+/// Install datafusion-sets into a running [`SessionContext`]: functions (including
+/// `topk_bm25`, which needs the session's catalog), the table functions (`similarity_join`,
+/// `bm25_index`, `topk_bm25`) and configuration.
 pub fn register(ctx: &SessionContext) -> Result<()> {
     {
         let state = ctx.state_ref();
@@ -92,7 +121,15 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     for f in all_aggregate_functions() {
         ctx.register_udaf(f.as_ref().clone());
     }
-    ctx.register_udtf(SIMILARITY_JOIN, Arc::new(SimilarityJoinFunction));
+    for (name, f) in table_functions() {
+        ctx.register_udtf(name, f);
+    }
+    let state = ctx.state();
+    let topk = topk_bm25_udf(SessionHandle {
+        catalogs: Arc::clone(state.catalog_list()),
+        runtime: Arc::clone(state.runtime_env()),
+    });
+    ctx.register_udf(topk.as_ref().clone());
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod list_intersect_count;
 pub mod overlap;
 pub mod row_verdicts;
 pub mod set_similarity;
+pub mod topk_bm25;
 
 use std::sync::Arc;
 

@@ -30,7 +30,7 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::common::{Result, exec_err, plan_err};
 
-use super::tokenize::TokenizerOptions;
+use super::tokenize::{Tokenizer, TokenizerOptions};
 
 /// The in-memory index: postings of all terms in one CSR layout.
 #[derive(Debug)]
@@ -77,49 +77,11 @@ pub fn index_schema(with_static: bool) -> SchemaRef {
 impl InvertedIndex {
     /// Index `docs` (ids must be distinct; the caller checks).
     pub fn build(docs: &[IndexedDoc<'_>], tokenizer: TokenizerOptions, with_static: bool) -> Self {
-        // term -> postings (doc position, tf)
-        let mut by_term: HashMap<&str, Vec<(u32, u32)>> = HashMap::new();
-        let mut order: Vec<usize> = (0..docs.len()).collect();
-        order.sort_unstable_by_key(|&i| docs[i].id);
-        let mut counts: HashMap<&str, u32> = HashMap::new();
-        let mut total_len = 0u64;
-        for &i in &order {
-            counts.clear();
-            for t in &docs[i].terms {
-                *counts.entry(t).or_default() += 1;
-            }
-            total_len += docs[i].terms.len() as u64;
-            for (t, tf) in counts.drain() {
-                by_term.entry(t).or_default().push((i as u32, tf));
-            }
+        let mut b = IndexBuilder::new(tokenizer, with_static);
+        for d in docs {
+            b.add_terms(d.id, d.terms.iter().copied(), d.static_score);
         }
-        let mut terms: Vec<&str> = by_term.keys().copied().collect();
-        terms.sort_unstable();
-        let mut index = Self {
-            term_ids: HashMap::with_capacity(terms.len()),
-            offsets: vec![0],
-            docs: Vec::new(),
-            tfs: Vec::new(),
-            lens: Vec::new(),
-            statics: with_static.then(Vec::new),
-            n_docs: docs.len() as u64,
-            total_len,
-            tokenizer,
-        };
-        for (t, term) in terms.iter().enumerate() {
-            index.term_ids.insert(term.to_string(), t as u32);
-            for &(i, tf) in &by_term[term] {
-                let d = &docs[i as usize];
-                index.docs.push(d.id);
-                index.tfs.push(tf);
-                index.lens.push(d.terms.len() as u32);
-                if let Some(s) = &mut index.statics {
-                    s.push(d.static_score.unwrap_or(0.0));
-                }
-            }
-            index.offsets.push(index.docs.len());
-        }
-        index
+        b.finish()
     }
 
     /// The index as one record batch of [`index_schema`].
@@ -333,6 +295,142 @@ impl InvertedIndex {
             + self.statics.as_ref().map_or(0, |s| s.len() * 8)
             + self.offsets.len() * 8
             + self.term_ids.keys().map(|k| k.len() + 32).sum::<usize>()
+    }
+}
+
+/// Builds an [`InvertedIndex`] one document at a time (any id order; ids distinct).
+pub struct IndexBuilder {
+    tokenizer: TokenizerOptions,
+    term_ids: HashMap<String, u32>,
+    /// Per term: (doc id, tf, doc length, static score).
+    postings: Vec<Vec<(u32, u32, u32, f64)>>,
+    with_static: bool,
+    n_docs: u64,
+    total_len: u64,
+    counts: HashMap<u32, u32>,
+    doc_terms: Vec<u32>,
+}
+
+impl IndexBuilder {
+    pub fn new(tokenizer: TokenizerOptions, with_static: bool) -> Self {
+        Self {
+            tokenizer,
+            term_ids: HashMap::new(),
+            postings: Vec::new(),
+            with_static,
+            n_docs: 0,
+            total_len: 0,
+            counts: HashMap::new(),
+            doc_terms: Vec::new(),
+        }
+    }
+
+    /// Add a document given as its terms (repeats count).
+    pub fn add_terms<'t>(
+        &mut self,
+        id: u32,
+        terms: impl IntoIterator<Item = &'t str>,
+        static_score: Option<f64>,
+    ) {
+        self.doc_terms.clear();
+        for t in terms {
+            let next = self.term_ids.len() as u32;
+            let tid = *self.term_ids.entry(t.to_string()).or_insert(next);
+            if tid == next {
+                self.postings.push(Vec::new());
+            }
+            self.doc_terms.push(tid);
+        }
+        self.finish_doc(id, static_score);
+    }
+
+    /// Add a document given as text (`None`: a NULL text, an empty document).
+    pub fn add_text(
+        &mut self,
+        tokenizer: &mut Tokenizer,
+        id: u32,
+        text: Option<&str>,
+        static_score: Option<f64>,
+    ) {
+        self.doc_terms.clear();
+        if let Some(text) = text {
+            let (term_ids, postings, doc_terms) =
+                (&mut self.term_ids, &mut self.postings, &mut self.doc_terms);
+            tokenizer.for_each_term(text, |t| {
+                let tid = match term_ids.get(t) {
+                    Some(&tid) => tid,
+                    None => {
+                        let tid = term_ids.len() as u32;
+                        term_ids.insert(t.to_string(), tid);
+                        postings.push(Vec::new());
+                        tid
+                    }
+                };
+                doc_terms.push(tid);
+            });
+        }
+        self.finish_doc(id, static_score);
+    }
+
+    fn finish_doc(&mut self, id: u32, static_score: Option<f64>) {
+        self.n_docs += 1;
+        let len = self.doc_terms.len() as u32;
+        self.total_len += len as u64;
+        self.counts.clear();
+        for &t in &self.doc_terms {
+            *self.counts.entry(t).or_default() += 1;
+        }
+        let s = static_score.unwrap_or(0.0);
+        for (&t, &tf) in &self.counts {
+            self.postings[t as usize].push((id, tf, len, s));
+        }
+    }
+
+    /// Number of documents added.
+    pub fn docs(&self) -> u64 {
+        self.n_docs
+    }
+
+    /// Bytes held so far (an estimate for memory accounting).
+    pub fn size_bytes(&self) -> usize {
+        self.postings
+            .iter()
+            .map(|p| p.capacity() * 24 + 24)
+            .sum::<usize>()
+            + self.term_ids.keys().map(|k| k.len() + 40).sum::<usize>()
+    }
+
+    pub fn finish(mut self) -> InvertedIndex {
+        let mut terms: Vec<(String, u32)> = self.term_ids.drain().collect();
+        terms.sort_unstable();
+        let total: usize = self.postings.iter().map(Vec::len).sum();
+        let mut index = InvertedIndex {
+            term_ids: HashMap::with_capacity(terms.len()),
+            offsets: Vec::with_capacity(terms.len() + 1),
+            docs: Vec::with_capacity(total),
+            tfs: Vec::with_capacity(total),
+            lens: Vec::with_capacity(total),
+            statics: self.with_static.then(|| Vec::with_capacity(total)),
+            n_docs: self.n_docs,
+            total_len: self.total_len,
+            tokenizer: self.tokenizer,
+        };
+        index.offsets.push(0);
+        for (new_id, (term, old)) in terms.into_iter().enumerate() {
+            let mut p = std::mem::take(&mut self.postings[old as usize]);
+            p.sort_unstable_by_key(|e| e.0);
+            for (d, tf, len, s) in p {
+                index.docs.push(d);
+                index.tfs.push(tf);
+                index.lens.push(len);
+                if let Some(st) = &mut index.statics {
+                    st.push(s);
+                }
+            }
+            index.offsets.push(index.docs.len());
+            index.term_ids.insert(term, new_id as u32);
+        }
+        index
     }
 }
 

@@ -3,6 +3,10 @@
 //! functions share.
 
 pub mod index;
+pub mod index_function;
+pub mod loaded;
+pub mod rank;
 pub mod scoring;
 pub mod tokenize;
 pub mod topk;
+pub mod topk_function;

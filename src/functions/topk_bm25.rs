@@ -1,0 +1,221 @@
+//! `topk_bm25(index, query, k [, mode])`: BM25 top-k of a column of queries, a whole batch
+//! of queries evaluated together (in parallel on the CPU).
+//!
+//! An async scalar function: the index table is read (once, then cached; see
+//! `search::loaded`) through the session's catalog, which a plain scalar function cannot
+//! reach. The function therefore carries a handle to the session's catalog and runtime,
+//! given when it is installed with `register(&ctx)` or `SessionStateBuilder::with_sets()`.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    ArrayRef, AsArray, Float64Builder, ListBuilder, StructBuilder, UInt32Builder,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::catalog::CatalogProviderList;
+use datafusion::common::types::{NativeType, logical_int64, logical_string};
+use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::async_udf::{AsyncScalarUDF, AsyncScalarUDFImpl};
+use datafusion::logical_expr::{
+    Coercion, ColumnarValue, Documentation, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature, TypeSignature, TypeSignatureClass, Volatility,
+};
+use datafusion::prelude::SessionConfig;
+use datafusion_macros::user_doc;
+
+use crate::search::loaded::load_index;
+use crate::search::rank::rank_batch;
+use crate::search::topk::Mode;
+use crate::search::topk_function::{TOPK_BM25, check_k, check_mode, params_of};
+
+/// Where `topk_bm25` finds index tables: the session's catalog and runtime.
+#[derive(Clone, Debug)]
+pub struct SessionHandle {
+    pub catalogs: Arc<dyn CatalogProviderList>,
+    pub runtime: Arc<RuntimeEnv>,
+}
+
+/// The `topk_bm25` scalar UDF over the given session's catalog.
+pub fn topk_bm25_udf(handle: SessionHandle) -> Arc<ScalarUDF> {
+    Arc::new(AsyncScalarUDF::new(Arc::new(TopkBm25::new(handle))).into_scalar_udf())
+}
+
+/// The element type of the result list.
+pub fn hit_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("doc_id", DataType::UInt32, false),
+        Field::new("score", DataType::Float64, false),
+    ])
+}
+
+#[user_doc(
+    doc_section(label = "Other Functions"),
+    description = "Ranks each row's query text against a BM25 index table (built by the `bm25_index` table function, possibly stored as Parquet and loaded again) and returns its top-k documents as a list of `{doc_id, score}` structs, best first, ties by increasing doc_id. BM25 with `sets.bm25_k1` (1.2) and `sets.bm25_b` (0.75), idf = ln(1 + (N - n + 0.5) / (n + 0.5)); with static scores in the index, score = alpha * static + (1 - alpha) * BM25 (`sets.bm25_alpha`, 0.3). Query terms are tokenized as the index's documents were; repeated terms count once. Mode 'or' (default): documents holding any term; 'and': every term; 'and_or': AND, or the OR result when AND finds fewer than k documents. NULL query -> NULL; a query with no known term -> empty list. A whole batch of queries is ranked together, in parallel.",
+    syntax_example = "topk_bm25(index_table, query, k[, mode])",
+    sql_example = r#"```sql
+> CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'text');
+> SELECT qid, topk_bm25('idx', text, 10, 'and') FROM queries;
+```"#,
+    argument(
+        name = "index_table",
+        description = "Name of the index table (a string literal; `schema.table` allowed)."
+    ),
+    argument(name = "query", description = "Query text (string expression)."),
+    argument(
+        name = "k",
+        description = "Number of documents to return, a positive integer literal."
+    ),
+    argument(name = "mode", description = "'or' (default), 'and' or 'and_or'.")
+)]
+#[derive(Debug)]
+pub struct TopkBm25 {
+    signature: Signature,
+    handle: SessionHandle,
+}
+
+impl PartialEq for TopkBm25 {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.handle.catalogs, &o.handle.catalogs)
+    }
+}
+impl Eq for TopkBm25 {}
+impl Hash for TopkBm25 {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (Arc::as_ptr(&self.handle.catalogs) as *const () as usize).hash(state);
+    }
+}
+
+/// (string, string, integer [, string]): `AsyncScalarUDF` does not forward `coerce_types`,
+/// so the signature itself coerces (any string flavour, any integer width to Int64).
+fn signature() -> Signature {
+    let string = Coercion::new_exact(TypeSignatureClass::Native(logical_string()));
+    let int = Coercion::new_implicit(
+        TypeSignatureClass::Native(logical_int64()),
+        vec![TypeSignatureClass::Integer],
+        NativeType::Int64,
+    );
+    Signature::one_of(
+        vec![
+            TypeSignature::Coercible(vec![string.clone(), string.clone(), int.clone()]),
+            TypeSignature::Coercible(vec![string.clone(), string.clone(), int, string]),
+        ],
+        Volatility::Stable,
+    )
+}
+
+impl TopkBm25 {
+    pub fn new(handle: SessionHandle) -> Self {
+        Self {
+            signature: signature(),
+            handle,
+        }
+    }
+}
+
+impl ScalarUDFImpl for TopkBm25 {
+    fn name(&self) -> &str {
+        TOPK_BM25
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::List(Arc::new(Field::new_list_field(
+            DataType::Struct(hit_fields()),
+            true,
+        ))))
+    }
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        exec_err!(
+            "{TOPK_BM25}: runs asynchronously (AsyncFuncExec), not as a plain scalar function"
+        )
+    }
+    fn documentation(&self) -> Option<&Documentation> {
+        self.doc()
+    }
+}
+
+/// A constant argument's string, or a clear error.
+fn scalar_string(v: &ColumnarValue, arg: usize, what: &str) -> Result<String> {
+    match v {
+        ColumnarValue::Scalar(
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::LargeUtf8(Some(s))
+            | ScalarValue::Utf8View(Some(s)),
+        ) => Ok(s.clone()),
+        ColumnarValue::Scalar(s) if s.is_null() => {
+            plan_err!("{TOPK_BM25}: argument {arg} ({what}) must not be NULL")
+        }
+        _ => plan_err!("{TOPK_BM25}: argument {arg} ({what}) must be a constant string"),
+    }
+}
+
+#[async_trait]
+impl AsyncScalarUDFImpl for TopkBm25 {
+    async fn invoke_async_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let table = scalar_string(&args.args[0], 1, "index_table")?;
+        let k = match &args.args[2] {
+            ColumnarValue::Scalar(ScalarValue::Int64(Some(k))) => check_k(*k, 3)?,
+            ColumnarValue::Scalar(s) if s.is_null() => {
+                return plan_err!("{TOPK_BM25}: argument 3 (k) must not be NULL");
+            }
+            _ => return plan_err!("{TOPK_BM25}: argument 3 (k) must be a constant integer"),
+        };
+        let mode = match args.args.get(3) {
+            Some(m) => check_mode(&scalar_string(m, 4, "mode")?, 4)?,
+            None => Mode::Or,
+        };
+        let options = Arc::clone(&args.config_options);
+        // A state only to scan the index table with: the session's catalog and runtime, and
+        // no default catalog of its own (building one would replace the session's).
+        let config = SessionConfig::from(options.as_ref().clone())
+            .with_create_default_catalog_and_schema(false);
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(Arc::clone(&self.handle.runtime))
+            .with_catalog_list(Arc::clone(&self.handle.catalogs))
+            .build();
+        let loaded = load_index(&state, &table, TOPK_BM25, 1).await?;
+        let scored = loaded.scored(params_of(&options))?;
+        let (texts, scalar) = match &args.args[1] {
+            ColumnarValue::Array(a) => (Arc::clone(a), false),
+            ColumnarValue::Scalar(s) => (s.to_array_of_size(1)?, true),
+        };
+        let texts: ArrayRef = cast(&texts, &DataType::Utf8)?;
+        let texts = texts.as_string::<i32>();
+        // CPU work inline, as any scalar function does; rayon spreads the queries.
+        let ranked = rank_batch(&loaded, &scored, texts, k, mode);
+        let mut b = ListBuilder::new(StructBuilder::from_fields(hit_fields(), 0)).with_field(
+            Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
+        );
+        for row in ranked {
+            match row {
+                None => b.append_null(),
+                Some(hits) => {
+                    let s = b.values();
+                    for h in hits {
+                        s.field_builder::<UInt32Builder>(0)
+                            .unwrap()
+                            .append_value(h.doc);
+                        s.field_builder::<Float64Builder>(1)
+                            .unwrap()
+                            .append_value(h.score);
+                        s.append(true);
+                    }
+                    b.append(true);
+                }
+            }
+        }
+        let out: ArrayRef = Arc::new(b.finish());
+        Ok(if scalar {
+            ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?)
+        } else {
+            ColumnarValue::Array(out)
+        })
+    }
+}
