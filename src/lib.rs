@@ -30,6 +30,7 @@ pub mod backend;
 pub mod config;
 pub mod functions;
 pub mod join;
+pub mod optimizer;
 pub mod search;
 mod session;
 pub mod table_args;

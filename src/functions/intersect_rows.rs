@@ -17,6 +17,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::OffsetSizeTrait;
 use rayon::prelude::*;
 
+use super::backend_plan::{BackendMetrics, BackendPlan};
 use super::common::IntLists;
 use super::row_verdicts::{Lookup, Verdict, lookup_verdicts, store_verdicts, verdict_of};
 use crate::backend::cpu::{self, SetElem, Sortedness};
@@ -25,7 +26,7 @@ use crate::config::{BackendChoice, CpuKernelChoice};
 type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
 /// How the rows of one call are processed.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineOptions {
     /// Kernel policy for sorted rows.
     pub kernel: CpuKernelChoice,
@@ -33,6 +34,9 @@ pub struct EngineOptions {
     pub parallel_min_values: usize,
     /// Device: `Gpu` tries the GPU backend first (the CPU when it cannot run the batch).
     pub backend: BackendChoice,
+    /// The planning-time choice this call belongs to, whose counters it feeds (`None` for a
+    /// function called without the optimizer rule).
+    pub plan: Option<Arc<BackendPlan>>,
 }
 
 /// What one chunk of rows produced (values mode).
@@ -396,6 +400,34 @@ fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     (counts, rec)
 }
 
+/// Counts a CPU batch into the call's plan metrics when dropped.
+struct CpuBatch<'a> {
+    plan: Option<&'a BackendPlan>,
+    rows: usize,
+    start: std::time::Instant,
+}
+
+impl<'a> CpuBatch<'a> {
+    fn start(opts: &'a EngineOptions, rows: usize) -> Self {
+        Self {
+            plan: opts.plan.as_deref(),
+            rows,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for CpuBatch<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.plan {
+            let m = &p.metrics;
+            BackendMetrics::add(&m.rows, self.rows as u64);
+            BackendMetrics::add(&m.cpu_batches, 1);
+            BackendMetrics::add(&m.cpu_ns, self.start.elapsed().as_nanos() as u64);
+        }
+    }
+}
+
 /// Row ranges of about equal value counts, one per task, or the whole batch when it is too
 /// small to be worth splitting.
 fn chunks<O: OffsetSizeTrait, T: SetElem>(
@@ -436,6 +468,7 @@ pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
     if let Some(out) = crate::backend::gpu::rows::try_values(lists, opts) {
         return out;
     }
+    let _cpu = CpuBatch::start(opts, lists[0].len());
     let verdicts = Verdicts::look_up(lists);
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
@@ -476,6 +509,7 @@ pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
     if let Some(out) = crate::backend::gpu::rows::try_counts(lists, opts) {
         return out;
     }
+    let _cpu = CpuBatch::start(opts, lists[0].len());
     let verdicts = Verdicts::look_up(lists);
     let ranges = chunks(lists, opts);
     if ranges.len() == 1 {
@@ -564,6 +598,7 @@ mod tests {
                 kernel: CpuKernelChoice::Auto,
                 parallel_min_values,
                 backend: BackendChoice::Cpu,
+                plan: None,
             };
             let reference = values_chunk(
                 &lists,

@@ -17,6 +17,7 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
+use super::backend_plan::BackendPlan;
 use super::common::{
     IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
 };
@@ -60,9 +61,24 @@ Semantics are the built-in's, folded left over the arguments: duplicates are rem
         description = "More list expressions; their element types are unified with list1's."
     )
 )]
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug)]
 pub struct ListIntersect {
     signature: Signature,
+    /// The backend the optimizer rule chose for this call (`None`: the session's option).
+    plan: Option<Arc<BackendPlan>>,
+}
+
+impl PartialEq for ListIntersect {
+    fn eq(&self, o: &Self) -> bool {
+        self.signature == o.signature && same_plan(&self.plan, &o.plan)
+    }
+}
+impl Eq for ListIntersect {}
+impl std::hash::Hash for ListIntersect {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.signature.hash(state);
+        plan_key(&self.plan).hash(state);
+    }
 }
 
 impl Default for ListIntersect {
@@ -76,8 +92,35 @@ impl ListIntersect {
     pub fn new() -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
+            plan: None,
         }
     }
+
+    /// This function bound to a planning-time backend choice.
+    pub fn with_plan(plan: Arc<BackendPlan>) -> Self {
+        Self {
+            plan: Some(plan),
+            ..Self::new()
+        }
+    }
+
+    /// The planning-time choice, if any.
+    pub fn plan(&self) -> Option<&Arc<BackendPlan>> {
+        self.plan.as_ref()
+    }
+}
+
+/// Plans compare by identity.
+pub(crate) fn same_plan(a: &Option<Arc<BackendPlan>>, b: &Option<Arc<BackendPlan>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
+pub(crate) fn plan_key(p: &Option<Arc<BackendPlan>>) -> usize {
+    p.as_ref().map_or(0, |p| Arc::as_ptr(p) as usize)
 }
 
 impl ScalarUDFImpl for ListIntersect {
@@ -98,7 +141,7 @@ impl ScalarUDFImpl for ListIntersect {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        invoke(args)
+        invoke(args, self.plan.as_ref())
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -106,23 +149,28 @@ impl ScalarUDFImpl for ListIntersect {
     }
 }
 
-fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+fn invoke(args: ScalarFunctionArgs, plan: Option<&Arc<BackendPlan>>) -> Result<ColumnarValue> {
     let ret = args.return_type().clone();
     let element = list_element_type(&ret).cloned().unwrap_or(DataType::Null);
     if !element.is_integer() {
         return delegate_to_builtin(args);
     }
-    let opts = engine_options(&args.config_options);
+    let opts = engine_options(&args.config_options, plan);
     apply_to_columns(&args.args, |arrays| intersect_arrays(arrays, &ret, &opts))
 }
 
-/// The engine options in force for this call.
-pub(crate) fn engine_options(config: &ConfigOptions) -> EngineOptions {
+/// The engine options in force for this call: the session's, with the backend of the
+/// planning-time choice when the optimizer rule made one.
+pub(crate) fn engine_options(
+    config: &ConfigOptions,
+    plan: Option<&Arc<BackendPlan>>,
+) -> EngineOptions {
     let cfg = SetsConfig::from_options(config);
     EngineOptions {
         kernel: cfg.cpu_kernel,
         parallel_min_values: cfg.parallel_min_values,
-        backend: cfg.backend,
+        backend: plan.map_or(cfg.backend, |p| p.backend),
+        plan: plan.cloned(),
     }
 }
 

@@ -16,11 +16,12 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
+use super::backend_plan::BackendPlan;
 use super::common::{
     IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
 };
 use super::intersect_rows::{EngineOptions, intersect_counts};
-use super::list_intersect::{engine_options, list_intersect_udf};
+use super::list_intersect::{engine_options, list_intersect_udf, plan_key, same_plan};
 use crate::backend::cpu::SetElem;
 use crate::dispatch_integer;
 
@@ -54,9 +55,24 @@ pub fn list_intersect_count(args: Vec<Expr>) -> Expr {
     ),
     argument(name = "listN", description = "More list expressions.")
 )]
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug)]
 pub struct ListIntersectCount {
     signature: Signature,
+    /// The backend the optimizer rule chose for this call (`None`: the session's option).
+    plan: Option<Arc<BackendPlan>>,
+}
+
+impl PartialEq for ListIntersectCount {
+    fn eq(&self, o: &Self) -> bool {
+        self.signature == o.signature && same_plan(&self.plan, &o.plan)
+    }
+}
+impl Eq for ListIntersectCount {}
+impl std::hash::Hash for ListIntersectCount {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.signature.hash(state);
+        plan_key(&self.plan).hash(state);
+    }
 }
 
 impl Default for ListIntersectCount {
@@ -70,7 +86,21 @@ impl ListIntersectCount {
     pub fn new() -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
+            plan: None,
         }
+    }
+
+    /// This function bound to a planning-time backend choice.
+    pub fn with_plan(plan: Arc<BackendPlan>) -> Self {
+        Self {
+            plan: Some(plan),
+            ..Self::new()
+        }
+    }
+
+    /// The planning-time choice, if any.
+    pub fn plan(&self) -> Option<&Arc<BackendPlan>> {
+        self.plan.as_ref()
     }
 }
 
@@ -92,7 +122,7 @@ impl ScalarUDFImpl for ListIntersectCount {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        invoke(args)
+        invoke(args, self.plan.as_ref())
     }
 
     fn documentation(&self) -> Option<&Documentation> {
@@ -100,7 +130,7 @@ impl ScalarUDFImpl for ListIntersectCount {
     }
 }
 
-fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+fn invoke(args: ScalarFunctionArgs, plan: Option<&Arc<BackendPlan>>) -> Result<ColumnarValue> {
     let arg_types: Vec<DataType> = args
         .arg_fields
         .iter()
@@ -113,7 +143,7 @@ fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
     if !element.is_integer() {
         return count_via_list_intersect(args, list_type);
     }
-    let opts = engine_options(&args.config_options);
+    let opts = engine_options(&args.config_options, plan);
     apply_to_columns(&args.args, |arrays| count_arrays(arrays, &list_type, &opts))
 }
 

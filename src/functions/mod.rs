@@ -1,5 +1,6 @@
 //! The SQL surface: one function per file, named after its SQL name.
 
+pub mod backend_plan;
 pub mod common;
 pub mod cosine;
 pub mod dice;

@@ -135,7 +135,7 @@ pub fn coerce_pair(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> 
 
 /// `invoke_with_args` of every measure's UDF.
 pub fn invoke(measure: Measure, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-    let opts = engine_options(&args.config_options);
+    let opts = engine_options(&args.config_options, None);
     apply_to_columns(&args.args, |arrays| {
         similarity_arrays(measure, arrays, &opts)
     })

@@ -1,0 +1,59 @@
+//! The backend a planned call of `list_intersect` / `list_intersect_count` runs on, chosen
+//! at planning time by `optimizer::backend_rule`, and what the call did (for `EXPLAIN
+//! ANALYZE`, through `optimizer::backend_exec`).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::config::BackendChoice;
+
+/// A planning-time choice: the backend (`Cpu` or `Gpu`), why, and the call's counters.
+#[derive(Debug)]
+pub struct BackendPlan {
+    pub backend: BackendChoice,
+    pub reason: String,
+    pub metrics: BackendMetrics,
+}
+
+impl BackendPlan {
+    pub fn new(backend: BackendChoice, reason: impl Into<String>) -> Self {
+        Self {
+            backend,
+            reason: reason.into(),
+            metrics: BackendMetrics::default(),
+        }
+    }
+}
+
+/// Counters of one planned call, summed over its batches and partitions.
+#[derive(Debug, Default)]
+pub struct BackendMetrics {
+    /// Rows computed.
+    pub rows: AtomicU64,
+    /// Batches computed on the CPU (including batches the GPU could not take).
+    pub cpu_batches: AtomicU64,
+    /// Batches sent to the GPU.
+    pub gpu_batches: AtomicU64,
+    /// Device launch groups (a batch larger than the device's buffers is split).
+    pub gpu_launches: AtomicU64,
+    /// Rows the GPU flagged and the CPU recomputed.
+    pub gpu_rows_redone: AtomicU64,
+    /// Nanoseconds in CPU batches.
+    pub cpu_ns: AtomicU64,
+    /// Nanoseconds in device kernels.
+    pub kernel_ns: AtomicU64,
+    /// Nanoseconds in whole GPU calls (staging, copies, kernels).
+    pub gpu_ns: AtomicU64,
+    /// Bytes copied to the device.
+    pub h2d_bytes: AtomicU64,
+    /// Bytes copied back from the device.
+    pub d2h_bytes: AtomicU64,
+}
+
+impl BackendMetrics {
+    pub fn add(counter: &AtomicU64, v: u64) {
+        counter.fetch_add(v, Relaxed);
+    }
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Relaxed)
+    }
+}

@@ -1,0 +1,4 @@
+//! Physical optimizer rules of the crate.
+
+pub mod backend_exec;
+pub mod backend_rule;
