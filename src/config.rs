@@ -103,6 +103,10 @@ pub struct SetsConfig {
     /// Split a batch's rows across threads when it holds at least this many list values
     /// (0 disables intra-batch threading).
     pub parallel_min_values: usize,
+    /// Plan inner joins on `jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= t` (or `> t`)
+    /// as `SimilarityJoinExec` instead of a nested loop (the `similarity_join_rewrite`
+    /// physical optimizer rule). Read when a query is planned.
+    pub similarity_join_rewrite: bool,
 }
 
 impl Default for SetsConfig {
@@ -111,6 +115,7 @@ impl Default for SetsConfig {
             backend: BackendChoice::Auto,
             cpu_kernel: CpuKernelChoice::Auto,
             parallel_min_values: 1 << 18,
+            similarity_join_rewrite: true,
         }
     }
 }
@@ -119,6 +124,7 @@ const BACKEND_DOC: &str = "Device for set kernels: 'auto', 'cpu' or 'gpu'.";
 const CPU_KERNEL_DOC: &str = "CPU intersection kernel for sorted rows: 'auto' (hybrid) or one of 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'.";
 const PARALLEL_DOC: &str =
     "Split a batch's rows across threads when it holds at least this many list values (0: never).";
+const REWRITE_DOC: &str = "Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.";
 
 impl ExtensionOptions for SetsConfig {
     fn as_any(&self) -> &dyn Any {
@@ -138,8 +144,9 @@ impl ExtensionOptions for SetsConfig {
             "backend" => self.backend.set("", value),
             "cpu_kernel" => self.cpu_kernel.set("", value),
             "parallel_min_values" => self.parallel_min_values.set("", value),
+            "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.similarity_join_rewrite"
             ),
         }
     }
@@ -157,6 +164,11 @@ impl ExtensionOptions for SetsConfig {
                 "parallel_min_values",
                 self.parallel_min_values.to_string(),
                 PARALLEL_DOC,
+            ),
+            entry(
+                "similarity_join_rewrite",
+                self.similarity_join_rewrite.to_string(),
+                REWRITE_DOC,
             ),
         ]
     }

@@ -1,5 +1,5 @@
-//! One call installs the crate into a session: functions, configuration (and, as they land,
-//! optimizer rules and table functions).
+//! One call installs the crate into a session: functions, the `similarity_join` table
+//! function, the `similarity_join_rewrite` physical optimizer rule and configuration.
 
 use std::sync::Arc;
 
@@ -7,17 +7,23 @@ use datafusion::catalog::TableFunction;
 use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::config::SetsConfig;
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
-use crate::join::{SIMILARITY_JOIN, SimilarityJoinFunction};
+use crate::join::{
+    SIMILARITY_JOIN, SIMILARITY_JOIN_REWRITE, SimilarityJoinFunction, SimilarityJoinRewrite,
+};
 
 /// Installs datafusion-sets into a [`SessionStateBuilder`].
 pub trait SessionStateBuilderExt {
-    /// Register every function of the crate (replacing DataFusion's `list_intersect` alias)
-    /// and the `sets.*` configuration extension. Call it after `with_default_features()`:
-    /// functions registered later win a name.
+    /// Register every function of the crate (replacing DataFusion's `list_intersect` alias),
+    /// the `similarity_join` table function, the `similarity_join_rewrite` physical optimizer
+    /// rule (into the builder's rules, DataFusion's defaults when none were set) and the
+    /// `sets.*` configuration extension. Call it after `with_default_features()`: functions
+    /// registered later win a name.
     fn with_sets(self) -> Self;
 }
 
@@ -49,8 +55,34 @@ impl SessionStateBuilderExt for SessionStateBuilder {
         self.table_functions()
             .get_or_insert_with(Default::default)
             .insert(SIMILARITY_JOIN.into(), join);
-        self
+        let rules = match self.physical_optimizers().take() {
+            Some(optimizer) => optimizer.rules,
+            None => PhysicalOptimizer::new().rules,
+        };
+        let rules = match with_rewrite_rule(&rules) {
+            Some(with_rule) => with_rule,
+            None => rules,
+        };
+        self.with_physical_optimizer_rules(rules)
     }
+}
+
+type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
+
+/// `rules` with the similarity join rewrite inserted before `EnsureRequirements` (so
+/// distribution and ordering are enforced around the operator it plans; before
+/// `SanityCheckPlan`, or last, when there is no such rule); `None` when it is there already.
+fn with_rewrite_rule(rules: &[PhysicalRule]) -> Option<Vec<PhysicalRule>> {
+    if rules.iter().any(|r| r.name() == SIMILARITY_JOIN_REWRITE) {
+        return None;
+    }
+    let at = ["EnsureRequirements", "SanityCheckPlan"]
+        .iter()
+        .find_map(|name| rules.iter().position(|r| r.name() == *name))
+        .unwrap_or(rules.len());
+    let mut rules = rules.to_vec();
+    rules.insert(at, Arc::new(SimilarityJoinRewrite::new()));
+    Some(rules)
 }
 
 /// Register every function of the crate into an existing registry (a `SessionContext` or a
@@ -67,11 +99,21 @@ pub fn register_all(registry: &mut dyn FunctionRegistry) -> Result<()> {
 }
 
 /// Install datafusion-sets into a running [`SessionContext`]: functions, the
-/// `similarity_join` table function and configuration.
+/// `similarity_join` table function, the `similarity_join_rewrite` optimizer rule and
+/// configuration.
 pub fn register(ctx: &SessionContext) -> Result<()> {
     {
         let state = ctx.state_ref();
         let mut state = state.write();
+        // A session's physical optimizer rules can only be replaced by rebuilding its state;
+        // this comes first, as rebuilding re-registers the functions (in no defined order).
+        if let Some(rules) = with_rewrite_rule(state.physical_optimizers()) {
+            let session_id = state.session_id().to_string();
+            *state = SessionStateBuilder::new_from_existing(state.clone())
+                .with_session_id(session_id)
+                .with_physical_optimizer_rules(rules)
+                .build();
+        }
         if state
             .config()
             .options()
