@@ -328,7 +328,11 @@ fn flush_table() -> Arc<MemTable> {
         Arc::new(UInt32Array::from(values)),
         None,
     );
-    let schema = Arc::new(Schema::new(vec![Field::new("a", list.data_type().clone(), true)]));
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "a",
+        list.data_type().clone(),
+        true,
+    )]));
     let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(list)]).unwrap();
     Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap())
 }
