@@ -378,11 +378,14 @@ fn similarity_predicate(
     // Comparisons whose outcome is exactly that of `score <cmp> t` in f64, as the join
     // decides it: Float64 scores compared as Float64; overlap counts compared as UInt64,
     // Int64 (exact for any count) or Float64 (the join's own `o as f64`).
-    let exact = match (&returns, &compared_as) {
-        (DataType::Float64, DataType::Float64) => true,
-        (DataType::UInt64, DataType::UInt64 | DataType::Int64 | DataType::Float64) => true,
-        _ => false,
-    };
+    let exact = matches!(
+        (&returns, &compared_as),
+        (DataType::Float64, DataType::Float64)
+            | (
+                DataType::UInt64,
+                DataType::UInt64 | DataType::Int64 | DataType::Float64
+            )
+    );
     if !exact {
         return None;
     }
