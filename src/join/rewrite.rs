@@ -47,6 +47,8 @@ use datafusion::arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinSide, JoinType, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
 use datafusion::physical_expr::utils::collect_columns;
@@ -215,30 +217,46 @@ fn plan(
     else {
         return Ok(None);
     };
-    let residual: Vec<Arc<dyn PhysicalExpr>> = conjuncts
+    let mut residual: Vec<Arc<dyn PhysicalExpr>> = conjuncts
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != k)
         .map(|(_, c)| Arc::clone(c))
         .collect();
-    let Some(left_input) = side_input(left, &similarity.args[0], 0)? else {
-        return Ok(None);
-    };
-    let Some(right_input) = side_input(right, &similarity.args[1], nl)? else {
-        return Ok(None);
-    };
     let output = projection.unwrap_or_else(|| (0..join_schema.fields().len()).collect());
-    let column = |c: usize| {
-        if c < nl {
-            JoinColumn::Left(c)
-        } else {
-            JoinColumn::Right(c - nl)
-        }
+    let (left_input, right_input, flipped) =
+        match self_join(left, right, &similarity, &residual, nl) {
+            Some(s) => {
+                // The exec orients each pair by id, which is what the id conjunct asked for.
+                residual.remove(s.conjunct);
+                (
+                    JoinInput::new(Arc::clone(left), s.id, s.tokens),
+                    None,
+                    s.flipped,
+                )
+            }
+            None => {
+                let Some(l) = side_input(left, &similarity.args[0], 0)? else {
+                    return Ok(None);
+                };
+                let Some(r) = side_input(right, &similarity.args[1], nl)? else {
+                    return Ok(None);
+                };
+                (l, Some(r), false)
+            }
+        };
+    // In a self-join whose id conjunct is `left.id > right.id`, the join's left row is the
+    // exec's right one (the larger id).
+    let column = |c: usize| match (c < nl, flipped) {
+        (true, false) => JoinColumn::Left(c),
+        (true, true) => JoinColumn::Right(c),
+        (false, false) => JoinColumn::Right(c - nl),
+        (false, true) => JoinColumn::Left(c - nl),
     };
     let new: Arc<dyn ExecutionPlan> = if residual.is_empty() {
         Arc::new(SimilarityJoinExec::try_with_columns(
             left_input,
-            Some(right_input),
+            right_input,
             similarity.threshold,
             output.iter().map(|&c| column(c)).collect(),
             Arc::clone(&target),
@@ -265,7 +283,7 @@ fn plan(
         ));
         let join = SimilarityJoinExec::try_with_columns(
             left_input,
-            Some(right_input),
+            right_input,
             similarity.threshold,
             needed.iter().map(|&c| column(c)).collect(),
             schema,
@@ -297,6 +315,92 @@ fn plan(
         return Ok(None);
     }
     Ok(Some(new))
+}
+
+/// A self-join the exec can run in its self-join mode: both inputs scan the same data, the
+/// measure compares a column with itself, and a conjunct orders the pair by an integer column
+/// (`left.id < right.id`, or `>`: `flipped`).
+struct SelfJoin {
+    id: usize,
+    tokens: usize,
+    flipped: bool,
+    /// Index of the id conjunct in the residual conjuncts.
+    conjunct: usize,
+}
+
+fn self_join(
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    similarity: &SimilarityPredicate,
+    residual: &[Arc<dyn PhysicalExpr>],
+    nl: usize,
+) -> Option<SelfJoin> {
+    let l = similarity.args[0].downcast_ref::<Column>()?;
+    let r = similarity.args[1].downcast_ref::<Column>()?;
+    if l.index() + nl != r.index() || !same_data(left, right) {
+        return None;
+    }
+    let schema = left.schema();
+    residual.iter().enumerate().find_map(|(k, conjunct)| {
+        let b = conjunct.downcast_ref::<BinaryExpr>()?;
+        let x = b.left().downcast_ref::<Column>()?.index();
+        let y = b.right().downcast_ref::<Column>()?.index();
+        let (id_left, id_right, op) = if x < nl && y >= nl {
+            (x, y - nl, *b.op())
+        } else if y < nl && x >= nl {
+            (y, x - nl, b.op().swap()?)
+        } else {
+            return None;
+        };
+        // Integers: SQL's `<` is the order the exec orients pairs by (NULLs never paired).
+        if id_left != id_right || !schema.field(id_left).data_type().is_integer() {
+            return None;
+        }
+        let flipped = match op {
+            Operator::Lt => false,
+            Operator::Gt => true,
+            _ => return None,
+        };
+        Some(SelfJoin {
+            id: id_left,
+            tokens: l.index(),
+            flipped,
+            conjunct: k,
+        })
+    })
+}
+
+/// Whether `a` and `b` provably produce the same rows: both scan the very same in-memory
+/// batches (buffer for buffer) with the same projection and no limit. (Scans of files could
+/// be compared by path, but not proved to read the same bytes; they stay R-S joins.)
+fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
+    fn memory(p: &Arc<dyn ExecutionPlan>) -> Option<&MemorySourceConfig> {
+        p.downcast_ref::<DataSourceExec>()
+            .and_then(|d| d.data_source().downcast_ref::<MemorySourceConfig>())
+            .filter(|m| m.fetch().is_none())
+    }
+    if Arc::ptr_eq(a, b) {
+        return true;
+    }
+    let (Some(ma), Some(mb)) = (memory(a), memory(b)) else {
+        return false;
+    };
+    let (pa, pb) = (ma.partitions(), mb.partitions());
+    ma.projection() == mb.projection()
+        && a.schema() == b.schema()
+        && pa.len() == pb.len()
+        && pa.iter().zip(pb).all(|(xa, xb)| {
+            xa.len() == xb.len()
+                && xa.iter().zip(xb).all(|(ba, bb)| {
+                    ba.num_rows() == bb.num_rows()
+                        && ba.num_columns() == bb.num_columns()
+                        && ba
+                            .columns()
+                            .iter()
+                            .zip(bb.columns())
+                            .all(|(ca, cb)| ca.to_data().ptr_eq(&cb.to_data()))
+                })
+        })
 }
 
 /// The input of one side: `plan` itself when the measure's argument is one of its columns,
