@@ -26,6 +26,14 @@
 //! join finds exactly the pairs whose `f64` score passes the literal, computed by the same
 //! function on the same (coerced) lists, every pair once per pair of input rows.
 //!
+//! Self-joins (`FROM t a JOIN t b ON jaccard(a.tokens, b.tokens) >= t AND a.id < b.id`) run
+//! in the exec's self-join mode (one collection, each pair once, oriented by id; the id
+//! conjunct is dropped) only when both inputs provably scan the same data: the very same
+//! in-memory batches (buffer pointers), same projection, no limit; the measure compares one
+//! column with itself; the id is an integer column (SQL's `<` is then the exec's order, and
+//! NULL or equal ids are paired by neither). Any other self-join is an R-S join with
+//! `a.id < b.id` as a filter, which is always correct.
+//!
 //! Left alone (the plan stays as DataFusion made it, which is always correct):
 //! - joins other than INNER; equi-joins with a similarity filter (a hash join);
 //! - a threshold that is not a literal, is NULL, or lets an empty set pass (`>= t` with
@@ -35,6 +43,7 @@
 //!   gets the table function's threshold errors;
 //! - comparisons made in another type than the function's (decimals, `Float32`), volatile
 //!   arguments, arguments mixing both inputs;
+//! - unbounded (streaming) inputs: the join reads both inputs to the end first;
 //! - anything `SimilarityJoinExec` refuses to build (e.g. lists of non-integers).
 //!
 //! The rule runs before `EnsureRequirements`, so distribution and ordering are enforced around
@@ -55,11 +64,11 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::joins::utils::{JoinFilter, build_join_schema};
 use datafusion::physical_plan::joins::{CrossJoinExec, NestedLoopJoinExec};
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
 use super::threshold::{Comparison, Threshold};
@@ -141,6 +150,10 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>, partitions: usize) -> Option<Arc<dyn E
         } else {
             return None;
         };
+    // The exec reads both inputs to the end before emitting anything.
+    if left.boundedness().is_unbounded() || right.boundedness().is_unbounded() {
+        return None;
+    }
     let planned = plan(
         left,
         right,
