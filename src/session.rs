@@ -146,3 +146,55 @@ pub fn new_context() -> SessionContext {
         .build();
     SessionContext::new_with_state(state)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule_names(rules: &[PhysicalRule]) -> Vec<String> {
+        rules.iter().map(|r| r.name().to_string()).collect()
+    }
+
+    /// The rewrite runs once, right before `EnsureRequirements`.
+    fn assert_installed(names: &[String]) {
+        let at: Vec<usize> = names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| *n == SIMILARITY_JOIN_REWRITE)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(at.len(), 1, "{names:?}");
+        assert_eq!(names[at[0] + 1], "EnsureRequirements", "{names:?}");
+    }
+
+    #[test]
+    fn with_sets_installs_the_rule_once() {
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_sets()
+            .with_sets()
+            .build();
+        assert_installed(&rule_names(state.physical_optimizers()));
+    }
+
+    #[test]
+    fn register_installs_the_rule_once_and_keeps_our_functions() -> Result<()> {
+        let ctx = SessionContext::new();
+        let session_id = ctx.session_id();
+        register(&ctx)?;
+        register(&ctx)?;
+        assert_installed(&rule_names(ctx.state().physical_optimizers()));
+        assert_eq!(ctx.session_id(), session_id);
+        // Rebuilding the state re-registers DataFusion's array_intersect (alias
+        // list_intersect): ours must still win the name.
+        let udf = ctx.udf("list_intersect")?;
+        assert!(
+            udf.inner()
+                .is::<crate::functions::list_intersect::ListIntersect>(),
+            "list_intersect is {}",
+            udf.name()
+        );
+        assert!(ctx.table_function(SIMILARITY_JOIN).is_ok());
+        Ok(())
+    }
+}
