@@ -109,6 +109,10 @@ pub struct SetsConfig {
     pub bm25_b: f64,
     /// Weight of an index's static score: S = alpha * static + (1 - alpha) * BM25, in [0, 1].
     pub bm25_alpha: f64,
+    /// Plan inner joins on `jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= t` (or `> t`)
+    /// as `SimilarityJoinExec` instead of a nested loop (the `similarity_join_rewrite`
+    /// physical optimizer rule). Read when a query is planned.
+    pub similarity_join_rewrite: bool,
 }
 
 impl Default for SetsConfig {
@@ -120,6 +124,7 @@ impl Default for SetsConfig {
             bm25_k1: 1.2,
             bm25_b: 0.75,
             bm25_alpha: 0.3,
+            similarity_join_rewrite: true,
         }
     }
 }
@@ -131,6 +136,7 @@ const BM25_B_DOC: &str = "BM25 b (document-length normalization) for topk_bm25, 
 const BM25_ALPHA_DOC: &str = "topk_bm25 over an index with static scores: score = alpha * static + (1 - alpha) * BM25; alpha in [0, 1].";
 const PARALLEL_DOC: &str =
     "Split a batch's rows across threads when it holds at least this many list values (0: never).";
+const REWRITE_DOC: &str = "Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.";
 
 impl ExtensionOptions for SetsConfig {
     fn as_any(&self) -> &dyn Any {
@@ -153,8 +159,9 @@ impl ExtensionOptions for SetsConfig {
             "bm25_k1" => set_f64(&mut self.bm25_k1, key, value, 0.0, f64::MAX),
             "bm25_b" => set_f64(&mut self.bm25_b, key, value, 0.0, 1.0),
             "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
+            "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite"
             ),
         }
     }
@@ -176,6 +183,11 @@ impl ExtensionOptions for SetsConfig {
             entry("bm25_k1", self.bm25_k1.to_string(), BM25_K1_DOC),
             entry("bm25_b", self.bm25_b.to_string(), BM25_B_DOC),
             entry("bm25_alpha", self.bm25_alpha.to_string(), BM25_ALPHA_DOC),
+            entry(
+                "similarity_join_rewrite",
+                self.similarity_join_rewrite.to_string(),
+                REWRITE_DOC,
+            ),
         ]
     }
 }

@@ -5,7 +5,8 @@
 //! - [`functions`]: the SQL surface (`list_intersect`, `list_intersect_count`,
 //!   `list_intersect_agg`, `jaccard`, `cosine`, `dice`, `overlap`), one function per file.
 //! - [`join`]: the exact set similarity join (`SimilarityJoinExec`, the `similarity_join`
-//!   table function).
+//!   table function, and the `similarity_join_rewrite` optimizer rule that runs
+//!   `JOIN ... ON jaccard(r.tokens, s.tokens) >= 0.8` on it).
 //! - [`backend`]: the kernels — scalar, galloping and SIMD (SSE4.2 STTNI, AVX2, AVX-512,
 //!   VP2INTERSECT) on the CPU, chosen at run time.
 //! - [`config`]: `SET sets.<option> = ...`.

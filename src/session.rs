@@ -1,5 +1,5 @@
-//! One call installs the crate into a session: functions, configuration (and, as they land,
-//! optimizer rules and table functions).
+//! One call installs the crate into a session: functions, the `similarity_join` table
+//! function, the `similarity_join_rewrite` physical optimizer rule and configuration.
 
 use std::sync::Arc;
 
@@ -8,12 +8,14 @@ use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
 use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::config::SetsConfig;
 use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
-use crate::join::{SIMILARITY_JOIN, SimilarityJoinFunction};
+use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
 use crate::search::index_function::{BM25_INDEX, Bm25IndexFunction};
 use crate::search::topk_function::{TOPK_BM25, TopkBm25Function};
 
@@ -25,12 +27,17 @@ fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
         (TOPK_BM25, Arc::new(TopkBm25Function)),
     ]
 }
+use crate::join::{
+    SIMILARITY_JOIN, SIMILARITY_JOIN_REWRITE, SimilarityJoinFunction, SimilarityJoinRewrite,
+};
 
 /// Installs datafusion-sets into a [`SessionStateBuilder`].
 pub trait SessionStateBuilderExt {
-    /// Register every function of the crate (replacing DataFusion's `list_intersect` alias)
-    /// and the `sets.*` configuration extension. Call it after `with_default_features()`:
-    /// functions registered later win a name.
+    /// Register every function of the crate (replacing DataFusion's `list_intersect` alias),
+    /// the `similarity_join` table function, the `similarity_join_rewrite` physical optimizer
+    /// rule (into the builder's rules, DataFusion's defaults when none were set) and the
+    /// `sets.*` configuration extension. Call it after `with_default_features()`: functions
+    /// registered later win a name.
     fn with_sets(self) -> Self;
 }
 
@@ -76,8 +83,42 @@ impl SessionStateBuilderExt for SessionStateBuilder {
         } else {
             self = self.with_scalar_functions(vec![topk]);
         }
-        self
+        let rules = match self.physical_optimizers().take() {
+            Some(optimizer) => optimizer.rules,
+            None => PhysicalOptimizer::new().rules,
+        };
+        let rules = match with_sets_rules(&rules) {
+            Some(with_rules) => with_rules,
+            None => rules,
+        };
+        self.with_physical_optimizer_rules(rules)
     }
+}
+
+type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
+
+/// `rules` with the crate's rules: the similarity join rewrite inserted before
+/// `EnsureRequirements` (so distribution and ordering are enforced around the operator it
+/// plans; before `SanityCheckPlan`, or last, when there is no such rule), and the backend rule
+/// last (it binds the final plan's calls to a device and wraps their projections); `None` when
+/// both are there already.
+fn with_sets_rules(rules: &[PhysicalRule]) -> Option<Vec<PhysicalRule>> {
+    let has = |name: &str| rules.iter().any(|r| r.name() == name);
+    if has(SIMILARITY_JOIN_REWRITE) && has(SETS_BACKEND_RULE) {
+        return None;
+    }
+    let mut rules = rules.to_vec();
+    if !has(SIMILARITY_JOIN_REWRITE) {
+        let at = ["EnsureRequirements", "SanityCheckPlan"]
+            .iter()
+            .find_map(|name| rules.iter().position(|r| r.name() == *name))
+            .unwrap_or(rules.len());
+        rules.insert(at, Arc::new(SimilarityJoinRewrite::new()));
+    }
+    if !has(SETS_BACKEND_RULE) {
+        rules.push(Arc::new(SetsBackendRule));
+    }
+    Some(rules)
 }
 
 /// Register every function of the crate into an existing registry (a `SessionContext` or a
@@ -96,11 +137,21 @@ pub fn register_all(registry: &mut dyn FunctionRegistry) -> Result<()> {
 
 /// Install datafusion-sets into a running [`SessionContext`]: functions (including
 /// `topk_bm25`, which needs the session's catalog), the table functions (`similarity_join`,
-/// `bm25_index`, `topk_bm25`) and configuration.
+/// `bm25_index`, `topk_bm25`), the physical optimizer rules (`similarity_join_rewrite`,
+/// `sets_backend`) and configuration.
 pub fn register(ctx: &SessionContext) -> Result<()> {
     {
         let state = ctx.state_ref();
         let mut state = state.write();
+        // A session's physical optimizer rules can only be replaced by rebuilding its state;
+        // this comes first, as rebuilding re-registers the functions (in no defined order).
+        if let Some(rules) = with_sets_rules(state.physical_optimizers()) {
+            let session_id = state.session_id().to_string();
+            *state = SessionStateBuilder::new_from_existing(state.clone())
+                .with_session_id(session_id)
+                .with_physical_optimizer_rules(rules)
+                .build();
+        }
         if state
             .config()
             .options()
@@ -140,4 +191,56 @@ pub fn new_context() -> SessionContext {
         .with_sets()
         .build();
     SessionContext::new_with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule_names(rules: &[PhysicalRule]) -> Vec<String> {
+        rules.iter().map(|r| r.name().to_string()).collect()
+    }
+
+    /// The rewrite runs once, right before `EnsureRequirements`.
+    fn assert_installed(names: &[String]) {
+        let at: Vec<usize> = names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| *n == SIMILARITY_JOIN_REWRITE)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(at.len(), 1, "{names:?}");
+        assert_eq!(names[at[0] + 1], "EnsureRequirements", "{names:?}");
+    }
+
+    #[test]
+    fn with_sets_installs_the_rule_once() {
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_sets()
+            .with_sets()
+            .build();
+        assert_installed(&rule_names(state.physical_optimizers()));
+    }
+
+    #[test]
+    fn register_installs_the_rule_once_and_keeps_our_functions() -> Result<()> {
+        let ctx = SessionContext::new();
+        let session_id = ctx.session_id();
+        register(&ctx)?;
+        register(&ctx)?;
+        assert_installed(&rule_names(ctx.state().physical_optimizers()));
+        assert_eq!(ctx.session_id(), session_id);
+        // Rebuilding the state re-registers DataFusion's array_intersect (alias
+        // list_intersect): ours must still win the name.
+        let udf = ctx.udf("list_intersect")?;
+        assert!(
+            udf.inner()
+                .is::<crate::functions::list_intersect::ListIntersect>(),
+            "list_intersect is {}",
+            udf.name()
+        );
+        assert!(ctx.table_function(SIMILARITY_JOIN).is_ok());
+        Ok(())
+    }
 }

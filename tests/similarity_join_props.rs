@@ -4,6 +4,11 @@
 //! duplicate and NULL ids), every function, many thresholds (including values that pairs
 //! reach exactly) with `>=` and `>`, self and R-S joins, several list types, batch sizes and
 //! partition counts. Also: `count(*)`, metrics, the memory pool, and dropping a stream early.
+//!
+//! And the SQL forms the `similarity_join_rewrite` rule plans as `SimilarityJoinExec`
+//! (`JOIN ... ON jaccard(l.tokens, r.tokens) >= t` and friends): the same query with the rule
+//! on and off (`SET sets.similarity_join_rewrite`) gives the same multiset of rows, and the
+//! rule fires exactly when the threshold is one the join can take.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,6 +20,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::arrow::util::display::array_value_to_string;
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -310,6 +316,153 @@ proptest! {
             ctx.sql(&format!("SELECT * FROM {self_call}")).await?.collect().await
         }).expect("self join runs");
         prop_assert_eq!(pairs_of(&got, measure), brute_force(&left, None, &th));
+    }
+}
+
+/// One SQL spelling of a similarity join of `l` and `r` (see `sql_join`).
+const FORMS: usize = 9;
+
+/// The forms that join a table with itself on `a.id < b.id` (or `>`) over the same scan (form
+/// 3 reads the view `l`, whose unused `tag` column the optimizer prunes, leaving the scan),
+/// which the rule runs in the exec's self-join mode.
+const SELF_FORMS: [usize; 3] = [3, 7, 8];
+
+/// The literal `t` as SQL: integral overlap thresholds sometimes as integers (compared as
+/// UInt64), everything else as a float literal (compared as Float64).
+fn literal(t: f64, integral: bool) -> String {
+    if integral && t.fract() == 0.0 && t.abs() < 1e15 {
+        format!("{}", t as i64)
+    } else {
+        format!("{t:?}")
+    }
+}
+
+/// Form `form` of the join of `l` and `r` on `m(..) <cmp> t`.
+fn sql_join(form: usize, m: Measure, t: &str, c: Comparison) -> String {
+    let m = m.name();
+    let flipped = match c {
+        Comparison::GtEq => "<=",
+        Comparison::Gt => "<",
+    };
+    match form {
+        0 => format!(
+            "SELECT l.id, r.id, {m}(l.tokens, r.tokens) FROM l JOIN r ON {m}(l.tokens, r.tokens) {c} {t}"
+        ),
+        1 => format!("SELECT * FROM l JOIN r ON {t} {flipped} {m}(r.tokens, l.tokens)"),
+        2 => {
+            format!("SELECT l.id, l.tag, r.tokens FROM l, r WHERE {m}(r.tokens, l.tokens) {c} {t}")
+        }
+        3 => format!(
+            "SELECT a.id, b.id, {m}(a.tokens, b.tokens) FROM l a JOIN l b ON {m}(a.tokens, b.tokens) {c} {t} AND a.id < b.id"
+        ),
+        4 => format!(
+            "SELECT l.id, r.id, r.tag FROM l JOIN r ON {m}(l.tokens, r.tokens) {c} {t} AND (l.id + r.id) % 3 <> 0"
+        ),
+        5 => format!("SELECT count(*) FROM l CROSS JOIN r WHERE {m}(l.tokens, r.tokens) {c} {t}"),
+        6 => format!(
+            "SELECT l.id, r.id FROM l JOIN r ON {m}(array_append(l.tokens, 3), r.tokens) {c} {t}"
+        ),
+        7 => format!(
+            "SELECT a.id, b.id, b.tokens FROM l_raw a JOIN l_raw b ON {m}(a.tokens, b.tokens) {c} {t} AND a.id < b.id"
+        ),
+        _ => format!(
+            "SELECT b.tokens, a.id, b.id FROM l_raw a, l_raw b WHERE {m}(b.tokens, a.tokens) {c} {t} AND a.id > b.id"
+        ),
+    }
+}
+
+/// Every row of `batches` as text, sorted (a multiset).
+fn rows_of(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            let row: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| array_value_to_string(c.as_ref(), i).expect("display"))
+                .collect();
+            out.push(row.join(" | "));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// `sql`'s rows and, when its plan holds a `SimilarityJoinExec`, whether that is a self-join.
+async fn run_sql(
+    ctx: &SessionContext,
+    sql: &str,
+) -> datafusion::error::Result<(Vec<String>, Option<bool>)> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let rewritten = find_join(&plan).map(|j| j.is_self_join());
+    let batches = collect(plan, ctx.task_ctx()).await?;
+    Ok((rows_of(&batches), rewritten))
+}
+
+/// Tables `l_raw` and `r_raw` (`id`, `tokens`) and views `l` and `r` over them adding `tag`
+/// (the id as text).
+fn register_with_tag(
+    ctx: &SessionContext,
+    rt: &tokio::runtime::Runtime,
+    rows: (&[Row], &[Row]),
+    types: (&str, &str),
+) {
+    register(ctx, "l_raw", rows.0, types.0);
+    register(ctx, "r_raw", rows.1, types.1);
+    rt.block_on(async {
+        for (view, table) in [("l", "l_raw"), ("r", "r_raw")] {
+            ctx.sql(&format!(
+                "CREATE VIEW {view} AS SELECT id, tokens, CAST(id AS VARCHAR) AS tag FROM {table}"
+            ))
+            .await?
+            .collect()
+            .await?;
+        }
+        Ok::<_, datafusion::error::DataFusionError>(())
+    })
+    .expect("views");
+}
+
+fn sql_threshold_strategy() -> impl Strategy<Value = (Measure, f64, Comparison)> {
+    // Mostly thresholds the join takes, sometimes ones it must leave to the nested loop
+    // (0 with >=, negative, > 1), and `> 0`.
+    (threshold_strategy(), 0usize..12).prop_map(|((m, t, c), k)| match k {
+        0 => (m, 0.0, c),
+        1 => (m, -0.5, c),
+        2 if m.is_normalized() => (m, 1.25, c),
+        _ => (m, t, c),
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn sql_join_rewrite_equals_nested_loop(
+        left in rows_strategy(false),
+        right in rows_strategy(false),
+        (measure, t, cmp) in sql_threshold_strategy(),
+        form in 0..FORMS,
+        integral in any::<bool>(),
+        types in (0usize..4, 0usize..4),
+        batch_size in 1usize..9,
+        partitions in 1usize..5,
+    ) {
+        let rt = runtime();
+        let ctx = context(batch_size, partitions);
+        register_with_tag(&ctx, &rt, (&left, &right), (TOKEN_TYPES[types.0], TOKEN_TYPES[types.1]));
+        let integral = integral && measure == Measure::Overlap;
+        let sql = sql_join(form, measure, &literal(t, integral), cmp);
+        let takes = Threshold::try_new(measure, t, cmp, "test").is_ok();
+        let (on, on_rewritten) = rt.block_on(run_sql(&ctx, &sql)).expect("rewrite on");
+        rt.block_on(async {
+            ctx.sql("SET sets.similarity_join_rewrite = false").await?.collect().await
+        }).expect("SET");
+        let (off, off_rewritten) = rt.block_on(run_sql(&ctx, &sql)).expect("rewrite off");
+        let want = takes.then_some(SELF_FORMS.contains(&form));
+        prop_assert_eq!(on_rewritten, want, "rewritten (self-join?) with the rule on: {}", sql);
+        prop_assert!(off_rewritten.is_none(), "rewritten with the rule off: {}", sql);
+        prop_assert_eq!(on, off, "{}", sql);
     }
 }
 

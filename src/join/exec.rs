@@ -1,23 +1,29 @@
 //! `SimilarityJoinExec`: the exact set similarity join as a physical operator.
 //!
-//! Inputs: a left plan and, for an R-S join, a right plan, each with an id column and a
-//! token-list column (integer lists of any width; `List`, `LargeList` or `FixedSizeList`).
-//! Output: `(left_id, right_id, similarity)` for every pair whose similarity passes the
-//! [`Threshold`], in any order:
+//! Inputs: a left plan and, for an R-S join, a right plan, each with a token-list column
+//! (integer lists of any width; `List`, `LargeList` or `FixedSizeList`) and, where needed,
+//! an id column. The join finds every pair whose similarity passes the [`Threshold`]:
 //! - R-S join: every pair `(r, s)`, `r` from the left input, `s` from the right one;
 //! - self-join: every pair of distinct rows `x`, `y` of the one input with
 //!   `id(x) < id(y)` (as `r.id < s.id` in SQL: rows with a NULL id or an equal id are not
 //!   paired), left = the smaller id.
 //!
-//! A NULL or empty token list never joins. The similarity column is exactly
+//! A NULL or empty token list never joins. The similarity is exactly
 //! `jaccard(l.tokens, r.tokens)` (etc.) as the SQL function computes it.
 //!
+//! Output: one row per pair, in any order, whose columns are a list of [`JoinColumn`]s:
+//! any column of the left row, any column of the right row (gathered with `take` from the
+//! buffered inputs) and the similarity. The table function asks for
+//! `(left_id, right_id, similarity)` ([`SimilarityJoinExec::try_new`]); the SQL rewrite
+//! (`super::rewrite`) for the columns of the nested-loop join it replaces
+//! ([`SimilarityJoinExec::try_with_columns`]).
+//!
 //! Execution: the first partition stream to be polled reads both inputs (all their
-//! partitions) and builds the shared [`Collections`] (reordered sets and prefix indexes,
-//! memory reserved in the task's pool); then output partition `k` of `P` probes the sets at
-//! global positions `k, k + P, ...`. With an empty projection (`SELECT count(*)`) no pair
-//! is built: verification stops once the required overlap is reached and the stream emits
-//! batches without columns.
+//! partitions), keeps the columns the output needs and builds the shared [`Collections`]
+//! (reordered sets and prefix indexes, memory reserved in the task's pool); then output
+//! partition `k` of `P` probes the sets at global positions `k, k + P, ...`. With no output
+//! column (`SELECT count(*)`) no pair is built: verification stops once the required
+//! overlap is reached and the stream emits batches without columns.
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,11 +35,13 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err, plan_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
 };
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     PlanProperties,
@@ -46,21 +54,36 @@ use super::stream::SimilarityJoinStream;
 use super::threshold::Threshold;
 use crate::functions::set_similarity::{Measure, coerce_pair};
 
-/// One input of the join: a plan and the indexes of its id and token columns.
+/// One input of the join: a plan, its token column and (optionally) its id column.
 #[derive(Clone, Debug)]
 pub struct JoinInput {
     /// The input plan.
     pub plan: Arc<dyn ExecutionPlan>,
-    /// Index of the id column in the plan's schema.
-    pub id: usize,
+    /// Index of the id column in the plan's schema: orients the pairs of a self-join, and is
+    /// the `left_id` / `right_id` column of [`SimilarityJoinExec::try_new`]. Only a self-join
+    /// requires one.
+    pub id: Option<usize>,
     /// Index of the token-list column in the plan's schema.
     pub tokens: usize,
 }
 
 impl JoinInput {
-    /// A new input.
+    /// A new input with an id column.
     pub fn new(plan: Arc<dyn ExecutionPlan>, id: usize, tokens: usize) -> Self {
-        Self { plan, id, tokens }
+        Self {
+            plan,
+            id: Some(id),
+            tokens,
+        }
+    }
+
+    /// A new input without an id column (R-S joins whose output names columns itself).
+    pub fn without_id(plan: Arc<dyn ExecutionPlan>, tokens: usize) -> Self {
+        Self {
+            plan,
+            id: None,
+            tokens,
+        }
     }
 
     fn field(&self, i: usize, what: &str) -> Result<Field> {
@@ -72,10 +95,29 @@ impl JoinInput {
             }
         }
     }
+
+    fn id_field(&self) -> Result<Field> {
+        match self.id {
+            Some(i) => self.field(i, "id"),
+            None => plan_err!("SimilarityJoinExec: this input has no id column"),
+        }
+    }
 }
 
-/// The join's full output schema: `left_id`, `right_id` (the id columns' types, nullable)
-/// and `similarity` (the measure's SQL result type).
+/// What one output column of the join holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JoinColumn {
+    /// Column `i` of the pair's left row (of the row with the smaller id in a self-join).
+    Left(usize),
+    /// Column `i` of the pair's right row (of the row with the larger id in a self-join,
+    /// read from the one input).
+    Right(usize),
+    /// The pair's similarity (the measure's SQL result type).
+    Similarity,
+}
+
+/// The join's full output schema for the table function: `left_id`, `right_id` (the id
+/// columns' types, nullable) and `similarity` (the measure's SQL result type).
 pub fn output_schema(left_id: &DataType, right_id: &DataType, measure: Measure) -> Schema {
     Schema::new(vec![
         Field::new("left_id", left_id.clone(), true),
@@ -87,12 +129,33 @@ pub fn output_schema(left_id: &DataType, right_id: &DataType, measure: Measure) 
 /// Everything the probes share, built once per execution.
 pub(crate) struct Built {
     pub(crate) collections: Collections,
-    /// Id column of each side (one for a self-join), batches concatenated.
-    pub(crate) ids: Vec<ArrayRef>,
+    /// The columns of each side (one side for a self-join) the output needs, batches
+    /// concatenated; `None` where not needed.
+    pub(crate) columns: Vec<Vec<Option<ArrayRef>>>,
     /// Self-join: orders ids to orient (and filter) pairs.
-    pub(crate) id_order: Option<DynComparator>,
-    /// Keeps the memory of `collections` and the inputs accounted.
+    pub(crate) id_order: Option<(ArrayRef, DynComparator)>,
+    /// Keeps the memory of `collections` and the columns accounted.
     pub(crate) _reservation: MemoryReservation,
+}
+
+impl Built {
+    /// Column `i` of `side` (0 = left, 1 = right; a self-join reads side 0 for both).
+    pub(crate) fn column(&self, side: usize, i: usize) -> Result<&ArrayRef> {
+        let side = side.min(self.columns.len() - 1);
+        match self.columns[side].get(i) {
+            Some(Some(c)) => Ok(c),
+            _ => internal_err!("SimilarityJoinExec: column {i} of side {side} was not gathered"),
+        }
+    }
+}
+
+/// How the output was asked for (only affects `EXPLAIN`).
+#[derive(Clone, Debug, PartialEq)]
+enum OutputKind {
+    /// `(left_id, right_id, similarity)`, projected.
+    Ids { projection: Option<Vec<usize>> },
+    /// Columns of the inputs' rows.
+    Rows,
 }
 
 /// The exact set similarity join (see the module docs).
@@ -103,7 +166,8 @@ pub struct SimilarityJoinExec {
     threshold: Threshold,
     /// The list type both token columns are cast to.
     token_type: DataType,
-    projection: Option<Vec<usize>>,
+    columns: Vec<JoinColumn>,
+    kind: OutputKind,
     schema: SchemaRef,
     partitions: usize,
     build: Arc<OnceCell<Arc<Built>>>,
@@ -122,7 +186,7 @@ impl fmt::Debug for Built {
 impl SimilarityJoinExec {
     /// A join of `left` with `right` (`None`: a self-join of `left`), emitting the columns
     /// `projection` of `(left_id, right_id, similarity)` (all when `None`) over `partitions`
-    /// output partitions.
+    /// output partitions. Every input needs an id column.
     pub fn try_new(
         left: JoinInput,
         right: Option<JoinInput>,
@@ -130,11 +194,84 @@ impl SimilarityJoinExec {
         projection: Option<Vec<usize>>,
         partitions: usize,
     ) -> Result<Self> {
-        let left_id = left.field(left.id, "id")?;
+        let left_id = left.id_field()?;
+        let right_id = match &right {
+            Some(r) => r.id_field()?,
+            None => left_id.clone(),
+        };
+        let full = output_schema(
+            left_id.data_type(),
+            right_id.data_type(),
+            threshold.measure(),
+        );
+        let all = [
+            JoinColumn::Left(left.id.unwrap_or_default()),
+            JoinColumn::Right(right.as_ref().unwrap_or(&left).id.unwrap_or_default()),
+            JoinColumn::Similarity,
+        ];
+        let (schema, columns) = match &projection {
+            Some(p) => {
+                let mut columns = Vec::with_capacity(p.len());
+                for &i in p {
+                    match all.get(i) {
+                        Some(c) => columns.push(*c),
+                        None => {
+                            return plan_err!(
+                                "SimilarityJoinExec: projection index {i} out of range"
+                            );
+                        }
+                    }
+                }
+                (full.project(p)?, columns)
+            }
+            None => (full, all.to_vec()),
+        };
+        Self::new_inner(
+            left,
+            right,
+            threshold,
+            columns,
+            OutputKind::Ids { projection },
+            Arc::new(schema),
+            partitions,
+        )
+    }
+
+    /// A join of `left` with `right` (`None`: a self-join of `left`, which needs the left
+    /// input's id column) emitting `columns`, named and typed by `schema` (whose field types
+    /// must be those of the columns), over `partitions` output partitions.
+    pub fn try_with_columns(
+        left: JoinInput,
+        right: Option<JoinInput>,
+        threshold: Threshold,
+        columns: Vec<JoinColumn>,
+        schema: SchemaRef,
+        partitions: usize,
+    ) -> Result<Self> {
+        Self::new_inner(
+            left,
+            right,
+            threshold,
+            columns,
+            OutputKind::Rows,
+            schema,
+            partitions,
+        )
+    }
+
+    fn new_inner(
+        left: JoinInput,
+        right: Option<JoinInput>,
+        threshold: Threshold,
+        columns: Vec<JoinColumn>,
+        kind: OutputKind,
+        schema: SchemaRef,
+        partitions: usize,
+    ) -> Result<Self> {
         let left_tokens = left.field(left.tokens, "tokens")?;
-        let (right_id, right_tokens) = match &right {
-            Some(r) => (r.field(r.id, "id")?, r.field(r.tokens, "tokens")?),
-            None => (left_id.clone(), left_tokens.clone()),
+        let right_tokens = match &right {
+            Some(r) => r.field(r.tokens, "tokens")?,
+            None => left_tokens.clone(),
         };
         let coerced = coerce_pair(
             "similarity_join",
@@ -149,6 +286,7 @@ impl SimilarityJoinExec {
         }
         if right.is_none() {
             // Self-joins orient pairs by id: the ids must be orderable.
+            let left_id = left.id_field()?;
             let empty = new_empty_array(left_id.data_type());
             if let Err(e) = make_comparator(empty.as_ref(), empty.as_ref(), SortOptions::default())
             {
@@ -159,15 +297,30 @@ impl SimilarityJoinExec {
                 );
             }
         }
-        let full = output_schema(
-            left_id.data_type(),
-            right_id.data_type(),
-            threshold.measure(),
-        );
-        let schema = Arc::new(match &projection {
-            Some(p) => full.project(p)?,
-            None => full,
-        });
+        if columns.len() != schema.fields().len() {
+            return plan_err!(
+                "SimilarityJoinExec: {} output columns but {} schema fields",
+                columns.len(),
+                schema.fields().len()
+            );
+        }
+        for (c, field) in columns.iter().zip(schema.fields()) {
+            let source = match c {
+                JoinColumn::Left(i) => left.field(*i, "output")?.data_type().clone(),
+                JoinColumn::Right(i) => {
+                    let input = right.as_ref().unwrap_or(&left);
+                    input.field(*i, "output")?.data_type().clone()
+                }
+                JoinColumn::Similarity => threshold.measure().return_type(),
+            };
+            if &source != field.data_type() {
+                return plan_err!(
+                    "SimilarityJoinExec: output column {} is {source}, the schema says {}",
+                    field.name(),
+                    field.data_type()
+                );
+            }
+        }
         let partitions = partitions.max(1);
         let cache = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
@@ -180,7 +333,8 @@ impl SimilarityJoinExec {
             right,
             threshold,
             token_type,
-            projection,
+            columns,
+            kind,
             schema,
             partitions,
             build: Arc::new(OnceCell::new()),
@@ -199,9 +353,17 @@ impl SimilarityJoinExec {
         self.right.is_none()
     }
 
-    /// The output projection of `(left_id, right_id, similarity)`.
+    /// The output projection of `(left_id, right_id, similarity)` (table function output).
     pub fn projection(&self) -> Option<&[usize]> {
-        self.projection.as_deref()
+        match &self.kind {
+            OutputKind::Ids { projection } => projection.as_deref(),
+            OutputKind::Rows => None,
+        }
+    }
+
+    /// The output columns.
+    pub fn columns(&self) -> &[JoinColumn] {
+        &self.columns
     }
 
     fn inputs(&self) -> Vec<&JoinInput> {
@@ -210,12 +372,27 @@ impl SimilarityJoinExec {
             .collect()
     }
 
-    /// Columns wanted: `[left_id, right_id, similarity]`.
-    fn wanted(&self) -> [bool; 3] {
-        match &self.projection {
-            None => [true; 3],
-            Some(p) => [p.contains(&0), p.contains(&1), p.contains(&2)],
+    /// For each input, the columns to keep: the output's and, in a self-join, the id.
+    fn gathered(&self) -> Vec<Vec<usize>> {
+        let mut sides = vec![Vec::new(); 1 + usize::from(self.right.is_some())];
+        let last = sides.len() - 1;
+        for c in &self.columns {
+            match c {
+                JoinColumn::Left(i) => sides[0].push(*i),
+                JoinColumn::Right(i) => sides[last].push(*i),
+                JoinColumn::Similarity => {}
+            }
         }
+        if self.right.is_none()
+            && let Some(id) = self.left.id
+        {
+            sides[0].push(id);
+        }
+        for s in &mut sides {
+            s.sort_unstable();
+            s.dedup();
+        }
+        sides
     }
 }
 
@@ -229,23 +406,43 @@ impl DisplayAs for SimilarityJoinExec {
                 .map(|f| format!("{}@{i}", f.name()))
                 .unwrap_or_else(|| format!("?@{i}"))
         };
+        let side = |input: &JoinInput| match input.id {
+            Some(id) => format!("({}, {})", col(input, id), col(input, input.tokens)),
+            None => format!("({})", col(input, input.tokens)),
+        };
         let mode = if self.is_self_join() { "self" } else { "r-s" };
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
                 write!(
                     f,
-                    "SimilarityJoinExec: mode={mode}, function={}, threshold={} {}, left=({}, {})",
+                    "SimilarityJoinExec: mode={mode}, function={}, threshold={} {}, left={}",
                     self.threshold.measure().name(),
                     self.threshold.comparison(),
                     self.threshold.value(),
-                    col(&self.left, self.left.id),
-                    col(&self.left, self.left.tokens),
+                    side(&self.left),
                 )?;
                 if let Some(r) = &self.right {
-                    write!(f, ", right=({}, {})", col(r, r.id), col(r, r.tokens))?;
+                    write!(f, ", right={}", side(r))?;
                 }
-                if let Some(p) = self.projection.as_ref().filter(|p| **p != [0, 1, 2]) {
-                    write!(f, ", projection={p:?}")?;
+                match &self.kind {
+                    OutputKind::Ids { projection } => {
+                        if let Some(p) = projection.as_ref().filter(|p| **p != [0, 1, 2]) {
+                            write!(f, ", projection={p:?}")?;
+                        }
+                    }
+                    OutputKind::Rows => {
+                        let right = self.right.as_ref().unwrap_or(&self.left);
+                        let shown: Vec<String> = self
+                            .columns
+                            .iter()
+                            .map(|c| match c {
+                                JoinColumn::Left(i) => format!("L.{}", col(&self.left, *i)),
+                                JoinColumn::Right(i) => format!("R.{}", col(right, *i)),
+                                JoinColumn::Similarity => "similarity".to_string(),
+                            })
+                            .collect();
+                        write!(f, ", output=[{}]", shown.join(", "))?;
+                    }
                 }
                 write!(f, ", backend=cpu")
             }
@@ -277,6 +474,11 @@ impl ExecutionPlan for SimilarityJoinExec {
         self.inputs().into_iter().map(|i| &i.plan).collect()
     }
 
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        // Every input partition is read to the end by one task before probing starts.
+        vec![false; self.children().len()]
+    }
+
     fn apply_expressions(
         &self,
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
@@ -306,13 +508,54 @@ impl ExecutionPlan for SimilarityJoinExec {
             plan: children.next().unwrap_or_else(|| Arc::clone(&r.plan)),
             ..r.clone()
         });
-        Ok(Arc::new(Self::try_new(
+        Ok(Arc::new(Self::new_inner(
             left,
             right,
             self.threshold,
-            self.projection.clone(),
+            self.columns.clone(),
+            self.kind.clone(),
+            Arc::clone(&self.schema),
             self.partitions,
         )?))
+    }
+
+    /// A projection of plain columns folds into the output columns (so `count(*)` over the
+    /// join, whose projection is empty, builds no pair).
+    fn try_swapping_with_projection(
+        &self,
+        projection: &ProjectionExec,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let mut picked = Vec::with_capacity(projection.expr().len());
+        for e in projection.expr() {
+            match e.expr.downcast_ref::<Column>() {
+                Some(c) if c.index() < self.columns.len() => picked.push(c.index()),
+                _ => return Ok(None),
+            }
+        }
+        let columns = picked.iter().map(|&i| self.columns[i]).collect();
+        let kind = match &self.kind {
+            OutputKind::Ids { projection: p } => OutputKind::Ids {
+                projection: Some(
+                    picked
+                        .iter()
+                        .map(|&i| p.as_ref().map_or(i, |p| p[i]))
+                        .collect(),
+                ),
+            },
+            OutputKind::Rows => OutputKind::Rows,
+        };
+        match Self::new_inner(
+            self.left.clone(),
+            self.right.clone(),
+            self.threshold,
+            columns,
+            kind,
+            projection.schema(),
+            self.partitions,
+        ) {
+            Ok(exec) => Ok(Some(Arc::new(exec))),
+            Err(_) => Ok(None),
+        }
     }
 
     fn execute(
@@ -329,13 +572,14 @@ impl ExecutionPlan for SimilarityJoinExec {
         let build_time = MetricBuilder::new(&self.metrics).subset_time("build_time", partition);
         let cell = Arc::clone(&self.build);
         let inputs: Vec<JoinInput> = self.inputs().into_iter().cloned().collect();
+        let gathered = self.gathered();
         let token_type = self.token_type.clone();
         let threshold = self.threshold;
         let ctx = Arc::clone(&context);
         let build = Box::pin(async move {
             let built = cell
                 .get_or_try_init(|| {
-                    build_collections(inputs, token_type, threshold, ctx, build_time)
+                    build_collections(inputs, gathered, token_type, threshold, ctx, build_time)
                 })
                 .await?;
             Ok(Arc::clone(built))
@@ -344,7 +588,7 @@ impl ExecutionPlan for SimilarityJoinExec {
             Arc::clone(&self.schema),
             build,
             self.threshold,
-            self.wanted(),
+            self.columns.clone(),
             partition,
             self.partitions,
             context,
@@ -358,9 +602,11 @@ impl ExecutionPlan for SimilarityJoinExec {
     }
 }
 
-/// Read every input to the end and build the shared state.
+/// Read every input to the end and build the shared state. `gathered[s]`: the columns of
+/// input `s` to keep.
 async fn build_collections(
     inputs: Vec<JoinInput>,
+    gathered: Vec<Vec<usize>>,
     token_type: DataType,
     threshold: Threshold,
     context: Arc<TaskContext>,
@@ -370,10 +616,11 @@ async fn build_collections(
         MemoryConsumer::new("SimilarityJoinExec[build]").register(context.memory_pool());
     let self_join = inputs.len() == 1;
     let mut tokens = Vec::with_capacity(inputs.len());
-    let mut ids = Vec::with_capacity(inputs.len());
-    for input in &inputs {
+    let mut columns = Vec::with_capacity(inputs.len());
+    for (input, keep) in inputs.iter().zip(&gathered) {
+        let schema = input.plan.schema();
         let mut side_tokens = Vec::new();
-        let mut side_ids = Vec::new();
+        let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
         for part in 0..input.plan.output_partitioning().partition_count() {
             let mut stream = input.plan.execute(part, Arc::clone(&context))?;
             while let Some(batch) = stream.next().await {
@@ -383,35 +630,55 @@ async fn build_collections(
                     batch.get_array_memory_size(),
                     "the input batches",
                 )?;
-                side_ids.push(Arc::clone(batch.column(input.id)));
+                for (k, &i) in keep.iter().enumerate() {
+                    side_columns[k].push(Arc::clone(batch.column(i)));
+                }
                 side_tokens.push(cast(batch.column(input.tokens), &token_type)?);
             }
         }
-        let id_type = input.plan.schema().field(input.id).data_type().clone();
-        let id = if side_ids.is_empty() {
-            new_empty_array(&id_type)
-        } else {
-            let refs: Vec<&dyn Array> = side_ids.iter().map(|a| a.as_ref()).collect();
-            concat(&refs)?
-        };
-        ids.push(id);
+        let mut side = vec![None; schema.fields().len()];
+        for (k, &i) in keep.iter().enumerate() {
+            let parts = &side_columns[k];
+            let column = match parts.len() {
+                0 => new_empty_array(schema.field(i).data_type()),
+                1 => Arc::clone(&parts[0]),
+                _ => {
+                    let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                    let column = concat(&refs)?;
+                    reserve(
+                        &reservation,
+                        column.get_array_memory_size(),
+                        "the gathered columns",
+                    )?;
+                    column
+                }
+            };
+            side[i] = Some(column);
+        }
+        drop(side_columns);
+        columns.push(side);
         tokens.push(side_tokens);
     }
     let _timer = build_time.timer();
     let collections = Collections::build(&tokens, &threshold, &reservation)?;
     drop(tokens);
-    let id_order = if self_join {
-        Some(make_comparator(
-            ids[0].as_ref(),
-            ids[0].as_ref(),
-            SortOptions::default(),
-        )?)
-    } else {
-        None
+    let id_order = match (self_join, inputs[0].id) {
+        (true, Some(id)) => match columns[0].get(id) {
+            Some(Some(ids)) => {
+                let ids = Arc::clone(ids);
+                let order = make_comparator(ids.as_ref(), ids.as_ref(), SortOptions::default())?;
+                Some((ids, order))
+            }
+            _ => {
+                return internal_err!("SimilarityJoinExec: the self-join's id column was not kept");
+            }
+        },
+        (true, None) => return internal_err!("SimilarityJoinExec: a self-join needs an id column"),
+        (false, _) => None,
     };
     Ok(Arc::new(Built {
         collections,
-        ids,
+        columns,
         id_order,
         _reservation: reservation,
     }))

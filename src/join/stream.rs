@@ -14,7 +14,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::take;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::Result;
+use datafusion::common::{Result, internal_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{RecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::{
@@ -22,7 +22,7 @@ use datafusion::physical_plan::metrics::{
 };
 use futures::Stream;
 
-use super::exec::Built;
+use super::exec::{Built, JoinColumn};
 use super::filter::{Scratch, reserve, verify};
 use super::threshold::Threshold;
 use crate::functions::set_similarity::Measure;
@@ -43,8 +43,12 @@ pub(crate) struct SimilarityJoinStream {
     schema: SchemaRef,
     state: State,
     threshold: Threshold,
-    /// `[left_id, right_id, similarity]` wanted in the output.
-    wanted: [bool; 3],
+    /// The output columns.
+    columns: Vec<JoinColumn>,
+    /// Whether the output holds any column (else only pairs are counted).
+    materialize: bool,
+    /// Whether the output holds the similarity (else verification may stop early).
+    exact: bool,
     partition: usize,
     partitions: usize,
     batch_size: usize,
@@ -74,7 +78,7 @@ impl SimilarityJoinStream {
         schema: SchemaRef,
         build: BuildFuture,
         threshold: Threshold,
-        wanted: [bool; 3],
+        columns: Vec<JoinColumn>,
         partition: usize,
         partitions: usize,
         context: Arc<TaskContext>,
@@ -84,7 +88,9 @@ impl SimilarityJoinStream {
             schema,
             state: State::Building(build),
             threshold,
-            wanted,
+            materialize: !columns.is_empty(),
+            exact: columns.contains(&JoinColumn::Similarity),
+            columns,
             partition,
             partitions,
             batch_size: context.session_config().batch_size().max(1),
@@ -102,11 +108,6 @@ impl SimilarityJoinStream {
             filter_time: MetricBuilder::new(metrics).subset_time("filter_time", partition),
             verify_time: MetricBuilder::new(metrics).subset_time("verify_time", partition),
         })
-    }
-
-    /// Whether the pairs themselves are needed (not only their number).
-    fn materialize(&self) -> bool {
-        self.wanted.iter().any(|&w| w)
     }
 
     fn start_probing(&mut self, built: Arc<Built>) -> Result<()> {
@@ -132,8 +133,8 @@ impl SimilarityJoinStream {
         let t1 = Instant::now();
         self.candidates.add(met);
         self.verified.add(self.scratch.candidates.len());
-        let exact = self.wanted[2];
-        let materialize = self.materialize();
+        let exact = self.exact;
+        let materialize = self.materialize;
         let x = coll.set(p);
         let n = x.len() as u64;
         let measure = self.threshold.measure();
@@ -144,8 +145,7 @@ impl SimilarityJoinStream {
             };
             let (rp, rq) = (coll.row(p), coll.row(q as usize));
             let (l, r) = match &built.id_order {
-                Some(order) => {
-                    let ids = &built.ids[0];
+                Some((ids, order)) => {
                     if ids.is_null(rp as usize) || ids.is_null(rq as usize) {
                         continue;
                     }
@@ -178,27 +178,33 @@ impl SimilarityJoinStream {
 
     /// The next `k` pending pairs as a batch.
     fn emit(&mut self, built: &Built, k: usize) -> Result<RecordBatch> {
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(3);
-        if self.materialize() {
-            let left: Vec<u32> = self.left_rows.drain(..k).collect();
-            let right: Vec<u32> = self.right_rows.drain(..k).collect();
-            if self.wanted[0] {
-                columns.push(take(built.ids[0].as_ref(), &UInt32Array::from(left), None)?);
-            }
-            if self.wanted[1] {
-                let ids = built.ids.get(1).unwrap_or(&built.ids[0]);
-                columns.push(take(ids.as_ref(), &UInt32Array::from(right), None)?);
-            }
-            if self.wanted[2] {
-                let column: ArrayRef = match self.threshold.measure() {
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
+        if self.materialize {
+            let left = UInt32Array::from(self.left_rows.drain(..k).collect::<Vec<u32>>());
+            let right = UInt32Array::from(self.right_rows.drain(..k).collect::<Vec<u32>>());
+            let similarity: Option<ArrayRef> = if self.exact {
+                Some(match self.threshold.measure() {
                     Measure::Overlap => Arc::new(UInt64Array::from(
                         self.overlaps.drain(..k).collect::<Vec<_>>(),
                     )),
                     _ => Arc::new(Float64Array::from(
                         self.scores.drain(..k).collect::<Vec<_>>(),
                     )),
-                };
-                columns.push(column);
+                })
+            } else {
+                None
+            };
+            for c in &self.columns {
+                columns.push(match c {
+                    JoinColumn::Left(i) => take(built.column(0, *i)?.as_ref(), &left, None)?,
+                    JoinColumn::Right(i) => take(built.column(1, *i)?.as_ref(), &right, None)?,
+                    JoinColumn::Similarity => match &similarity {
+                        Some(s) => Arc::clone(s),
+                        None => {
+                            return internal_err!("SimilarityJoinExec: similarity not computed");
+                        }
+                    },
+                });
             }
         }
         self.pending -= k;

@@ -12,9 +12,9 @@
 //! Arguments: table names (resolved in the session's catalog, `schema.table` allowed), id
 //! and token column names (string literals), the function (`jaccard`, `cosine`, `dice`,
 //! `overlap`, case-insensitive) and the threshold (a numeric literal: in `(0, 1]` for the
-//! normalized measures, `> 0` for `overlap`). Result columns: `left_id`, `right_id` (the id
-//! columns' types) and `similarity` (`Float64`; `UInt64` for `overlap`), exactly the value
-//! of the SQL function of the same name.
+//! normalized measures, `> 0` for `overlap`; `0` too with `'>'`). Result columns: `left_id`,
+//! `right_id` (the id columns' types) and `similarity` (`Float64`; `UInt64` for `overlap`),
+//! exactly the value of the SQL function of the same name.
 
 use std::sync::Arc;
 

@@ -57,10 +57,17 @@ pub struct Threshold {
 }
 
 impl Threshold {
-    /// A validated threshold: finite and `> 0`, and `<= 1` for the normalized measures.
-    /// `who` names the caller in the error (e.g. `similarity_join: argument 8 (threshold)`).
+    /// A validated threshold: finite and `> 0` (`>= 0` with [`Comparison::Gt`]: `score > 0`
+    /// is "shares at least one element"), and `<= 1` for the normalized measures. These are
+    /// exactly the thresholds an empty set (score 0) cannot pass, which is what lets the join
+    /// drop empty sets. `who` names the caller in the error (e.g.
+    /// `similarity_join: argument 8 (threshold)`).
     pub fn try_new(measure: Measure, value: f64, cmp: Comparison, who: &str) -> Result<Self> {
-        if !value.is_finite() || value <= 0.0 {
+        let positive = match cmp {
+            Comparison::GtEq => value > 0.0,
+            Comparison::Gt => value >= 0.0,
+        };
+        if !value.is_finite() || !positive {
             if measure.is_normalized() {
                 return plan_err!(
                     "{who}: the {} threshold must be in (0, 1], got {value}",
@@ -171,6 +178,9 @@ mod tests {
     fn thresholds() -> Vec<Threshold> {
         let mut out = Vec::new();
         for measure in Measure::ALL {
+            out.push(Threshold::try_new(measure, 0.0, Comparison::Gt, "test").unwrap());
+        }
+        for measure in Measure::ALL {
             let values: &[f64] = if measure.is_normalized() {
                 &[
                     0.01,
@@ -254,5 +264,12 @@ mod tests {
         }
         assert!(Threshold::try_new(Measure::Overlap, 3.0, Comparison::GtEq, "f").is_ok());
         assert!(Threshold::try_new(Measure::Overlap, 0.0, Comparison::GtEq, "f").is_err());
+        // `> 0` is "at least one common element"; `> -0.5` would let empty sets pass.
+        for m in Measure::ALL {
+            let th = Threshold::try_new(m, 0.0, Comparison::Gt, "f").unwrap();
+            assert_eq!(th.min_overlap(3, 5), Some(1));
+            assert_eq!(th.min_overlap(0, 5), None);
+            assert!(Threshold::try_new(m, -0.5, Comparison::Gt, "f").is_err());
+        }
     }
 }

@@ -50,10 +50,16 @@ pub async fn run_ours(path: &Path, setup: &[&str]) -> Result<()> {
         .build();
     let ctx = SessionContext::new_with_state(state);
     prepare(&ctx, setup).await?;
-    run_file(
+    let labels: &[&str] = if setup.iter().any(|s| s.contains("'gpu'")) {
+        &["gpu"]
+    } else {
+        &[]
+    };
+    run_file_labeled(
         ctx,
         path,
         path.file_name().map(PathBuf::from).unwrap_or_default(),
+        labels,
     )
     .await
 }
@@ -85,11 +91,25 @@ pub async fn run_upstream(path: &Path, relative: &Path, setup: &[&str]) -> Resul
 }
 
 pub async fn run_file(ctx: SessionContext, path: &Path, relative: PathBuf) -> Result<()> {
+    run_file_labeled(ctx, path, relative, &[]).await
+}
+
+/// [`run_file`] with sqllogictest labels (`onlyif <label>` / `skipif <label>` in the files):
+/// the GPU suite runs with the label `gpu`.
+pub async fn run_file_labeled(
+    ctx: SessionContext,
+    path: &Path,
+    relative: PathBuf,
+    labels: &[&str],
+) -> Result<()> {
     let mut runner = sqllogictest::Runner::new(|| {
         let ctx = ctx.clone();
         let relative = relative.clone();
         async move { Ok(DataFusion::new(ctx, relative, ProgressBar::hidden())) }
     });
+    for l in labels {
+        runner.add_label(l);
+    }
     runner.with_column_validator(strict_column_validator);
     runner.with_normalizer(value_normalizer);
     runner.with_validator(df_value_validator);

@@ -1,0 +1,567 @@
+//! `similarity_join_rewrite`: the physical optimizer rule that plans a similarity join written
+//! in SQL as [`SimilarityJoinExec`].
+//!
+//! ```sql
+//! SELECT r.id, s.id FROM r JOIN s ON jaccard(r.tokens, s.tokens) >= 0.8;
+//! SELECT * FROM r, s WHERE 0.5 < cosine(s.tokens, r.tokens) AND r.lang = s.lang;
+//! SELECT a.id, b.id FROM t a JOIN t b ON overlap(a.tokens, b.tokens) >= 3 AND a.id < b.id;
+//! ```
+//!
+//! DataFusion plans these as a `NestedLoopJoinExec` (inner, with a `JoinFilter`), or, when the
+//! condition stayed in a `WHERE` above a cross join, as `FilterExec` over `CrossJoinExec`.
+//! The rule finds, among the conjuncts of that condition, one of the form
+//! `measure(<left expr>, <right expr>) >= t` (or `>`, either operand order, either argument
+//! order) where `measure` is this crate's `jaccard`, `cosine`, `dice` or `overlap` (the UDF
+//! itself, not merely a function of that name), each argument depends on one input only and
+//! `t` is a literal, and replaces the join by
+//!
+//! ```text
+//! [FilterExec: the other conjuncts, projection = the join's output columns]
+//!   SimilarityJoinExec: mode=r-s, output = the columns of both rows the plan above needs
+//!     left input  [+ ProjectionExec adding the argument when it is not a plain column]
+//!     right input [+ the same]
+//! ```
+//!
+//! with exactly the join's schema. The rows are those of the nested loop, as a multiset: the
+//! join finds exactly the pairs whose `f64` score passes the literal, computed by the same
+//! function on the same (coerced) lists, every pair once per pair of input rows.
+//!
+//! Self-joins (`FROM t a JOIN t b ON jaccard(a.tokens, b.tokens) >= t AND a.id < b.id`) run
+//! in the exec's self-join mode (one collection, each pair once, oriented by id; the id
+//! conjunct is dropped) only when both inputs provably scan the same data: the very same
+//! in-memory batches (buffer pointers), same projection, no limit; the measure compares one
+//! column with itself; the id is an integer column (SQL's `<` is then the exec's order, and
+//! NULL or equal ids are paired by neither). Any other self-join is an R-S join with
+//! `a.id < b.id` as a filter, which is always correct.
+//!
+//! Left alone (the plan stays as DataFusion made it, which is always correct):
+//! - joins other than INNER; equi-joins with a similarity filter (a hash join);
+//! - a threshold that is not a literal, is NULL, or lets an empty set pass (`>= t` with
+//!   `t <= 0`, `> t` with `t < 0`: the join drops empty and all-NULL lists, the nested loop
+//!   would pair them), or that no pair can meet (`> 1`, `>= 1.5` for the normalized
+//!   measures): the nested loop already gives the right (full or empty) answer. SQL never
+//!   gets the table function's threshold errors;
+//! - comparisons made in another type than the function's (decimals, `Float32`), volatile
+//!   arguments, arguments mixing both inputs;
+//! - unbounded (streaming) inputs: the join reads both inputs to the end first;
+//! - anything `SimilarityJoinExec` refuses to build (e.g. lists of non-integers).
+//!
+//! The rule runs before `EnsureRequirements`, so distribution and ordering are enforced around
+//! the new operator as for any other; it reads `sets.similarity_join_rewrite` when the query
+//! is planned.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{JoinSide, JoinType, Result, ScalarValue};
+use datafusion::config::ConfigOptions;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
+use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction};
+use datafusion::physical_expr_common::physical_expr::is_volatile;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
+use datafusion::physical_plan::joins::utils::{JoinFilter, build_join_schema};
+use datafusion::physical_plan::joins::{CrossJoinExec, NestedLoopJoinExec};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+
+use super::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
+use super::threshold::{Comparison, Threshold};
+use crate::config::SetsConfig;
+use crate::functions::cosine::Cosine;
+use crate::functions::dice::Dice;
+use crate::functions::jaccard::Jaccard;
+use crate::functions::overlap::Overlap;
+use crate::functions::set_similarity::Measure;
+
+/// The rule's name (as `EXPLAIN VERBOSE` shows it).
+pub const SIMILARITY_JOIN_REWRITE: &str = "similarity_join_rewrite";
+
+/// Name of the column a side's input gets when the measure's argument is an expression.
+const TOKENS_COLUMN: &str = "__similarity_join_tokens";
+
+/// The physical optimizer rule (see the module docs).
+#[derive(Debug, Default)]
+pub struct SimilarityJoinRewrite;
+
+impl SimilarityJoinRewrite {
+    /// A new instance.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl PhysicalOptimizerRule for SimilarityJoinRewrite {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !SetsConfig::from_options(config).similarity_join_rewrite {
+            return Ok(plan);
+        }
+        let partitions = config.execution.target_partitions;
+        plan.transform_up(|node| {
+            Ok(match rewrite(&node, partitions) {
+                Some(new) => Transformed::yes(new),
+                None => Transformed::no(node),
+            })
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        SIMILARITY_JOIN_REWRITE
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// `node` rewritten, or `None` when it is not a join the rule can prove it may replace.
+fn rewrite(node: &Arc<dyn ExecutionPlan>, partitions: usize) -> Option<Arc<dyn ExecutionPlan>> {
+    let (left, right, predicate, projection) =
+        if let Some(join) = node.downcast_ref::<NestedLoopJoinExec>() {
+            if *join.join_type() != JoinType::Inner {
+                return None;
+            }
+            let nl = join.left().schema().fields().len();
+            let predicate = on_join_schema(join.filter()?, nl)?;
+            let projection = join.projection().as_ref().map(|p| p.to_vec());
+            (join.left(), join.right(), predicate, projection)
+        } else if let Some(filter) = node.downcast_ref::<FilterExec>() {
+            let cross = filter.input().downcast_ref::<CrossJoinExec>()?;
+            if filter.fetch().is_some() {
+                return None;
+            }
+            let projection = filter.projection().as_ref().map(|p| p.to_vec());
+            (
+                cross.left(),
+                cross.right(),
+                Arc::clone(filter.predicate()),
+                projection,
+            )
+        } else {
+            return None;
+        };
+    // The exec reads both inputs to the end before emitting anything.
+    if left.boundedness().is_unbounded() || right.boundedness().is_unbounded() {
+        return None;
+    }
+    let planned = plan(
+        left,
+        right,
+        &predicate,
+        projection,
+        node.schema(),
+        partitions,
+    );
+    match planned {
+        Ok(Some(new)) => {
+            log::debug!("{SIMILARITY_JOIN_REWRITE}: {} replaced", node.name());
+            Some(new)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log::debug!("{SIMILARITY_JOIN_REWRITE}: {} left alone: {e}", node.name());
+            None
+        }
+    }
+}
+
+/// The join filter's expression over the join's full schema (left columns, then right).
+fn on_join_schema(filter: &JoinFilter, nl: usize) -> Option<Arc<dyn PhysicalExpr>> {
+    let indices = filter.column_indices();
+    let mut ok = true;
+    let expr = Arc::clone(filter.expression())
+        .transform(|e| {
+            let Some(c) = e.downcast_ref::<Column>() else {
+                return Ok(Transformed::no(e));
+            };
+            let index = match indices.get(c.index()) {
+                Some(ci) if ci.side == JoinSide::Left => ci.index,
+                Some(ci) if ci.side == JoinSide::Right => nl + ci.index,
+                _ => {
+                    ok = false;
+                    return Ok(Transformed::no(e));
+                }
+            };
+            Ok(Transformed::yes(
+                Arc::new(Column::new(c.name(), index)) as Arc<dyn PhysicalExpr>
+            ))
+        })
+        .data()
+        .ok()?;
+    ok.then_some(expr)
+}
+
+/// A conjunct `measure(args[0], args[1]) <cmp> t`, `args[0]` over the left input's columns
+/// and `args[1]` over the right's (indices of the join schema).
+struct SimilarityPredicate {
+    threshold: Threshold,
+    args: [Arc<dyn PhysicalExpr>; 2],
+}
+
+/// The plan replacing an inner join of `left` and `right` on `predicate` (over the join
+/// schema) whose output is `projection` of the join schema (all columns when `None`) with
+/// schema `target`; `Ok(None)` when no conjunct is a similarity predicate the join can take.
+fn plan(
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    predicate: &Arc<dyn PhysicalExpr>,
+    projection: Option<Vec<usize>>,
+    target: SchemaRef,
+    partitions: usize,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let (left_schema, right_schema) = (left.schema(), right.schema());
+    let nl = left_schema.fields().len();
+    let (join_schema, _) = build_join_schema(&left_schema, &right_schema, &JoinType::Inner);
+    let conjuncts = split_conjunction(predicate);
+    let Some((k, similarity)) = conjuncts
+        .iter()
+        .enumerate()
+        .find_map(|(k, c)| similarity_predicate(c, nl).map(|s| (k, s)))
+    else {
+        return Ok(None);
+    };
+    let mut residual: Vec<Arc<dyn PhysicalExpr>> = conjuncts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != k)
+        .map(|(_, c)| Arc::clone(c))
+        .collect();
+    let output = projection.unwrap_or_else(|| (0..join_schema.fields().len()).collect());
+    let (left_input, right_input, flipped) =
+        match self_join(left, right, &similarity, &residual, nl) {
+            Some(s) => {
+                // The exec orients each pair by id, which is what the id conjunct asked for.
+                residual.remove(s.conjunct);
+                (
+                    JoinInput::new(Arc::clone(left), s.id, s.tokens),
+                    None,
+                    s.flipped,
+                )
+            }
+            None => {
+                let Some(l) = side_input(left, &similarity.args[0], 0)? else {
+                    return Ok(None);
+                };
+                let Some(r) = side_input(right, &similarity.args[1], nl)? else {
+                    return Ok(None);
+                };
+                (l, Some(r), false)
+            }
+        };
+    // In a self-join whose id conjunct is `left.id > right.id`, the join's left row is the
+    // exec's right one (the larger id).
+    let column = |c: usize| match (c < nl, flipped) {
+        (true, false) => JoinColumn::Left(c),
+        (true, true) => JoinColumn::Right(c),
+        (false, false) => JoinColumn::Right(c - nl),
+        (false, true) => JoinColumn::Left(c - nl),
+    };
+    let new: Arc<dyn ExecutionPlan> = if residual.is_empty() {
+        Arc::new(SimilarityJoinExec::try_with_columns(
+            left_input,
+            right_input,
+            similarity.threshold,
+            output.iter().map(|&c| column(c)).collect(),
+            Arc::clone(&target),
+            partitions,
+        )?)
+    } else {
+        // The join emits the columns the other conjuncts and the output need; a filter with
+        // the join's projection does the rest.
+        let residual = conjunction(residual);
+        let mut needed: Vec<usize> = collect_columns(&residual)
+            .iter()
+            .map(|c| c.index())
+            .chain(output.iter().copied())
+            .collect();
+        needed.sort_unstable();
+        needed.dedup();
+        let fields: Vec<FieldRef> = needed
+            .iter()
+            .map(|&c| Arc::clone(&join_schema.fields()[c]))
+            .collect();
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields,
+            join_schema.metadata().clone(),
+        ));
+        let join = SimilarityJoinExec::try_with_columns(
+            left_input,
+            right_input,
+            similarity.threshold,
+            needed.iter().map(|&c| column(c)).collect(),
+            schema,
+            partitions,
+        )?;
+        let position = |c: usize| needed.binary_search(&c).unwrap_or(usize::MAX);
+        let residual = residual
+            .transform(|e| {
+                Ok(match e.downcast_ref::<Column>() {
+                    Some(c) => {
+                        Transformed::yes(Arc::new(Column::new(c.name(), position(c.index())))
+                            as Arc<dyn PhysicalExpr>)
+                    }
+                    None => Transformed::no(e),
+                })
+            })
+            .data()?;
+        Arc::new(
+            FilterExecBuilder::new(residual, Arc::new(join))
+                .apply_projection(Some(output.iter().map(|&c| position(c)).collect()))?
+                .build()?,
+        )
+    };
+    if new.schema().as_ref() != target.as_ref() {
+        log::debug!(
+            "{SIMILARITY_JOIN_REWRITE}: schema {} differs from the join's {target}",
+            new.schema()
+        );
+        return Ok(None);
+    }
+    Ok(Some(new))
+}
+
+/// A self-join the exec can run in its self-join mode: both inputs scan the same data, the
+/// measure compares a column with itself, and a conjunct orders the pair by an integer column
+/// (`left.id < right.id`, or `>`: `flipped`).
+struct SelfJoin {
+    id: usize,
+    tokens: usize,
+    flipped: bool,
+    /// Index of the id conjunct in the residual conjuncts.
+    conjunct: usize,
+}
+
+fn self_join(
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    similarity: &SimilarityPredicate,
+    residual: &[Arc<dyn PhysicalExpr>],
+    nl: usize,
+) -> Option<SelfJoin> {
+    let l = similarity.args[0].downcast_ref::<Column>()?;
+    let r = similarity.args[1].downcast_ref::<Column>()?;
+    if l.index() + nl != r.index() || !same_data(left, right) {
+        return None;
+    }
+    let schema = left.schema();
+    residual.iter().enumerate().find_map(|(k, conjunct)| {
+        let b = conjunct.downcast_ref::<BinaryExpr>()?;
+        let x = b.left().downcast_ref::<Column>()?.index();
+        let y = b.right().downcast_ref::<Column>()?.index();
+        let (id_left, id_right, op) = if x < nl && y >= nl {
+            (x, y - nl, *b.op())
+        } else if y < nl && x >= nl {
+            (y, x - nl, b.op().swap()?)
+        } else {
+            return None;
+        };
+        // Integers: SQL's `<` is the order the exec orients pairs by (NULLs never paired).
+        if id_left != id_right || !schema.field(id_left).data_type().is_integer() {
+            return None;
+        }
+        let flipped = match op {
+            Operator::Lt => false,
+            Operator::Gt => true,
+            _ => return None,
+        };
+        Some(SelfJoin {
+            id: id_left,
+            tokens: l.index(),
+            flipped,
+            conjunct: k,
+        })
+    })
+}
+
+/// Whether `a` and `b` provably produce the same rows: both scan the very same in-memory
+/// batches (buffer for buffer) with the same projection and no limit. (Scans of files could
+/// be compared by path, but not proved to read the same bytes; they stay R-S joins.)
+fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
+    fn memory(p: &Arc<dyn ExecutionPlan>) -> Option<&MemorySourceConfig> {
+        p.downcast_ref::<DataSourceExec>()
+            .and_then(|d| d.data_source().downcast_ref::<MemorySourceConfig>())
+            .filter(|m| m.fetch().is_none())
+    }
+    if Arc::ptr_eq(a, b) {
+        return true;
+    }
+    let (Some(ma), Some(mb)) = (memory(a), memory(b)) else {
+        return false;
+    };
+    let (pa, pb) = (ma.partitions(), mb.partitions());
+    ma.projection() == mb.projection()
+        && a.schema() == b.schema()
+        && pa.len() == pb.len()
+        && pa.iter().zip(pb).all(|(xa, xb)| {
+            xa.len() == xb.len()
+                && xa.iter().zip(xb).all(|(ba, bb)| {
+                    ba.num_rows() == bb.num_rows()
+                        && ba.num_columns() == bb.num_columns()
+                        && ba
+                            .columns()
+                            .iter()
+                            .zip(bb.columns())
+                            .all(|(ca, cb)| ca.to_data().ptr_eq(&cb.to_data()))
+                })
+        })
+}
+
+/// The input of one side: `plan` itself when the measure's argument is one of its columns,
+/// else `plan` with the argument appended as a column. `offset`: the side's first index in
+/// the join schema.
+fn side_input(
+    plan: &Arc<dyn ExecutionPlan>,
+    arg: &Arc<dyn PhysicalExpr>,
+    offset: usize,
+) -> Result<Option<JoinInput>> {
+    if let Some(c) = arg.downcast_ref::<Column>() {
+        return Ok(Some(JoinInput::without_id(
+            Arc::clone(plan),
+            c.index() - offset,
+        )));
+    }
+    if is_volatile(arg) {
+        return Ok(None);
+    }
+    let arg = Arc::clone(arg)
+        .transform(|e| {
+            Ok(match e.downcast_ref::<Column>() {
+                Some(c) => {
+                    Transformed::yes(Arc::new(Column::new(c.name(), c.index() - offset))
+                        as Arc<dyn PhysicalExpr>)
+                }
+                None => Transformed::no(e),
+            })
+        })
+        .data()?;
+    let schema = plan.schema();
+    let mut exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            (
+                Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
+                f.name().clone(),
+            )
+        })
+        .collect();
+    exprs.push((arg, TOKENS_COLUMN.to_string()));
+    let tokens = exprs.len() - 1;
+    let projected = ProjectionExec::try_new(exprs, Arc::clone(plan))?;
+    Ok(Some(JoinInput::without_id(Arc::new(projected), tokens)))
+}
+
+/// `conjunct` as a similarity predicate the join computes exactly, if it is one.
+fn similarity_predicate(
+    conjunct: &Arc<dyn PhysicalExpr>,
+    nl: usize,
+) -> Option<SimilarityPredicate> {
+    let b = conjunct.downcast_ref::<BinaryExpr>()?;
+    let (measured, literal, op) = if b.right().downcast_ref::<Literal>().is_some() {
+        (b.left(), b.right(), *b.op())
+    } else if b.left().downcast_ref::<Literal>().is_some() {
+        (b.right(), b.left(), b.op().swap()?)
+    } else {
+        return None;
+    };
+    let cmp = match op {
+        Operator::GtEq => Comparison::GtEq,
+        Operator::Gt => Comparison::Gt,
+        _ => return None,
+    };
+    // The measure, possibly cast to the comparison's type.
+    let (call, compared_as) = if let Some(c) = measured.downcast_ref::<CastExpr>() {
+        (c.expr(), Some(c.cast_type().clone()))
+    } else if let Some(c) = measured.downcast_ref::<TryCastExpr>() {
+        (c.expr(), Some(c.cast_type().clone()))
+    } else {
+        (measured, None)
+    };
+    let call = call.downcast_ref::<ScalarFunctionExpr>()?;
+    let measure = measure_of(call)?;
+    let returns = measure.return_type();
+    let compared_as = compared_as.unwrap_or_else(|| returns.clone());
+    // Comparisons whose outcome is exactly that of `score <cmp> t` in f64, as the join
+    // decides it: Float64 scores compared as Float64; overlap counts compared as UInt64,
+    // Int64 (exact for any count) or Float64 (the join's own `o as f64`).
+    let exact = matches!(
+        (&returns, &compared_as),
+        (DataType::Float64, DataType::Float64)
+            | (
+                DataType::UInt64,
+                DataType::UInt64 | DataType::Int64 | DataType::Float64
+            )
+    );
+    if !exact {
+        return None;
+    }
+    let value = literal_value(literal.downcast_ref::<Literal>()?.value(), &compared_as)?;
+    let threshold = Threshold::try_new(measure, value, cmp, SIMILARITY_JOIN_REWRITE).ok()?;
+    let [a, b] = call.args() else {
+        return None;
+    };
+    let args = match (side_of(a, nl)?, side_of(b, nl)?) {
+        (JoinSide::Left, JoinSide::Right) => [Arc::clone(a), Arc::clone(b)],
+        // Every measure is symmetric (and so is the arguments' coercion).
+        (JoinSide::Right, JoinSide::Left) => [Arc::clone(b), Arc::clone(a)],
+        _ => return None,
+    };
+    Some(SimilarityPredicate { threshold, args })
+}
+
+/// Which of our measures `call` computes (`None` for any other function, including a
+/// different UDF of the same name).
+fn measure_of(call: &ScalarFunctionExpr) -> Option<Measure> {
+    let f = call.fun().inner();
+    if f.is::<Jaccard>() {
+        Some(Measure::Jaccard)
+    } else if f.is::<Cosine>() {
+        Some(Measure::Cosine)
+    } else if f.is::<Dice>() {
+        Some(Measure::Dice)
+    } else if f.is::<Overlap>() {
+        Some(Measure::Overlap)
+    } else {
+        None
+    }
+}
+
+/// The literal as the `f64` the join compares scores with, when that comparison is the
+/// literal's own: a non-NULL value of the compared type; integers up to 2^53 (exact in f64).
+fn literal_value(value: &ScalarValue, compared_as: &DataType) -> Option<f64> {
+    const EXACT: u64 = 1 << 53;
+    if &value.data_type() != compared_as {
+        return None;
+    }
+    match value {
+        ScalarValue::Float64(Some(v)) => Some(*v),
+        ScalarValue::UInt64(Some(v)) if *v <= EXACT => Some(*v as f64),
+        ScalarValue::Int64(Some(v)) if v.unsigned_abs() <= EXACT => Some(*v as f64),
+        _ => None,
+    }
+}
+
+/// The input an expression reads (`None`: both, or none).
+fn side_of(expr: &Arc<dyn PhysicalExpr>, nl: usize) -> Option<JoinSide> {
+    let columns = collect_columns(expr);
+    if columns.is_empty() {
+        None
+    } else if columns.iter().all(|c| c.index() < nl) {
+        Some(JoinSide::Left)
+    } else if columns.iter().all(|c| c.index() >= nl) {
+        Some(JoinSide::Right)
+    } else {
+        None
+    }
+}

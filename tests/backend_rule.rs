@@ -1,0 +1,75 @@
+//! The backend rule through SQL: `EXPLAIN ANALYZE` shows, above the projection, the device
+//! each call was bound to and what the calls did. On a machine with a GPU (the device run,
+//! `scripts/gpu/`) the GPU counters must move; without one the choice must be the CPU with
+//! the reason.
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion_sets::backend::gpu;
+use datafusion_sets::new_context;
+
+/// The value of metric `name=` in an `EXPLAIN ANALYZE` line.
+fn metric(plan: &str, name: &str) -> u64 {
+    let key = format!("{name}=");
+    let at = plan
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {plan}"));
+    plan[at + key.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<String>()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a count in {plan}"))
+}
+
+async fn explain_analyze(backend: &str) -> String {
+    let ctx = new_context();
+    let sql = [
+        &format!("SET sets.backend = '{backend}'"),
+        "CREATE TABLE t (a INT[], b INT[]) AS SELECT [1, 2, 3, v], [2, 3, v, 9] FROM generate_series(1, 500) AS s(v)",
+    ];
+    for s in sql {
+        ctx.sql(s).await.unwrap().collect().await.unwrap();
+    }
+    let out = ctx
+        .sql("EXPLAIN ANALYZE SELECT list_intersect(a, b) FROM t")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    pretty_format_batches(&out).unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_choice_and_counters() {
+    let plan = explain_analyze("cpu").await;
+    assert!(
+        plan.contains("SetsBackendExec: list_intersect=cpu (sets.backend = 'cpu')"),
+        "{plan}"
+    );
+    assert_eq!(metric(&plan, "rows"), 500, "{plan}");
+    assert!(metric(&plan, "cpu_batches") >= 1, "{plan}");
+    assert_eq!(metric(&plan, "gpu_batches"), 0, "{plan}");
+    assert_eq!(metric(&plan, "bytes_to_device"), 0, "{plan}");
+
+    let plan = explain_analyze("gpu").await;
+    match gpu::device() {
+        Err(e) => {
+            assert!(
+                plan.contains(&format!("list_intersect=cpu (no GPU: {e})")),
+                "{plan}"
+            );
+            assert_eq!(metric(&plan, "gpu_batches"), 0, "{plan}");
+        }
+        Ok(_) => {
+            assert!(
+                plan.contains("list_intersect=gpu (sets.backend = 'gpu')"),
+                "{plan}"
+            );
+            assert_eq!(metric(&plan, "rows"), 500, "{plan}");
+            assert!(metric(&plan, "gpu_batches") >= 1, "{plan}");
+            assert!(metric(&plan, "bytes_to_device") > 0, "{plan}");
+            assert!(metric(&plan, "bytes_from_device") > 0, "{plan}");
+        }
+    }
+}
