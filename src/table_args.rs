@@ -30,7 +30,10 @@ pub fn string_arg(who: &str, exprs: &[Expr], k: usize, what: &str) -> Result<Str
             | ScalarValue::Utf8View(Some(s)),
         ) => Ok(s),
         Some(v) if v.is_null() => plan_err!("{who}: argument {n} ({what}) must not be NULL"),
-        _ => plan_err!("{who}: argument {n} ({what}) must be a string literal"),
+        _ => plan_err!(
+            "{who}: argument {n} ({what}) must be a string literal, got {}",
+            exprs.get(k).map(|e| e.to_string()).unwrap_or_default()
+        ),
     }
 }
 

@@ -9,14 +9,14 @@ rm -rf "$out" && mkdir -p "$out/upstream/array"
 # --no-default-features: the CLI binary is not needed by these tests.
 # The library's unit tests ride along: on the GPU machine they exercise the CPU kernels on its
 # own processor (VP2INTERSECT, when it has it, which the development machine may not).
-cargo test --no-default-features --features cuda --lib --test gpu_props --test gpu_sql --no-run \
+cargo test --no-default-features --features cuda --lib --test gpu_props --test gpu_sql --test backend_rule --no-run \
     --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule"):
         print(m["target"]["name"], m["executable"])
     elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "datafusion_sets" and m["profile"]["test"]:
         print("lib_tests", m["executable"])

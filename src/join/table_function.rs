@@ -21,15 +21,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{Result, ScalarValue, TableReference, plan_datafusion_err, plan_err};
+use datafusion::common::{Result, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
-use futures::FutureExt;
 
 use super::exec::{JoinInput, SimilarityJoinExec, output_schema};
 use super::threshold::{Comparison, Threshold};
 use crate::functions::common::list_element_type;
 use crate::functions::set_similarity::Measure;
+use crate::table_args::{literal, resolve_table, string_arg};
 
 /// The table function's SQL name.
 pub const SIMILARITY_JOIN: &str = "similarity_join";
@@ -55,7 +55,7 @@ impl TableFunctionImpl for SimilarityJoinFunction {
         };
         let left = side(session, exprs, 0)?;
         let right = right_at.map(|at| side(session, exprs, at)).transpose()?;
-        let name = string_arg(exprs, measure_at, "function")?;
+        let name = string_arg(SIMILARITY_JOIN, exprs, measure_at, "function")?;
         let Some(measure) = Measure::from_name(&name) else {
             return plan_err!(
                 "{SIMILARITY_JOIN}: argument {} (function): unknown similarity function '{name}', expected one of jaccard, cosine, dice, overlap",
@@ -66,7 +66,7 @@ impl TableFunctionImpl for SimilarityJoinFunction {
         let cmp = match exprs.get(measure_at + 2) {
             None => Comparison::GtEq,
             Some(_) => {
-                let op = string_arg(exprs, measure_at + 2, "comparison")?;
+                let op = string_arg(SIMILARITY_JOIN, exprs, measure_at + 2, "comparison")?;
                 Comparison::from_op(&op).ok_or_else(|| {
                     plan_datafusion_err!(
                         "{SIMILARITY_JOIN}: argument {} (comparison): expected '>=' or '>', got '{op}'",
@@ -118,11 +118,11 @@ impl Side {
 
 /// Arguments `at`, `at + 1`, `at + 2`: table, id column, token column.
 fn side(session: &dyn Session, exprs: &[Expr], at: usize) -> Result<Side> {
-    let table_name = string_arg(exprs, at, "table")?;
-    let table = resolve_table(session, &table_name, at + 1)?;
+    let table_name = string_arg(SIMILARITY_JOIN, exprs, at, "table")?;
+    let table = resolve_table(SIMILARITY_JOIN, session, &table_name, at + 1)?;
     let schema = table.schema();
     let column = |k: usize, what: &str| -> Result<usize> {
-        let name = string_arg(exprs, k, what)?;
+        let name = string_arg(SIMILARITY_JOIN, exprs, k, what)?;
         schema.index_of(&name).map_err(|_| {
             let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
             plan_datafusion_err!(
@@ -147,61 +147,6 @@ fn side(session: &dyn Session, exprs: &[Expr], at: usize) -> Result<Side> {
         }
     }
     Ok(Side { table, id, tokens })
-}
-
-/// Look a table up in the session's catalog. Catalogs that can only answer asynchronously
-/// (remote ones) are not supported: the table function is planned synchronously.
-fn resolve_table(session: &dyn Session, name: &str, arg: usize) -> Result<Arc<dyn TableProvider>> {
-    let options = session.config_options();
-    let resolved = TableReference::from(name).resolve(
-        &options.catalog.default_catalog,
-        &options.catalog.default_schema,
-    );
-    let not_found = || {
-        plan_datafusion_err!("{SIMILARITY_JOIN}: argument {arg} (table): table '{name}' not found")
-    };
-    let catalog = session
-        .catalog_list()
-        .catalog(&resolved.catalog)
-        .ok_or_else(not_found)?;
-    let schema = catalog.schema(&resolved.schema).ok_or_else(not_found)?;
-    match schema.table(&resolved.table).now_or_never() {
-        Some(Ok(Some(table))) => Ok(table),
-        Some(Ok(None)) => Err(not_found()),
-        Some(Err(e)) => Err(e),
-        None => plan_err!(
-            "{SIMILARITY_JOIN}: argument {arg} (table): table '{name}' lives in a catalog that cannot be read synchronously"
-        ),
-    }
-}
-
-/// The constant value of a literal, possibly negated or cast.
-fn literal(expr: &Expr) -> Option<ScalarValue> {
-    match expr {
-        Expr::Literal(v, _) => Some(v.clone()),
-        Expr::Negative(inner) => literal(inner)?.arithmetic_negate().ok(),
-        Expr::Cast(c) => literal(&c.expr)?.cast_to(c.field.data_type()).ok(),
-        Expr::TryCast(c) => literal(&c.expr)?.cast_to(c.field.data_type()).ok(),
-        _ => None,
-    }
-}
-
-fn string_arg(exprs: &[Expr], k: usize, what: &str) -> Result<String> {
-    let n = k + 1;
-    match exprs.get(k).and_then(literal) {
-        Some(
-            ScalarValue::Utf8(Some(s))
-            | ScalarValue::LargeUtf8(Some(s))
-            | ScalarValue::Utf8View(Some(s)),
-        ) => Ok(s),
-        Some(v) if v.is_null() => {
-            plan_err!("{SIMILARITY_JOIN}: argument {n} ({what}) must not be NULL")
-        }
-        _ => plan_err!(
-            "{SIMILARITY_JOIN}: argument {n} ({what}) must be a string literal, got {}",
-            exprs.get(k).map(|e| e.to_string()).unwrap_or_default()
-        ),
-    }
 }
 
 fn threshold_arg(exprs: &[Expr], k: usize) -> Result<f64> {
