@@ -2,6 +2,8 @@
 //! at planning time by `optimizer::backend_rule`, and what the call did (for `EXPLAIN
 //! ANALYZE`, through `optimizer::backend_exec`).
 
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::BackendChoice;
@@ -55,5 +57,29 @@ impl BackendMetrics {
     }
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Relaxed)
+    }
+}
+
+/// The planning-time choice a function instance is bound to, if any. Compared and hashed by
+/// identity, so UDF structs holding one can derive `PartialEq`, `Eq` and `Hash`.
+#[derive(Clone, Debug, Default)]
+pub struct PlanSlot(pub Option<Arc<BackendPlan>>);
+
+impl PartialEq for PlanSlot {
+    fn eq(&self, o: &Self) -> bool {
+        match (&self.0, &o.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+impl Eq for PlanSlot {}
+impl Hash for PlanSlot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0
+            .as_ref()
+            .map_or(0, |p| Arc::as_ptr(p) as usize)
+            .hash(state);
     }
 }

@@ -17,7 +17,7 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::backend_plan::BackendPlan;
+use super::backend_plan::{BackendPlan, PlanSlot};
 use super::common::{
     IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
 };
@@ -61,24 +61,11 @@ Semantics are the built-in's, folded left over the arguments: duplicates are rem
         description = "More list expressions; their element types are unified with list1's."
     )
 )]
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ListIntersect {
     signature: Signature,
-    /// The backend the optimizer rule chose for this call (`None`: the session's option).
-    plan: Option<Arc<BackendPlan>>,
-}
-
-impl PartialEq for ListIntersect {
-    fn eq(&self, o: &Self) -> bool {
-        self.signature == o.signature && same_plan(&self.plan, &o.plan)
-    }
-}
-impl Eq for ListIntersect {}
-impl std::hash::Hash for ListIntersect {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.signature.hash(state);
-        plan_key(&self.plan).hash(state);
-    }
+    /// The backend the optimizer rule chose for this call (none: the session's option).
+    plan: PlanSlot,
 }
 
 impl Default for ListIntersect {
@@ -92,35 +79,22 @@ impl ListIntersect {
     pub fn new() -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
-            plan: None,
+            plan: PlanSlot::default(),
         }
     }
 
     /// This function bound to a planning-time backend choice.
     pub fn with_plan(plan: Arc<BackendPlan>) -> Self {
         Self {
-            plan: Some(plan),
+            plan: PlanSlot(Some(plan)),
             ..Self::new()
         }
     }
 
     /// The planning-time choice, if any.
     pub fn plan(&self) -> Option<&Arc<BackendPlan>> {
-        self.plan.as_ref()
+        self.plan.0.as_ref()
     }
-}
-
-/// Plans compare by identity.
-pub(crate) fn same_plan(a: &Option<Arc<BackendPlan>>, b: &Option<Arc<BackendPlan>>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-        _ => false,
-    }
-}
-
-pub(crate) fn plan_key(p: &Option<Arc<BackendPlan>>) -> usize {
-    p.as_ref().map_or(0, |p| Arc::as_ptr(p) as usize)
 }
 
 impl ScalarUDFImpl for ListIntersect {
@@ -141,7 +115,7 @@ impl ScalarUDFImpl for ListIntersect {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        invoke(args, self.plan.as_ref())
+        invoke(args, self.plan.0.as_ref())
     }
 
     fn documentation(&self) -> Option<&Documentation> {

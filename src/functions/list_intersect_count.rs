@@ -16,12 +16,12 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::backend_plan::BackendPlan;
+use super::backend_plan::{BackendPlan, PlanSlot};
 use super::common::{
     IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
 };
 use super::intersect_rows::{EngineOptions, intersect_counts};
-use super::list_intersect::{engine_options, list_intersect_udf, plan_key, same_plan};
+use super::list_intersect::{engine_options, list_intersect_udf};
 use crate::backend::cpu::SetElem;
 use crate::dispatch_integer;
 
@@ -55,24 +55,11 @@ pub fn list_intersect_count(args: Vec<Expr>) -> Expr {
     ),
     argument(name = "listN", description = "More list expressions.")
 )]
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ListIntersectCount {
     signature: Signature,
-    /// The backend the optimizer rule chose for this call (`None`: the session's option).
-    plan: Option<Arc<BackendPlan>>,
-}
-
-impl PartialEq for ListIntersectCount {
-    fn eq(&self, o: &Self) -> bool {
-        self.signature == o.signature && same_plan(&self.plan, &o.plan)
-    }
-}
-impl Eq for ListIntersectCount {}
-impl std::hash::Hash for ListIntersectCount {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.signature.hash(state);
-        plan_key(&self.plan).hash(state);
-    }
+    /// The backend the optimizer rule chose for this call (none: the session's option).
+    plan: PlanSlot,
 }
 
 impl Default for ListIntersectCount {
@@ -86,21 +73,21 @@ impl ListIntersectCount {
     pub fn new() -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
-            plan: None,
+            plan: PlanSlot::default(),
         }
     }
 
     /// This function bound to a planning-time backend choice.
     pub fn with_plan(plan: Arc<BackendPlan>) -> Self {
         Self {
-            plan: Some(plan),
+            plan: PlanSlot(Some(plan)),
             ..Self::new()
         }
     }
 
     /// The planning-time choice, if any.
     pub fn plan(&self) -> Option<&Arc<BackendPlan>> {
-        self.plan.as_ref()
+        self.plan.0.as_ref()
     }
 }
 
@@ -122,7 +109,7 @@ impl ScalarUDFImpl for ListIntersectCount {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        invoke(args, self.plan.as_ref())
+        invoke(args, self.plan.0.as_ref())
     }
 
     fn documentation(&self) -> Option<&Documentation> {
