@@ -135,8 +135,9 @@ def main():
     max_rel = 0.0
     shown = 0
     for qid, our_hits in ours.items():
-        seen = set()
-        terms = [w for w in tokenize(text_of[qid]) if w in retriever.vocab_dict and not (w in seen or seen.add(w))]
+        # Distinct indexed tokens, in query order (we count a repeated term once; bm25s would
+        # add it twice).
+        terms = [w for w in dict.fromkeys(tokenize(text_of[qid])) if w in retriever.vocab_dict]
         if not terms:
             counts["empty" if not our_hits else "DIFFERENT"] += 1
             continue
