@@ -19,6 +19,8 @@
 //!   (`qid  rank  doc_id  score`, a query without results as one line `qid  0  -  -`), the
 //!   input of `benches/data/check_bm25s.py`.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -46,7 +48,7 @@ macro_rules! note {
 fn data_dir() -> PathBuf {
     match std::env::var_os("SETS_BENCH_DATA") {
         Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-data"),
+        None => common::manifest_dir().join("bench-data"),
     }
 }
 

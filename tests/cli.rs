@@ -2,11 +2,13 @@
 //! README's quickstart giving the answers a reader can check by hand against
 //! `examples/data/docs.csv`.
 
+mod common;
+
 use std::process::Command;
 
 fn dfsets(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dfsets"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(common::manifest_dir())
         .args(args)
         .output()
         .expect("dfsets runs");

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             if local.is_dir() {
                 local
             } else {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("sql-tests")
+                common::manifest_dir().join("sql-tests")
             }
         });
     let mut ours: Vec<PathBuf> = std::fs::read_dir(&dir)

@@ -38,10 +38,9 @@ fn main() -> ExitCode {
                 .any(|f| p.to_string_lossy().contains(f.as_str()))
     };
 
-    let mut ours: Vec<PathBuf> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("sql-tests"))
-            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
+    let mut ours: Vec<PathBuf> = std::fs::read_dir(common::manifest_dir().join("sql-tests"))
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
     ours.retain(|p| p.extension().is_some_and(|e| e == "slt"));
     ours.sort();
     for path in ours.iter().filter(|p| selected(p)) {

@@ -16,6 +16,15 @@ use sqllogictest::strict_column_validator;
 /// DataFusion's test files holding `array_intersect` / `list_intersect` cases.
 pub const UPSTREAM_FILES: &[&str] = &["array/array_union.slt", "array/arrays_zip.slt"];
 
+/// The crate's root: `CARGO_MANIFEST_DIR` as cargo sets it when it runs the test, else the
+/// directory the binary was compiled in (a cached binary may have been built from another
+/// clone of the same sources).
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// Print one file's outcome and count it.
 pub fn report(path: &Path, result: Result<()>, passed: &mut usize, failed: &mut usize) {
     match result {
@@ -142,7 +151,7 @@ pub fn upstream_test_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("DFSETS_UPSTREAM_SLT") {
         return Ok(PathBuf::from(dir));
     }
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest_dir = manifest_dir();
     let lock = std::fs::read_to_string(manifest_dir.join("Cargo.lock"))?;
     let mut lines = lock.lines();
     let version = loop {
