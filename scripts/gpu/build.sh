@@ -4,28 +4,45 @@
 # run on the GPU machine. Usage: scripts/gpu/build.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=carry/gpu
+out=${CARRY:-carry/gpu}
 rm -rf "$out" && mkdir -p "$out/upstream/array"
-# --no-default-features: the CLI binary is not needed by these tests.
+# --no-default-features: the CLI binary is not needed by these tests. FEATURES=default builds
+# with the default features instead (reuses a target directory built that way).
 # The library's unit tests ride along: on the GPU machine they exercise the CPU kernels on its
 # own processor (VP2INTERSECT, when it has it, which the development machine may not).
-cargo test --no-default-features --features cuda --lib --test gpu_props --test gpu_sql --test backend_rule --no-run \
+# The library's unit tests only with WITH_LIB_TESTS=1 (the carry limit is 64 MiB).
+lib=""
+[ "${WITH_LIB_TESTS:-0}" = 1 ] && lib="--lib"
+# TESTS picks the test binaries (default: all four).
+features="--no-default-features --features cuda"
+[ "${FEATURES:-}" = default ] && features=""
+tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25}
+args=""
+for t in $tests; do args="$args --test $t"; done
+cargo test $features $lib $args --no-run \
     --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25"):
         print(m["target"]["name"], m["executable"])
     elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "datafusion_sets" and m["profile"]["test"]:
         print("lib_tests", m["executable"])
 ' | while read -r name exe; do
     strip -o "$out/$name" "$exe"
-    xz -T0 -1 -f "$out/$name"
+    xz -T0 -9e -f "$out/$name"
 done
 # The SQL suites the binaries were built with.
 cp -r sql-tests "$out/sql-tests"
+cp scripts/gpu/run.sh "$out/run.sh"
+# The BM25 benchmark's data, when asked for (WITH_BENCH_DATA=1; ~18 MB).
+if [ "${WITH_BENCH_DATA:-0}" = 1 ]; then
+    mkdir -p "$out/bench-data/gcide" "$out/bench-data/queries"
+    cp bench-data/gcide/docs.parquet "$out/bench-data/gcide/"
+    cp bench-data/queries/queries.parquet "$out/bench-data/queries/"
+fi
 # DataFusion's own array_intersect cases (read from cargo's registry here).
 src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/datafusion-sqllogictest-55.*/test_files | head -1)
 cp "$src"/array/array_union.slt "$src"/array/arrays_zip.slt "$src"/array/*.slt.part "$out/upstream/array/"

@@ -2,13 +2,16 @@
 # On the GPU machine (after scripts/gpu/build.sh here): every GPU test, then the benchmark.
 # Through the device tool: command `bash scripts/gpu/run.sh`, carry ["carry/gpu"].
 # Logs go to $OUT (or /tmp/gpu-out).
+# CARRY names the carried folder (default carry/gpu, relative to the repository root, where
+# the command runs); without it the script changes to the root of its own checkout.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+[ -n "${CARRY:-}" ] || cd "$(dirname "$0")/../.."
+carry=${CARRY:-carry/gpu}
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out" /tmp/gpubin
 export DFSETS_REQUIRE_GPU=1 RUST_BACKTRACE=1
-export DFSETS_UPSTREAM_SLT="$PWD/carry/gpu/upstream" DFSETS_SQL_TESTS="$PWD/carry/gpu/sql-tests"
-for f in carry/gpu/*.xz; do
+export DFSETS_UPSTREAM_SLT="$PWD/$carry/upstream" DFSETS_SQL_TESTS="$PWD/$carry/sql-tests"
+for f in "$carry"/*.xz; do
     b=/tmp/gpubin/$(basename "$f" .xz)
     if command -v xz >/dev/null; then xz -dc "$f" >"$b"; else python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$f" >"$b"; fi
     chmod +x "$b"
@@ -19,21 +22,46 @@ echo "== the CPU kernels' unit tests on this machine's processor"
 grep -m1 "model name" /proc/cpuinfo | tee "$out/cpu.txt"
 grep -qw avx512_vp2intersect /proc/cpuinfo && echo "VP2INTERSECT: yes" | tee -a "$out/cpu.txt" || echo "VP2INTERSECT: no" | tee -a "$out/cpu.txt"
 if [ -x /tmp/gpubin/lib_tests ]; then /tmp/gpubin/lib_tests backend::cpu optimizer 2>&1 | tee "$out/lib_tests.log" | tail -3 || status=1; else echo "lib_tests not carried"; fi
-echo "== property tests (GPU == CPU)"
-/tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
-echo "== SQL suites with sets.backend = 'gpu'"
-/tmp/gpubin/gpu_sql 2>&1 | tee "$out/gpu_sql.log" || status=1
-echo "== the backend rule: EXPLAIN ANALYZE shows the GPU's counters"
-/tmp/gpubin/backend_rule 2>&1 | tee "$out/backend_rule.log" || status=1
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    echo "== benchmark"
+# Each step runs when its binary was carried (scripts/gpu/build.sh TESTS=...).
+have() { [ -x "/tmp/gpubin/$1" ] || { echo "($1 not carried)"; return 1; }; }
+if have gpu_bm25; then
+    echo "== topk_bm25: GPU == CPU pruned == exhaustive"
+    /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25.log" || status=1
+fi
+if have gpu_props; then
+    echo "== property tests (GPU == CPU)"
+    /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
+fi
+if have gpu_sql; then
+    echo "== SQL suites with sets.backend = 'gpu'"
+    /tmp/gpubin/gpu_sql 2>&1 | tee "$out/gpu_sql.log" || status=1
+fi
+if have backend_rule; then
+    echo "== the backend rule: EXPLAIN ANALYZE shows the GPU's counters"
+    /tmp/gpubin/backend_rule 2>&1 | tee "$out/backend_rule.log" || status=1
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && have gpu_props; then
+    echo "== benchmark: list_intersect"
     DFSETS_BENCH_OUT="$out/bench.txt" /tmp/gpubin/gpu_props --ignored --nocapture bench 2>&1 | tee "$out/bench.log" || status=1
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; then
+    echo "== benchmark: topk_bm25 (gcide, 10,000 terabyte05-eff queries)"
+    nproc | sed 's/^/cores: /' | tee -a "$out/cpu.txt"
+    DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_bm25.txt" \
+        /tmp/gpubin/gpu_bm25 --ignored --nocapture bench 2>&1 | tee "$out/bench_bm25.log" || status=1
 fi
 if command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer memcheck on the engine tests"
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1
+    if have gpu_props; then
+        timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1
+    fi
+    if have gpu_bm25; then
+        echo "== compute-sanitizer memcheck and racecheck on the BM25 kernel"
+        timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/memcheck_bm25.log" || status=1
+        timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/racecheck_bm25.log" || status=1
+    fi
 fi
 echo "== summary"
-grep -E "^test result|passed|FAIL" "$out/gpu_props.log" "$out/gpu_sql.log" "$out/backend_rule.log" | tail -10
-cat "$out/bench.txt" 2>/dev/null
+grep -E "^test result|passed|FAIL" "$out"/*.log | tail -14
+cat "$out/bench.txt" "$out/bench_bm25.txt" 2>/dev/null
 exit $status

@@ -188,8 +188,10 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         };
         let texts: ArrayRef = cast(&texts, &DataType::Utf8)?;
         let texts = texts.as_string::<i32>();
-        // CPU work inline, as any scalar function does; rayon spreads the queries.
-        let ranked = rank_batch(&loaded, &scored, texts, k, mode);
+        // CPU work inline, as any scalar function does; rayon spreads the queries (or the
+        // GPU ranks them, with `sets.backend`).
+        let backend = crate::config::SetsConfig::from_options(&options).backend;
+        let ranked = rank_batch(&loaded, &scored, texts, k, mode, backend);
         let mut b = ListBuilder::new(StructBuilder::from_fields(hit_fields(), 0)).with_field(
             Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
         );

@@ -38,7 +38,7 @@ const MIN_BUDGET: usize = 16 << 20;
 /// Alignment of the sections of the staging and device buffers.
 const ALIGN: usize = 256;
 
-fn drv(op: &'static str) -> impl Fn(DriverError) -> GpuError {
+pub(super) fn drv(op: &'static str) -> impl Fn(DriverError) -> GpuError {
     move |e| {
         if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
             GpuError::OutOfMemory(op)
@@ -51,7 +51,7 @@ fn drv(op: &'static str) -> impl Fn(DriverError) -> GpuError {
     }
 }
 
-fn align(x: usize) -> usize {
+pub(super) fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
 }
 
@@ -93,9 +93,9 @@ fn elem_index<T: SetElem>() -> Option<usize> {
 }
 
 /// A device allocation owned by the workspace.
-struct DevBuf {
-    ptr: sys::CUdeviceptr,
-    bytes: usize,
+pub(super) struct DevBuf {
+    pub(super) ptr: sys::CUdeviceptr,
+    pub(super) bytes: usize,
 }
 
 impl Drop for DevBuf {
@@ -107,19 +107,19 @@ impl Drop for DevBuf {
 }
 
 /// A page-locked host allocation owned by the workspace.
-struct Pinned {
+pub(super) struct Pinned {
     ptr: *mut u8,
     bytes: usize,
 }
 
 impl Pinned {
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(super) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `bytes` bytes of host memory owned by `self`, and the
         // exclusive borrow of `self` rules out any other view while the slice lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    pub(super) fn as_slice(&self) -> &[u8] {
         // SAFETY: as in `as_mut_slice`, shared.
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
     }
@@ -135,10 +135,10 @@ impl Drop for Pinned {
 /// Pooled memory: named device buffers and two pinned staging buffers, each grown when a
 /// batch needs more and kept for the next one (never allocated per batch once large enough).
 #[derive(Default)]
-struct Workspace {
+pub(super) struct Workspace {
     dev: Vec<(&'static str, DevBuf)>,
-    pin_in: Option<Pinned>,
-    pin_out: Option<Pinned>,
+    pub(super) pin_in: Option<Pinned>,
+    pub(super) pin_out: Option<Pinned>,
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
 }
@@ -148,7 +148,11 @@ unsafe impl Send for Workspace {}
 
 impl Workspace {
     /// A device buffer of at least `bytes` bytes under `name` (contents undefined).
-    fn dev(&mut self, name: &'static str, bytes: usize) -> Result<sys::CUdeviceptr, GpuError> {
+    pub(super) fn dev(
+        &mut self,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<sys::CUdeviceptr, GpuError> {
         let bytes = bytes.max(ALIGN);
         if let Some(i) = self.dev.iter().position(|(n, _)| *n == name) {
             if self.dev[i].1.bytes >= bytes {
@@ -163,7 +167,7 @@ impl Workspace {
         Ok(ptr)
     }
 
-    fn pinned(slot: &mut Option<Pinned>, bytes: usize) -> Result<&mut Pinned, GpuError> {
+    pub(super) fn pinned(slot: &mut Option<Pinned>, bytes: usize) -> Result<&mut Pinned, GpuError> {
         let bytes = bytes.max(ALIGN);
         if slot.as_ref().is_none_or(|p| p.bytes < bytes) {
             *slot = None;
@@ -179,7 +183,7 @@ impl Workspace {
             .ok_or(GpuError::OutOfMemory("pinned allocation"))
     }
 
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.dev.clear();
         self.pin_in = None;
         self.pin_out = None;
@@ -187,14 +191,14 @@ impl Workspace {
 }
 
 /// The process's GPU: context, stream, kernels and memory pools.
-struct Gpu {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+pub(super) struct Gpu {
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
     kernels: Kernels,
-    info: DeviceInfo,
+    pub(super) info: DeviceInfo,
     /// Blocks of the persistent merge grids: `merge8` by variant, then `merge16`.
     merge_blocks: [u32; 6],
-    workspace: Mutex<Workspace>,
+    pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
     broken_flag: AtomicBool,
@@ -202,14 +206,14 @@ struct Gpu {
 
 static GPU: OnceLock<Result<Gpu, GpuError>> = OnceLock::new();
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+pub(super) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-fn gpu() -> Result<&'static Gpu, GpuError> {
+pub(super) fn gpu() -> Result<&'static Gpu, GpuError> {
     let g = GPU
         .get_or_init(|| {
             let r = catch_unwind(init).unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
@@ -342,12 +346,12 @@ pub fn device() -> Result<DeviceInfo, GpuError> {
 }
 
 /// A kernel parameter: the address of a value that outlives the launch call.
-fn arg<T>(x: &T) -> *mut c_void {
+pub(super) fn arg<T>(x: &T) -> *mut c_void {
     (x as *const T).cast_mut().cast()
 }
 
 impl Gpu {
-    fn mark_broken(&self, why: &GpuError) {
+    pub(super) fn mark_broken(&self, why: &GpuError) {
         if let Ok(mut b) = self.broken.lock() {
             *b = Some(why.to_string());
         }
@@ -360,7 +364,7 @@ impl Gpu {
     /// # Safety
     /// `params` must match the kernel's parameter list in number and types, and every device
     /// pointer among them must be valid for the accesses the kernel makes.
-    unsafe fn launch(
+    pub(super) unsafe fn launch(
         &self,
         f: &CudaFunction,
         grid: u32,
@@ -381,17 +385,17 @@ impl Gpu {
         .map_err(drv("kernel launch"))
     }
 
-    fn event(&self) -> Result<CudaEvent, GpuError> {
+    pub(super) fn event(&self) -> Result<CudaEvent, GpuError> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(drv("event"))
     }
 
-    fn record(&self, e: &CudaEvent) -> Result<(), GpuError> {
+    pub(super) fn record(&self, e: &CudaEvent) -> Result<(), GpuError> {
         e.record(&self.stream).map_err(drv("event record"))
     }
 
-    fn sync(&self) -> Result<(), GpuError> {
+    pub(super) fn sync(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(drv("stream synchronize"))
     }
 
@@ -427,7 +431,7 @@ impl Gpu {
 }
 
 /// View of a slice of plain integers as bytes.
-fn bytes_of<T: Copy + 'static>(s: &[T]) -> &[u8] {
+pub(super) fn bytes_of<T: Copy + 'static>(s: &[T]) -> &[u8] {
     // SAFETY: callers pass slices of primitive integers (no padding, every byte initialized);
     // the byte view covers exactly the slice's memory and borrows it.
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }

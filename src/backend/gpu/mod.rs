@@ -22,14 +22,18 @@ pub(crate) mod rows;
 pub use error::GpuError;
 
 #[cfg(feature = "cuda")]
+mod bm25;
+#[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
 pub use cuda::{device, intersect, measure_ceilings};
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{device, intersect, measure_ceilings};
+pub use stub::{bm25_evict, bm25_topk, device, intersect, measure_ceilings};
 
 /// The device the backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +53,59 @@ static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 /// Batches the SQL functions ran on the GPU in this process (for tests and diagnostics).
 pub fn batches_run() -> u64 {
     BATCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static BM25_BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Batches of `topk_bm25` queries ranked (at least partly) on the GPU in this process.
+pub fn bm25_batches_run() -> u64 {
+    BM25_BATCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn count_bm25_batch() {
+    BM25_BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Most query terms a query may have to be ranked on the GPU (more: the CPU ranks it).
+pub const BM25_MAX_TERMS: usize = 64;
+/// Largest k the GPU ranks (larger: the CPU).
+pub const BM25_MAX_K: usize = 768;
+
+/// A batch of BM25 queries for [`bm25_topk`]: query `i` has the distinct term ids
+/// `terms[offsets[i]..offsets[i + 1]]`, ascending (the canonical order of
+/// `search::scoring`), all known to the index, and mode `modes[i]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Bm25Batch<'a> {
+    pub offsets: &'a [u32],
+    pub terms: &'a [u32],
+    pub modes: &'a [crate::search::topk::Mode],
+}
+
+/// Where the time of one [`bm25_topk`] call went (milliseconds) and what it moved.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Bm25Timings {
+    /// Host work before the copy (residency, staging the queries).
+    pub stage_ms: f64,
+    pub h2d_ms: f64,
+    pub kernel_ms: f64,
+    pub d2h_ms: f64,
+    pub total_ms: f64,
+    pub h2d_bytes: u64,
+    pub d2h_bytes: u64,
+    /// Bytes of index uploaded by this call (0 when it was already resident).
+    pub uploaded_bytes: u64,
+    /// Bytes of index resident on the device.
+    pub resident_bytes: u64,
+    /// Queries the device ranked.
+    pub on_device: usize,
+}
+
+/// A BM25 batch's results: `hits[i]` is query `i`'s top-k (best first, ties by doc id)
+/// when the device ranked it, `None` when the CPU must.
+#[derive(Clone, Debug, Default)]
+pub struct Bm25Output {
+    pub hits: Vec<Option<Vec<crate::search::topk::Hit>>>,
+    pub timings: Bm25Timings,
 }
 
 /// Whether a GPU is usable by this process (initializing the backend on first call).

@@ -1,8 +1,14 @@
 //! The GPU backend without the `cuda` feature: the same entry points, always
 //! [`GpuError::NotCompiled`].
 
-use super::{Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode, RowValidity};
+use std::sync::Arc;
+
+use super::{
+    Bm25Batch, Bm25Output, Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode, RowValidity,
+};
 use crate::backend::cpu::SetElem;
+use crate::search::index::InvertedIndex;
+use crate::search::scoring::Scored;
 
 /// The device the backend runs on: never one without the `cuda` feature.
 pub fn device() -> Result<DeviceInfo, GpuError> {
@@ -22,3 +28,17 @@ pub fn intersect<T: SetElem>(
 pub fn measure_ceilings(_bytes: usize) -> Result<Ceilings, GpuError> {
     Err(GpuError::NotCompiled)
 }
+
+/// Batched BM25 top-k: not available without the `cuda` feature.
+pub fn bm25_topk(
+    _index: &InvertedIndex,
+    _scored: &Arc<Scored>,
+    _batch: &Bm25Batch<'_>,
+    _k: usize,
+    _budget: Option<usize>,
+) -> Result<Bm25Output, GpuError> {
+    Err(GpuError::NotCompiled)
+}
+
+/// Drop the resident BM25 index: nothing to drop without the `cuda` feature.
+pub fn bm25_evict() {}

@@ -1,0 +1,310 @@
+// Batched BM25 top-k: one thread block per query (Wang et al., Algorithm 1), exact.
+//
+// The index is resident on the device: the postings of the resident terms, concatenated,
+// as document ordinals (`post_ord`, the rank of the doc id among all doc ids, so ordinal
+// order is doc-id order) and f64 impacts (`post_imp`, the CPU's `Scored::impacts`), plus
+// per ordinal the weighted static score (`ord_static`, or null) and the doc id (`ord_doc`).
+// A query is its term lists (`ListRef`, ascending term id = the canonical summation order
+// of src/search/scoring.rs) and a mode: 0 AND, 1 OR, 2 AND-then-OR.
+//
+// Scores are the CPU's bits: a document's score is 0.0 + impact(slot 0) + impact(slot 1)
+// + ... in slot order (only the slots holding it), then + static, all in f64 (no
+// multiplications, so no contraction). Ties go to the smaller ordinal (= smaller doc id).
+//
+// AND: one thread per posting of the shortest list, a binary search in each other list
+// (narrowed per chunk of 256 postings), the sum in slot order in a register.
+// OR: the ordinal space is swept in tiles of TILE ordinals starting at the smallest
+// unvisited posting (tiles skip empty stretches); each list's postings in the tile are added
+// into a shared accumulator one list after the other (slot order; a list holds a document
+// once, so no two threads of one list touch the same entry), with a count of the lists
+// holding each document; then every posting of the tile claims its document with an atomic
+// exchange of the count, and the one claimer scores it and clears the entry.
+//
+// Top-k: candidates that beat the current threshold go to a shared buffer of CAP entries;
+// when a chunk could overflow it, the buffer is bitonic-sorted (score descending, ordinal
+// ascending) and cut to k, and the threshold becomes the k-th score. Documents are visited
+// in increasing ordinal order, so a later document equal to the k-th score loses the tie:
+// the filter is `score > theta`. Nothing is truncated: any number of candidates is handled.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define THREADS 256
+#define TILE 2048
+#define CAP 1024
+#define MAX_TERMS 64
+
+struct ListRef {
+    u64 start;  // first posting of the list in post_ord / post_imp
+    u32 len;
+    u32 pad;
+};
+
+__device__ __forceinline__ bool better(double sa, u32 oa, double sb, u32 ob) {
+    return sa > sb || (sa == sb && oa < ob);
+}
+
+// First i in [lo, hi) with a[i] >= x (hi if none).
+__device__ __forceinline__ u32 lower_bound(const u32* __restrict__ a, u32 lo, u32 hi, u64 x) {
+    while (lo < hi) {
+        u32 mid = lo + ((hi - lo) >> 1);
+        if ((u64)a[mid] < x) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+struct Shared {
+    double acc[TILE];
+    u32 cnt[TILE];
+    double cs[CAP];
+    u32 co[CAP];
+    u64 ls[MAX_TERMS];
+    u32 ll[MAX_TERMS];
+    u32 cur[MAX_TERMS];
+    u32 seg[MAX_TERMS];
+    u32 segoff[MAX_TERMS + 1];
+    double theta;
+    u32 ncand;
+    u32 matches;
+    u32 d0;
+    u32 lead;
+};
+
+// Sort the candidate buffer (best first), keep the best k, set the threshold. Called by
+// every thread of the block (block-uniform), after a barrier.
+__device__ void compact(Shared& sh, u32 k) {
+    const u32 tid = threadIdx.x;
+    const u32 n = sh.ncand;
+    for (u32 i = n + tid; i < CAP; i += THREADS) {
+        sh.cs[i] = -__longlong_as_double(0x7ff0000000000000ULL);
+        sh.co[i] = 0xffffffffu;
+    }
+    __syncthreads();
+    for (u32 size = 2; size <= CAP; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 i = tid; i < CAP / 2; i += THREADS) {
+                u32 lo = (i / stride) * stride * 2 + (i % stride);
+                u32 hi = lo + stride;
+                bool best_first = (lo & size) == 0;
+                double slo = sh.cs[lo], shi = sh.cs[hi];
+                u32 olo = sh.co[lo], ohi = sh.co[hi];
+                bool swap = best_first ? better(shi, ohi, slo, olo) : better(slo, olo, shi, ohi);
+                if (swap) {
+                    sh.cs[lo] = shi;
+                    sh.cs[hi] = slo;
+                    sh.co[lo] = ohi;
+                    sh.co[hi] = olo;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (tid == 0) {
+        u32 kept = n < k ? n : k;
+        sh.ncand = kept;
+        sh.theta = kept == k ? sh.cs[k - 1] : -__longlong_as_double(0x7ff0000000000000ULL);
+    }
+    __syncthreads();
+}
+
+// Make room for one candidate per thread (block-uniform: every thread reads the count
+// before the barrier, and nothing changes it until after).
+__device__ __forceinline__ void room(Shared& sh, u32 k) {
+    const bool full = sh.ncand + THREADS > CAP;
+    __syncthreads();
+    if (full) compact(sh, k);
+}
+
+__device__ __forceinline__ void offer(Shared& sh, double s, u32 ord) {
+    if (s > sh.theta) {
+        u32 pos = atomicAdd(&sh.ncand, 1u);
+        sh.cs[pos] = s;
+        sh.co[pos] = ord;
+    }
+}
+
+__device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
+                          const double* __restrict__ post_imp,
+                          const double* __restrict__ ord_static) {
+    const u32 tid = threadIdx.x;
+    if (tid == 0) {
+        u32 lead = 0;
+        for (u32 j = 1; j < m; j++) {
+            if (sh.ll[j] < sh.ll[lead]) lead = j;
+        }
+        sh.lead = lead;
+    }
+    if (tid < m) sh.cur[tid] = 0;  // search floor of each list
+    __syncthreads();
+    const u32 lead = sh.lead;
+    const u32 n = sh.ll[lead];
+    const u32* lead_ord = post_ord + sh.ls[lead];
+    for (u32 base = 0; base < n; base += THREADS) {
+        room(sh, k);
+        // Narrow every other list to the ordinals of this chunk of the lead list.
+        const u32 last = (base + THREADS < n ? base + THREADS : n) - 1;
+        if (tid < m && tid != lead) {
+            const u32* a = post_ord + sh.ls[tid];
+            u32 lo = lower_bound(a, sh.cur[tid], sh.ll[tid], lead_ord[base]);
+            sh.cur[tid] = lo;
+            sh.seg[tid] = lower_bound(a, lo, sh.ll[tid], (u64)lead_ord[last] + 1);
+        }
+        __syncthreads();
+        const u32 i = base + tid;
+        if (i < n) {
+            const u64 p = sh.ls[lead] + i;
+            const u32 ord = post_ord[p];
+            double s = 0.0;
+            bool ok = true;
+            for (u32 j = 0; j < m; j++) {
+                if (j == lead) {
+                    s += post_imp[p];
+                } else {
+                    const u32* a = post_ord + sh.ls[j];
+                    u32 pos = lower_bound(a, sh.cur[j], sh.seg[j], ord);
+                    if (pos < sh.seg[j] && a[pos] == ord) {
+                        s += post_imp[sh.ls[j] + pos];
+                    } else {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if (ok) {
+                atomicAdd(&sh.matches, 1u);
+                if (ord_static) s += ord_static[ord];
+                offer(sh, s, ord);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+__device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
+                         const double* __restrict__ post_imp,
+                         const double* __restrict__ ord_static) {
+    const u32 tid = threadIdx.x;
+    if (tid < m) sh.cur[tid] = 0;
+    __syncthreads();
+    while (true) {
+        if (tid == 0) {
+            u32 d = 0xffffffffu;
+            for (u32 j = 0; j < m; j++) {
+                if (sh.cur[j] < sh.ll[j]) {
+                    u32 o = post_ord[sh.ls[j] + sh.cur[j]];
+                    d = o < d ? o : d;
+                }
+            }
+            sh.d0 = d;
+        }
+        __syncthreads();
+        const u32 d0 = sh.d0;
+        if (d0 == 0xffffffffu) break;
+        const u64 dend = (u64)d0 + TILE;
+        if (tid < m) {
+            sh.seg[tid] = lower_bound(post_ord + sh.ls[tid], sh.cur[tid], sh.ll[tid], dend);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            u32 t = 0;
+            for (u32 j = 0; j < m; j++) {
+                sh.segoff[j] = t;
+                t += sh.seg[j] - sh.cur[j];
+            }
+            sh.segoff[m] = t;
+        }
+        // Accumulate, one list after the other (the canonical order).
+        for (u32 j = 0; j < m; j++) {
+            const u64 s0 = sh.ls[j];
+            const u32 end = sh.seg[j];
+            for (u32 i = sh.cur[j] + tid; i < end; i += THREADS) {
+                const u32 o = post_ord[s0 + i] - d0;
+                sh.acc[o] += post_imp[s0 + i];
+                sh.cnt[o] += 1;
+            }
+            __syncthreads();
+        }
+        // Claim, score, clear.
+        const u32 total = sh.segoff[m];
+        for (u32 base = 0; base < total; base += THREADS) {
+            room(sh, k);
+            const u32 it = base + tid;
+            if (it < total) {
+                u32 j = 0;
+                while (sh.segoff[j + 1] <= it) j++;
+                const u64 p = sh.ls[j] + sh.cur[j] + (it - sh.segoff[j]);
+                const u32 ord = post_ord[p];
+                const u32 o = ord - d0;
+                const u32 c = atomicExch(&sh.cnt[o], 0u);
+                if (c != 0) {
+                    double s = sh.acc[o];
+                    sh.acc[o] = 0.0;
+                    if (ord_static) s += ord_static[ord];
+                    offer(sh, s, ord);
+                }
+            }
+            __syncthreads();
+        }
+        if (tid < m) sh.cur[tid] = sh.seg[tid];
+        __syncthreads();
+    }
+}
+
+// One block per query. `order[b]` is the query of block b (longest first); query q's lists
+// are lists[q_off[q] .. q_off[q + 1]] (1 ..= MAX_TERMS of them, checked by the host). Its
+// results: out_count[q] hits at out_doc / out_score[q * k ..], best first.
+extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
+    u32 n_queries, const u32* __restrict__ order, const u32* __restrict__ q_off,
+    const unsigned char* __restrict__ q_mode, const ListRef* __restrict__ lists,
+    const u32* __restrict__ post_ord, const double* __restrict__ post_imp,
+    const double* __restrict__ ord_static, const u32* __restrict__ ord_doc, u32 k,
+    u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score) {
+    __shared__ Shared sh;
+    const u32 tid = threadIdx.x;
+    if (blockIdx.x >= n_queries) return;
+    const u32 q = order[blockIdx.x];
+    const u32 first = q_off[q];
+    const u32 m = q_off[q + 1] - first;
+    const u32 mode = q_mode[q];
+    for (u32 i = tid; i < TILE; i += THREADS) {
+        sh.acc[i] = 0.0;
+        sh.cnt[i] = 0;
+    }
+    if (tid < m) {
+        sh.ls[tid] = lists[first + tid].start;
+        sh.ll[tid] = lists[first + tid].len;
+    }
+    if (tid == 0) {
+        sh.ncand = 0;
+        sh.matches = 0;
+        sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+    }
+    __syncthreads();
+    if (mode != 1) {
+        and_phase(sh, m, k, post_ord, post_imp, ord_static);
+        __syncthreads();
+        if (mode == 2 && sh.matches < k) {
+            __syncthreads();
+            if (tid == 0) {
+                sh.ncand = 0;
+                sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+            }
+            __syncthreads();
+            or_phase(sh, m, k, post_ord, post_imp, ord_static);
+        }
+    } else {
+        or_phase(sh, m, k, post_ord, post_imp, ord_static);
+    }
+    __syncthreads();
+    compact(sh, k);
+    const u32 n = sh.ncand;
+    for (u32 i = tid; i < n; i += THREADS) {
+        out_doc[(u64)q * k + i] = ord_doc[sh.co[i]];
+        out_score[(u64)q * k + i] = sh.cs[i];
+    }
+    if (tid == 0) out_count[q] = n;
+}

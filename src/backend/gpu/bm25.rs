@@ -1,0 +1,540 @@
+//! Batched BM25 top-k on the device (`kernels/bm25.cu`): the host side.
+//!
+//! - The index is made resident once per [`Scored`] (per index and parameter set) and kept
+//!   between batches: document ordinals (the rank of each doc id, so ordinal order is doc-id
+//!   order) and f64 impacts of the resident terms' postings, and per ordinal the doc id and
+//!   the weighted static score. When the whole index does not fit the budget, the terms the
+//!   queries visit most (counted over the batches seen) are admitted first (the Wang et al.
+//!   list cache); a query with a term that is not resident finishes on the CPU.
+//! - A batch is uploaded in one copy (query order, CSR offsets, modes, list references),
+//!   ranked by one launch (one block per query, the longest queries first), and its results
+//!   come back in one copy.
+//! - Results are bit-identical to the CPU's (`search::topk`): same f64 sums in the same
+//!   order, same ties. Queries the kernel does not take (more than [`BM25_MAX_TERMS`]
+//!   terms, k above [`BM25_MAX_K`], lists not resident) come back as `None`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
+
+use cudarc::driver::result;
+use cudarc::driver::{CudaEvent, CudaFunction};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use rayon::prelude::*;
+
+use super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, gpu, panic_message};
+use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Output, Bm25Timings, GpuError};
+use crate::search::index::InvertedIndex;
+use crate::search::scoring::Scored;
+use crate::search::topk::{Hit, Mode};
+
+const SOURCE: &str = include_str!("../../../kernels/bm25.cu");
+const THREADS: u32 = 256;
+/// Bytes of one `ListRef` of the kernel.
+const LISTREF_BYTES: usize = 16;
+
+static KERNEL: OnceLock<Result<CudaFunction, GpuError>> = OnceLock::new();
+
+fn kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
+    KERNEL
+        .get_or_init(|| {
+            let (major, minor) = g.info.compute_capability;
+            let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+            let ptx = compile_ptx_with_opts(
+                SOURCE,
+                CompileOptions {
+                    arch: Some(arch),
+                    options: vec!["--std=c++17".into()],
+                    name: Some("bm25.cu".into()),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| match e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                    GpuError::Compile(log.to_string_lossy().into_owned())
+                }
+                other => GpuError::Compile(format!("{other:?}")),
+            })?;
+            let module = g.ctx.load_module(ptx).map_err(drv("module load"))?;
+            module
+                .load_function("bm25_topk")
+                .map_err(drv("kernel lookup"))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The index on the device.
+struct Resident {
+    scored: Weak<Scored>,
+    /// Ordinal of every posting of the index (host copy, for rebuilding the selection).
+    host_ord: Vec<u32>,
+    /// Doc id of every ordinal.
+    ord_doc: Vec<u32>,
+    /// Weighted static score of every ordinal (empty without static scores).
+    ord_static: Vec<f64>,
+    /// Device position of each term's postings, `u64::MAX` where not resident.
+    start: Vec<u64>,
+    /// Times each term was visited by a query (over every batch seen).
+    visits: Vec<u64>,
+    all: bool,
+    ord: Option<DevBuf>,
+    imp: Option<DevBuf>,
+    stat: Option<DevBuf>,
+    doc: Option<DevBuf>,
+    bytes: usize,
+}
+
+static RESIDENT: Mutex<Option<Resident>> = Mutex::new(None);
+
+/// The default budget: `DFSETS_GPU_INDEX_BUDGET` bytes, else half the device's memory.
+fn default_budget(g: &Gpu) -> usize {
+    std::env::var("DFSETS_GPU_INDEX_BUDGET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(g.info.total_memory / 2)
+}
+
+impl Resident {
+    fn new(index: &InvertedIndex, scored: &Arc<Scored>) -> Result<Self, GpuError> {
+        let mut ord_doc: Vec<u32> = index.docs().to_vec();
+        ord_doc.par_sort_unstable();
+        ord_doc.dedup();
+        let host_ord: Vec<u32> = index
+            .docs()
+            .par_iter()
+            .map(|d| ord_doc.binary_search(d).unwrap_or(0) as u32)
+            .collect();
+        let mut ord_static = Vec::new();
+        if !scored.weighted_static.is_empty() {
+            ord_static = vec![f64::NAN; ord_doc.len()];
+            for (p, &o) in host_ord.iter().enumerate() {
+                let s = scored.static_at(p);
+                let slot = &mut ord_static[o as usize];
+                if slot.is_nan() {
+                    *slot = s;
+                } else if slot.to_bits() != s.to_bits() {
+                    return Err(GpuError::Unsupported(
+                        "static scores differ between postings of one document".into(),
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            scored: Arc::downgrade(scored),
+            host_ord,
+            ord_doc,
+            ord_static,
+            start: vec![u64::MAX; index.terms()],
+            visits: vec![0; index.terms()],
+            all: false,
+            ord: None,
+            imp: None,
+            stat: None,
+            doc: None,
+            bytes: 0,
+        })
+    }
+
+    fn is_for(&self, scored: &Arc<Scored>) -> bool {
+        self.scored
+            .upgrade()
+            .is_some_and(|s| Arc::ptr_eq(&s, scored))
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.ord_doc.len() * 4 + self.ord_static.len() * 8
+    }
+
+    /// The terms to hold within `budget` bytes: all when they fit, else the most visited.
+    fn select(&self, index: &InvertedIndex, budget: usize) -> Option<Vec<bool>> {
+        let tables = self.table_bytes();
+        if tables > budget {
+            return None;
+        }
+        let room = (budget - tables) / 12;
+        if index.docs().len() <= room {
+            return Some(vec![true; index.terms()]);
+        }
+        let mut cand: Vec<u32> = (0..index.terms() as u32)
+            .filter(|&t| self.visits[t as usize] > 0)
+            .collect();
+        cand.sort_unstable_by_key(|&t| {
+            (
+                std::cmp::Reverse(self.visits[t as usize]),
+                index.postings_len(t),
+            )
+        });
+        let mut sel = vec![false; index.terms()];
+        let mut used = 0usize;
+        for t in cand {
+            let len = index.postings_len(t);
+            if used + len <= room {
+                used += len;
+                sel[t as usize] = true;
+            }
+        }
+        Some(sel)
+    }
+
+    /// Upload the postings of the selected terms (and the ordinal tables).
+    fn upload(
+        &mut self,
+        g: &Gpu,
+        index: &InvertedIndex,
+        scored: &Scored,
+        sel: &[bool],
+    ) -> Result<usize, GpuError> {
+        self.ord = None;
+        self.imp = None;
+        self.stat = None;
+        self.doc = None;
+        self.bytes = 0;
+        let mut ord = Vec::new();
+        let mut imp = Vec::new();
+        self.start.iter_mut().for_each(|s| *s = u64::MAX);
+        self.all = sel.iter().all(|&s| s);
+        if self.all {
+            // The whole index in its own layout: term t starts at its index offset.
+            for t in 0..index.terms() as u32 {
+                self.start[t as usize] = index.range(t).start as u64;
+            }
+        } else {
+            for t in 0..index.terms() as u32 {
+                if sel[t as usize] {
+                    self.start[t as usize] = ord.len() as u64;
+                    let r = index.range(t);
+                    ord.extend_from_slice(&self.host_ord[r.clone()]);
+                    imp.extend_from_slice(&scored.impacts[r]);
+                }
+            }
+        }
+        let (ord_s, imp_s): (&[u32], &[f64]) = if self.all {
+            (&self.host_ord, &scored.impacts)
+        } else {
+            (&ord, &imp)
+        };
+        let up = |v: &[u8]| -> Result<DevBuf, GpuError> {
+            let bytes = v.len().max(256);
+            // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v`
+            // into it (the context is bound by the caller).
+            unsafe {
+                let ptr = result::malloc_sync(bytes).map_err(drv("index allocation"))?;
+                let buf = DevBuf { ptr, bytes };
+                if !v.is_empty() {
+                    result::memcpy_htod_sync(ptr, v).map_err(drv("index upload"))?;
+                }
+                Ok(buf)
+            }
+        };
+        self.ord = Some(up(bytes_of(ord_s))?);
+        self.imp = Some(up(bytes_of(imp_s))?);
+        self.doc = Some(up(bytes_of(&self.ord_doc))?);
+        if !self.ord_static.is_empty() {
+            self.stat = Some(up(bytes_of(&self.ord_static))?);
+        }
+        let _ = g;
+        self.bytes = ord_s.len() * 12 + self.table_bytes();
+        Ok(self.bytes)
+    }
+
+    fn ptr(b: &Option<DevBuf>) -> u64 {
+        b.as_ref().map_or(0, |b| b.ptr)
+    }
+}
+
+/// Rank a batch of queries on the device. Query `i` gets `Some(top-k)` when the device ran
+/// it, `None` when the CPU must (see the module doc). `budget` bounds the device memory the
+/// resident index may take (bytes; `None`: `DFSETS_GPU_INDEX_BUDGET`, else half the device).
+pub fn bm25_topk(
+    index: &InvertedIndex,
+    scored: &Arc<Scored>,
+    batch: &Bm25Batch<'_>,
+    k: usize,
+    budget: Option<usize>,
+) -> Result<Bm25Output, GpuError> {
+    let n = batch.modes.len();
+    if batch.offsets.len() != n + 1
+        || batch.offsets[n] as usize != batch.terms.len()
+        || batch.terms.iter().any(|&t| t as usize >= index.terms())
+    {
+        return Err(GpuError::Unsupported("malformed BM25 batch".into()));
+    }
+    let g = gpu()?;
+    let started = Instant::now();
+    let mut out = Bm25Output {
+        hits: vec![None; n],
+        timings: Bm25Timings::default(),
+    };
+    if n == 0 || k == 0 || k > BM25_MAX_K {
+        return Ok(out);
+    }
+    let mut resident = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut ws = match g.workspace.lock() {
+        Ok(ws) => ws,
+        Err(poisoned) => {
+            let mut ws = poisoned.into_inner();
+            ws.clear();
+            ws
+        }
+    };
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let f = kernel(g)?;
+    let res = catch_unwind(AssertUnwindSafe(|| {
+        run(
+            g,
+            f,
+            &mut ws,
+            &mut resident,
+            index,
+            scored,
+            batch,
+            k,
+            budget.unwrap_or_else(|| default_budget(g)),
+            &mut out,
+        )
+    }))
+    .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+    if let Err(e) = res {
+        if matches!(
+            e,
+            GpuError::Kernel(_) | GpuError::Panic(_) | GpuError::Driver { .. }
+        ) {
+            g.mark_broken(&e);
+        }
+        if matches!(e, GpuError::OutOfMemory(_)) {
+            let _ = g.sync();
+            ws.clear();
+            *resident = None;
+        }
+        return Err(e);
+    }
+    out.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    g: &Gpu,
+    f: &CudaFunction,
+    ws: &mut Workspace,
+    resident: &mut Option<Resident>,
+    index: &InvertedIndex,
+    scored: &Arc<Scored>,
+    batch: &Bm25Batch<'_>,
+    k: usize,
+    budget: usize,
+    out: &mut Bm25Output,
+) -> Result<(), GpuError> {
+    let n = batch.modes.len();
+    let t_stage = Instant::now();
+    if !resident.as_ref().is_some_and(|r| r.is_for(scored)) {
+        *resident = None;
+        *resident = Some(Resident::new(index, scored)?);
+    }
+    let res = resident.as_mut().expect("set above");
+    let terms_of =
+        |i: usize| &batch.terms[batch.offsets[i] as usize..batch.offsets[i + 1] as usize];
+    for &t in batch.terms {
+        res.visits[t as usize] += 1;
+    }
+    let fits = |res: &Resident, i: usize| {
+        let ts = terms_of(i);
+        !ts.is_empty()
+            && ts.len() <= BM25_MAX_TERMS
+            && ts.iter().all(|&t| res.start[t as usize] != u64::MAX)
+    };
+    let loaded = res.ord.is_some();
+    if !loaded || !res.all {
+        let covered = if loaded {
+            (0..n).filter(|&i| fits(res, i)).count()
+        } else {
+            0
+        };
+        if !loaded || covered < n {
+            let Some(sel) = res.select(index, budget) else {
+                return Err(GpuError::Unsupported(
+                    "the index's document tables exceed the GPU index budget".into(),
+                ));
+            };
+            let covers = |i: usize| {
+                let ts = terms_of(i);
+                !ts.is_empty() && ts.len() <= BM25_MAX_TERMS && ts.iter().all(|&t| sel[t as usize])
+            };
+            let new_cov = (0..n).filter(|&i| covers(i)).count();
+            if !loaded || new_cov > covered {
+                out.timings.uploaded_bytes += res.upload(g, index, scored, &sel)? as u64;
+            }
+        }
+    }
+    out.timings.resident_bytes = res.bytes as u64;
+
+    // The device's queries, longest first.
+    let on_dev: Vec<usize> = (0..n).filter(|&i| fits(res, i)).collect();
+    let gq = on_dev.len();
+    out.timings.on_device = gq;
+    if gq == 0 {
+        out.timings.stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
+        return Ok(());
+    }
+    let work = |i: usize| -> u64 {
+        terms_of(i)
+            .iter()
+            .map(|&t| index.postings_len(t) as u64)
+            .sum()
+    };
+    let mut order: Vec<u32> = (0..gq as u32).collect();
+    order.sort_by_key(|&j| std::cmp::Reverse(work(on_dev[j as usize])));
+    let n_lists: usize = on_dev.iter().map(|&i| terms_of(i).len()).sum();
+
+    // Input region: order | q_off | modes | lists.
+    let order_at = 0usize;
+    let qoff_at = align(gq * 4);
+    let mode_at = qoff_at + align((gq + 1) * 4);
+    let lists_at = mode_at + align(gq);
+    let in_bytes = lists_at + align(n_lists * LISTREF_BYTES);
+    // Output region: counts | docs | scores.
+    let cnt_at = 0usize;
+    let doc_at = align(gq * 4);
+    let score_at = doc_at + align(gq * k * 4);
+    let out_bytes = score_at + gq * k * 8;
+    let d_in = ws.dev("bm25_in", in_bytes)?;
+    let d_out = ws.dev("bm25_out", out_bytes)?;
+    {
+        let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
+        pin[order_at..order_at + gq * 4].copy_from_slice(bytes_of(&order));
+        let mut off = 0u32;
+        let mut l = lists_at;
+        for (j, &i) in on_dev.iter().enumerate() {
+            pin[qoff_at + 4 * j..qoff_at + 4 * j + 4].copy_from_slice(&off.to_le_bytes());
+            pin[mode_at + j] = match batch.modes[i] {
+                Mode::And => 0,
+                Mode::Or => 1,
+                Mode::AndOr => 2,
+            };
+            for &t in terms_of(i) {
+                let start = res.start[t as usize];
+                let len = index.postings_len(t) as u32;
+                pin[l..l + 8].copy_from_slice(&start.to_le_bytes());
+                pin[l + 8..l + 12].copy_from_slice(&len.to_le_bytes());
+                pin[l + 12..l + 16].copy_from_slice(&0u32.to_le_bytes());
+                l += LISTREF_BYTES;
+                off += 1;
+            }
+        }
+        pin[qoff_at + 4 * gq..qoff_at + 4 * gq + 4].copy_from_slice(&off.to_le_bytes());
+    }
+    out.timings.stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
+
+    let cs = g.stream.cu_stream();
+    let ev = |g: &Gpu| -> Result<CudaEvent, GpuError> { g.event() };
+    let (e0, e1, e2, e3) = (ev(g)?, ev(g)?, ev(g)?, ev(g)?);
+    g.record(&e0)?;
+    {
+        let pin = ws
+            .pin_in
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+        // SAFETY: `d_in` holds at least `in_bytes`; the pinned source is owned by the
+        // workspace and not touched until the stream is synchronized below.
+        unsafe { result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], cs) }
+            .map_err(drv("host-to-device copy"))?;
+    }
+    g.record(&e1)?;
+    let gq32 = gq as u32;
+    let k32 = k as u32;
+    let p_order = d_in + order_at as u64;
+    let p_qoff = d_in + qoff_at as u64;
+    let p_mode = d_in + mode_at as u64;
+    let p_lists = d_in + lists_at as u64;
+    let p_ord = Resident::ptr(&res.ord);
+    let p_imp = Resident::ptr(&res.imp);
+    let p_stat = Resident::ptr(&res.stat);
+    let p_doc = Resident::ptr(&res.doc);
+    let p_cnt = d_out + cnt_at as u64;
+    let p_docs = d_out + doc_at as u64;
+    let p_scores = d_out + score_at as u64;
+    // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the input region holds
+    // gq order entries, gq + 1 offsets, gq modes and n_lists list references whose
+    // postings lie in the resident buffers (start + len within them, by construction);
+    // the output region holds gq counts and gq * k docs and scores; ord_static is null
+    // without static scores.
+    unsafe {
+        g.launch(
+            f,
+            gq32,
+            THREADS,
+            &mut [
+                arg(&gq32),
+                arg(&p_order),
+                arg(&p_qoff),
+                arg(&p_mode),
+                arg(&p_lists),
+                arg(&p_ord),
+                arg(&p_imp),
+                arg(&p_stat),
+                arg(&p_doc),
+                arg(&k32),
+                arg(&p_cnt),
+                arg(&p_docs),
+                arg(&p_scores),
+            ],
+        )?;
+    }
+    g.record(&e2)?;
+    {
+        let pin = Workspace::pinned(&mut ws.pin_out, out_bytes)?;
+        // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after
+        // the synchronize below.
+        unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..out_bytes], d_out, cs) }
+            .map_err(drv("device-to-host copy"))?;
+    }
+    g.record(&e3)?;
+    g.sync()?;
+    let pin = ws
+        .pin_out
+        .as_ref()
+        .ok_or(GpuError::OutOfMemory("pinned allocation"))?
+        .as_slice();
+    let word = |at: usize| {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&pin[at..at + 4]);
+        u32::from_le_bytes(w)
+    };
+    let dword = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&pin[at..at + 8]);
+        f64::from_le_bytes(w)
+    };
+    for (j, &i) in on_dev.iter().enumerate() {
+        let c = word(cnt_at + 4 * j) as usize;
+        if c > k {
+            return Err(GpuError::Kernel(format!("{c} hits for k = {k}")));
+        }
+        let hits = (0..c)
+            .map(|h| Hit {
+                doc: word(doc_at + 4 * (j * k + h)),
+                score: dword(score_at + 8 * (j * k + h)),
+            })
+            .collect();
+        out.hits[i] = Some(hits);
+    }
+    let ms =
+        |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"));
+    let t = &mut out.timings;
+    t.h2d_ms = ms(&e0, &e1)?;
+    t.kernel_ms = ms(&e1, &e2)?;
+    t.d2h_ms = ms(&e2, &e3)?;
+    t.h2d_bytes = in_bytes as u64;
+    t.d2h_bytes = out_bytes as u64;
+    Ok(())
+}
+
+/// Drop the resident index (tests; frees its device memory).
+pub fn bm25_evict() {
+    if let Ok(g) = gpu() {
+        let _ = g.ctx.bind_to_thread();
+        let _ = g.sync();
+    }
+    *RESIDENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}

@@ -1,0 +1,401 @@
+//! `topk_bm25` on the GPU against the CPU: random corpora and query batches ranked with the
+//! GPU backend, compared exactly (doc ids, f64 score bits, order) with the CPU's pruned
+//! top-k and the exhaustive scorer; the resident-index budget (queries whose lists are not
+//! on the device finish on the CPU); and, `#[ignore]`d, the benchmark on gcide with 10,000
+//! terabyte05-eff queries. (The SQL function under `sets.backend = 'gpu'` is checked by
+//! `gpu_sql`.)
+//!
+//! Without a usable GPU every test prints a note and passes, unless `DFSETS_REQUIRE_GPU=1`
+//! (the device script sets it), which makes the absence a failure.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, UInt32Type};
+use datafusion_sets::backend::gpu;
+use datafusion_sets::config::BackendChoice;
+use datafusion_sets::search::index::{IndexBuilder, IndexedDoc, InvertedIndex};
+use datafusion_sets::search::rank::{QueryTerms, rank_terms};
+use datafusion_sets::search::scoring::{Bm25Params, Scored};
+use datafusion_sets::search::tokenize::{Tokenizer, TokenizerOptions};
+use datafusion_sets::search::topk::{Mode, exhaustive, query_terms, top};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The tests share the process's one resident index: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gpu_or_skip(test: &str) -> bool {
+    match gpu::device() {
+        Ok(d) => {
+            eprintln!("{test}: on {}", d.name);
+            true
+        }
+        Err(e) => {
+            if std::env::var("DFSETS_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{test}: DFSETS_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("{test}: skipped, no usable GPU ({e})");
+            false
+        }
+    }
+}
+
+/// A random corpus: `docs` documents with sparse, shuffled ids, texts over a Zipf-like
+/// vocabulary (a few terms in most documents: lists spanning many device tiles and AND
+/// chunks; most terms rare), some documents repeated (equal scores: ties), optional static
+/// scores with ties.
+fn corpus(rng: &mut StdRng, docs: usize, vocab: usize, with_static: bool) -> InvertedIndex {
+    let words: Vec<String> = (0..vocab).map(|i| format!("w{i}")).collect();
+    let mut texts: Vec<Vec<&str>> = Vec::with_capacity(docs);
+    for _ in 0..docs {
+        if !texts.is_empty() && rng.random_range(0..10) == 0 {
+            let j = rng.random_range(0..texts.len());
+            texts.push(texts[j].clone());
+            continue;
+        }
+        let len = rng.random_range(0..40);
+        texts.push(
+            (0..len)
+                .map(|_| {
+                    let r: f64 = rng.random();
+                    words[((r * r * r) * vocab as f64) as usize].as_str()
+                })
+                .collect(),
+        );
+    }
+    let mut ids: Vec<u32> = Vec::with_capacity(docs);
+    let mut id = rng.random_range(0..1000u32);
+    for _ in 0..docs {
+        id += 1 + rng.random_range(0..5u32);
+        ids.push(id);
+    }
+    for i in (1..ids.len()).rev() {
+        let j = rng.random_range(0..=i);
+        ids.swap(i, j);
+    }
+    let docs: Vec<IndexedDoc> = texts
+        .into_iter()
+        .zip(ids)
+        .map(|(terms, id)| IndexedDoc {
+            id,
+            terms,
+            static_score: Some((id % 5) as f64 / 5.0),
+        })
+        .collect();
+    InvertedIndex::build(&docs, TokenizerOptions::default(), with_static)
+}
+
+/// A random query batch: 0..8 words (some unknown, some repeated), a few with 70 words
+/// (more than the device takes).
+fn queries(rng: &mut StdRng, index: &InvertedIndex, n: usize, vocab: usize) -> Vec<QueryTerms> {
+    (0..n)
+        .map(|_| {
+            let len = if rng.random_range(0..50) == 0 {
+                70
+            } else {
+                rng.random_range(0..8)
+            };
+            let words: Vec<String> = (0..len)
+                .map(|_| {
+                    let r: f64 = rng.random();
+                    format!("w{}", ((r * r) * (vocab + vocab / 10) as f64) as usize)
+                })
+                .collect();
+            let (ids, unknown) = query_terms(index, words.iter().map(String::as_str));
+            QueryTerms { ids, unknown }
+        })
+        .collect()
+}
+
+fn check(
+    index: &InvertedIndex,
+    scored: &Arc<Scored>,
+    qs: &[QueryTerms],
+    k: usize,
+    mode: Mode,
+    budget: Option<usize>,
+    what: &str,
+) -> datafusion_sets::search::rank::RankStats {
+    let (got, stats) = rank_terms(index, scored, qs, k, mode, BackendChoice::Gpu, budget);
+    assert_eq!(got.len(), qs.len());
+    for (i, (q, g)) in qs.iter().zip(&got).enumerate() {
+        let pruned = top(index, scored, &q.ids, q.unknown, k, mode);
+        let exact = exhaustive(index, scored, &q.ids, q.unknown, k, mode);
+        assert_eq!(
+            pruned, exact,
+            "{what}: CPU pruned != exhaustive, query {i} {q:?}"
+        );
+        // Bit-identical scores: `Hit`'s f64 equality plus the bits.
+        assert_eq!(
+            g, &exact,
+            "{what}: GPU != exhaustive, query {i} {q:?} k {k} {mode:?}"
+        );
+        for (a, b) in g.iter().zip(&exact) {
+            assert_eq!(a.score.to_bits(), b.score.to_bits());
+        }
+    }
+    stats
+}
+
+#[test]
+fn gpu_top_k_equals_cpu_and_exhaustive() {
+    if !gpu_or_skip("gpu_top_k_equals_cpu_and_exhaustive") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = StdRng::seed_from_u64(0x5eed_b25);
+    let shapes = [
+        (60, 12, false),
+        (3000, 200, false),
+        (9000, 400, true),
+        (20000, 300, false),
+        (5000, 60, true),
+    ];
+    let mut on_gpu = 0;
+    for (round, &(docs, vocab, with_static)) in shapes.iter().enumerate() {
+        let index = corpus(&mut rng, docs, vocab, with_static);
+        let params = Bm25Params {
+            k1: [1.2, 0.9, 2.0, 1.2, 0.0][round],
+            b: [0.75, 1.0, 0.3, 0.75, 0.5][round],
+            alpha: 0.3,
+        };
+        let scored = Arc::new(Scored::new(&index, params));
+        let qs = queries(&mut rng, &index, 400, vocab);
+        for k in [1, 10, 100] {
+            for mode in [Mode::And, Mode::Or, Mode::AndOr] {
+                let what = format!("round {round} ({docs} docs, static {with_static})");
+                let stats = check(&index, &scored, &qs, k, mode, None, &what);
+                assert!(stats.gpu_error.is_none(), "{what}: {:?}", stats.gpu_error);
+                // Every query with a known term and at most 64 terms ran on the device.
+                let expect = qs
+                    .iter()
+                    .filter(|q| {
+                        !q.ids.is_empty()
+                            && q.ids.len() <= gpu::BM25_MAX_TERMS
+                            && !(mode == Mode::And && q.unknown)
+                    })
+                    .count();
+                assert_eq!(stats.on_gpu, expect, "{what} k {k} {mode:?}");
+                on_gpu += stats.on_gpu;
+            }
+        }
+    }
+    assert!(on_gpu > 1000, "only {on_gpu} queries ran on the GPU");
+    // k above the device's limit: the CPU, same answers.
+    let index = corpus(&mut rng, 2000, 50, false);
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let qs = queries(&mut rng, &index, 50, 50);
+    let stats = check(&index, &scored, &qs, 1000, Mode::Or, None, "k 1000");
+    assert_eq!(stats.on_gpu, 0);
+}
+
+/// A budget too small for the whole index: the most visited lists are resident, queries
+/// needing others finish on the CPU; a budget too small for anything: all on the CPU.
+#[test]
+fn resident_budget_keeps_answers_exact() {
+    if !gpu_or_skip("resident_budget_keeps_answers_exact") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = StdRng::seed_from_u64(99);
+    let index = corpus(&mut rng, 8000, 300, false);
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let qs = queries(&mut rng, &index, 600, 300);
+    gpu::bm25_evict();
+    let tables = 8000 * 4;
+    let budget = tables + index.docs().len() * 12 / 3;
+    for mode in [Mode::Or, Mode::And, Mode::AndOr] {
+        let stats = check(
+            &index,
+            &scored,
+            &qs,
+            10,
+            mode,
+            Some(budget),
+            "a third resident",
+        );
+        let t = stats.timings.clone().expect("the GPU ran");
+        assert!(t.resident_bytes as usize <= budget, "{t:?}");
+        assert!(stats.on_gpu > 0 && stats.on_cpu > 0, "{stats:?}");
+        eprintln!(
+            "budget {budget}: {} on the GPU, {} on the CPU, resident {} B",
+            stats.on_gpu, stats.on_cpu, t.resident_bytes
+        );
+    }
+    gpu::bm25_evict();
+    let stats = check(
+        &index,
+        &scored,
+        &qs,
+        10,
+        Mode::Or,
+        Some(1000),
+        "nothing resident",
+    );
+    assert_eq!(stats.on_gpu, 0);
+    assert!(stats.gpu_error.is_some());
+    gpu::bm25_evict();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark
+// ---------------------------------------------------------------------------------------------
+
+/// The named columns of a Parquet file (the parquet reader alone: this binary does not link
+/// the SQL engine, to stay small enough to carry to the GPU machine).
+fn read_parquet(path: &str, columns: &[&str]) -> Vec<RecordBatch> {
+    use datafusion::parquet::arrow::ProjectionMask;
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+    let schema = builder.parquet_schema();
+    let idx: Vec<usize> = columns
+        .iter()
+        .map(|c| {
+            (0..schema.num_columns())
+                .find(|&i| schema.column(i).name() == *c)
+                .unwrap_or_else(|| panic!("{path}: no column {c}"))
+        })
+        .collect();
+    let mask = ProjectionMask::leaves(schema, idx.iter().copied());
+    let reader = builder.with_projection(mask).build().unwrap();
+    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+    // Columns in the order asked for.
+    batches
+        .into_iter()
+        .map(|b| {
+            let cols: Vec<usize> = columns
+                .iter()
+                .map(|c| b.schema().index_of(c).unwrap())
+                .collect();
+            b.project(&cols).unwrap()
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// gcide (126,240 articles) and the first 10,000 terabyte05-eff queries, top-10, GPU vs CPU
+/// backend (all cores): `gpu_bm25 --ignored --nocapture bench`. Data from
+/// `$DFSETS_BENCH_DATA` (default `bench-data`): `gcide/docs.parquet`,
+/// `queries/queries.parquet`. Results to `$DFSETS_BENCH_OUT` (appended) and stdout.
+#[test]
+#[ignore]
+fn bench_gpu_bm25() {
+    if !gpu_or_skip("bench_gpu_bm25") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::var("DFSETS_BENCH_DATA").unwrap_or_else(|_| "bench-data".into());
+    let docs = read_parquet(&format!("{dir}/gcide/docs.parquet"), &["doc_id", "text"]);
+    let all_queries = read_parquet(
+        &format!("{dir}/queries/queries.parquet"),
+        &["source", "text"],
+    );
+    let mut texts = Vec::new();
+    for b in &all_queries {
+        let src = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+        let src = src.as_string::<i32>();
+        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let text = text.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            if texts.len() < 10_000 && src.value(i) == "terabyte05-eff" {
+                texts.push(text.value(i).to_string());
+            }
+        }
+    }
+    assert_eq!(texts.len(), 10_000, "not enough terabyte05-eff queries");
+    let t = Instant::now();
+    let mut tok = Tokenizer::new(TokenizerOptions::default());
+    let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
+    for b in &docs {
+        let ids = datafusion::arrow::compute::cast(b.column(0), &DataType::UInt32).unwrap();
+        let ids = ids.as_primitive::<UInt32Type>();
+        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let text = text.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            let terms = tok.terms(text.value(i));
+            builder.add_terms(ids.value(i), terms.iter().map(String::as_str), None);
+        }
+    }
+    let index = builder.finish();
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let qs: Vec<QueryTerms> = texts
+        .iter()
+        .map(|text| {
+            let terms = tok.terms(text);
+            let (ids, unknown) = query_terms(&index, terms.iter().map(String::as_str));
+            QueryTerms { ids, unknown }
+        })
+        .collect();
+    let threads = rayon::current_num_threads();
+    let mut report = format!(
+        "gcide: {} docs, {} terms, {} postings; {} queries; index built in {:.1?}; \
+         CPU backend on {threads} rayon threads; device {}\n\
+         | mode | k | CPU ms (median of 7) | GPU ms (median of 7) | speed-up | GPU kernel / H2D / D2H / host ms | cold GPU call ms (index upload) |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+        index.n_docs(),
+        index.terms(),
+        index.docs().len(),
+        qs.len(),
+        t.elapsed(),
+        gpu::device().map(|d| d.name).unwrap_or_default()
+    );
+    for k in [10, 100] {
+        for mode in [Mode::And, Mode::Or, Mode::AndOr] {
+            gpu::bm25_evict();
+            let t0 = Instant::now();
+            let (first, stats) =
+                rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Gpu, None);
+            let cold = t0.elapsed().as_secs_f64() * 1e3;
+            let upload = stats.timings.as_ref().map_or(0, |t| t.uploaded_bytes);
+            let (want, _) = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Cpu, None);
+            let same = first == want;
+            assert!(same, "GPU != CPU on gcide, {mode:?} k {k}");
+            let mut cpu = Vec::new();
+            let mut gpu_ms = Vec::new();
+            let mut last = None;
+            for _ in 0..7 {
+                let t0 = Instant::now();
+                let r = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Cpu, None);
+                cpu.push(t0.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box(r);
+                let t0 = Instant::now();
+                let (r, s) = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Gpu, None);
+                gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                assert!(r == want);
+                last = s.timings;
+                assert_eq!(s.on_gpu + s.on_cpu, qs.len());
+            }
+            let (c, g) = (median(cpu), median(gpu_ms));
+            let t = last.unwrap_or_default();
+            let line = format!(
+                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU) | {cold:.1} ({:.1} MB) |\n",
+                c / g,
+                t.kernel_ms,
+                t.h2d_ms,
+                t.d2h_ms,
+                t.stage_ms,
+                t.on_device,
+                upload as f64 / 1e6
+            );
+            eprint!("{line}");
+            report += &line;
+        }
+    }
+    println!("{report}");
+    if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        f.write_all(report.as_bytes()).unwrap();
+    }
+}
