@@ -750,8 +750,9 @@ mod tests {
 
     /// A corpus built for block boundaries and ties: `n` documents with scrambled distinct ids
     /// (sometimes including `u32::MAX`), term `j` in a document with probability `dens[j]`
-    /// (dense terms give lists of many 64-posting blocks), few distinct term frequencies and
-    /// lengths (many equal impacts), optional static scores with few values.
+    /// (dense terms give lists of many 64-posting blocks); with `ties`, every impact of a term
+    /// equal, else mostly low frequencies with rare high ones (block maxima that differ from
+    /// block to block); optional static scores with few values.
     fn block_corpus(
         n: usize,
         dens: &[f64],
@@ -767,11 +768,16 @@ mod tests {
                 let mut terms = Vec::new();
                 for (j, &p) in dens.iter().enumerate() {
                     if rng.random::<f64>() < p {
-                        let tf = if ties { 1 } else { rng.random_range(1..4) };
+                        // Rare spikes of a high frequency make block maxima differ.
+                        let tf = match (ties, rng.random::<f64>() < 0.03) {
+                            (true, _) => 1,
+                            (false, true) => rng.random_range(4..12),
+                            (false, false) => rng.random_range(1..3),
+                        };
                         terms.extend(std::iter::repeat_n(WORDS[j], tf));
                     }
                 }
-                let pad = if ties { 3 } else { rng.random_range(0..4) };
+                let pad = if ties { 3 } else { rng.random_range(0..30) };
                 terms.extend(std::iter::repeat_n("pad", pad));
                 let id = if max_id && i == n / 2 {
                     u32::MAX
