@@ -261,8 +261,223 @@ pub fn top_and(
     (top.into_sorted(), matches)
 }
 
-/// Top-k of documents holding any term of `terms` (distinct, ascending): MaxScore.
+/// One term's postings with its block maxima, for OR.
+struct OrList<'a> {
+    cur: Cursor<'a>,
+    /// Largest impact of each block of [`BLOCK`] postings.
+    block_max: &'a [f64],
+    term_max: f64,
+    /// Upper bound of the term's impact over the current window.
+    window_max: f64,
+}
+
+/// Blocks scanned for a window's maximum before falling back to the term's maximum.
+const WINDOW_SCAN: usize = 16;
+
+impl OrList<'_> {
+    /// Last document of block `b`.
+    #[inline]
+    fn block_last(&self, b: usize) -> u32 {
+        self.cur.docs[((b + 1) * BLOCK).min(self.cur.docs.len()) - 1]
+    }
+    /// The block holding the first posting with id ≥ `d` (None past the end), moving the
+    /// cursor forward to that block's start when it lies before it (every posting skipped
+    /// has an id < `d`). Reads one document id per block, never the postings inside.
+    #[inline]
+    fn shallow(&mut self, d: u32) -> Option<usize> {
+        let n_blocks = self.block_max.len();
+        let mut b = self.cur.pos / BLOCK;
+        while b < n_blocks && self.block_last(b) < d {
+            b += 1;
+        }
+        if b == n_blocks {
+            self.cur.pos = self.cur.docs.len();
+            return None;
+        }
+        self.cur.pos = self.cur.pos.max(b * BLOCK);
+        Some(b)
+    }
+    /// An upper bound of the term's impact on documents `lo..=hi`: the largest block maximum
+    /// of the blocks overlapping the range (the term's maximum when more than
+    /// [`WINDOW_SCAN`] do), 0 when no posting is left at or after `lo`.
+    #[inline]
+    fn window_bound(&mut self, lo: u32, hi: u32) -> f64 {
+        let Some(b) = self.shallow(lo) else {
+            return 0.0;
+        };
+        if self.cur.doc() > hi {
+            return 0.0; // the term's next document lies past the window
+        }
+        let mut m = self.block_max[b];
+        let mut j = b + 1;
+        while j < self.block_max.len() && self.cur.docs[j * BLOCK] <= hi {
+            if j - b > WINDOW_SCAN {
+                return self.term_max;
+            }
+            m = m.max(self.block_max[j]);
+            j += 1;
+        }
+        m
+    }
+}
+
+/// Top-k of documents holding any term of `terms` (distinct, ascending): block-max MaxScore.
+///
+/// The documents are cut into windows `lo..=hi`, `hi` the nearest end of a block among the
+/// lists that were essential in the previous window. In a window every list's impact is
+/// bounded by the largest maximum of its blocks there; the lists sorted by that bound, the
+/// prefix whose bounds (plus the static bound) sum to ≤ θ is non-essential: a document
+/// holding only those terms cannot beat θ. A window where every list is non-essential is
+/// skipped without reading its postings. Otherwise the candidates are the documents of the
+/// essential lists; each one's non-essential terms are looked up largest bound first, after
+/// checking that the known part plus the bound of the term's block at that document plus the
+/// smaller lists' bounds can still beat θ. The partition is refined as θ rises.
 pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -> Vec<Hit> {
+    let mut top = TopK::new(k);
+    if terms.is_empty() || k == 0 {
+        return Vec::new();
+    }
+    let mut ls: Vec<OrList> = cursors(index, terms)
+        .into_iter()
+        .map(|cur| {
+            let t = cur.term as usize;
+            OrList {
+                block_max: &scored.block_max[scored.block_start[t]..scored.block_start[t + 1]],
+                term_max: scored.term_max[t],
+                window_max: 0.0,
+                cur,
+            }
+        })
+        .collect();
+    let n = ls.len();
+    // prefix[i] = static bound + Σ_{j<i} window_max_j, over the lists sorted by window_max.
+    let mut prefix = vec![0.0; n + 1];
+    let mut at = vec![None; n];
+    let mut touched: Vec<usize> = Vec::with_capacity(n);
+    let mut essential = 0; // ls[essential..] are essential
+    let mut lo = 0u32;
+    loop {
+        // The window's end: the nearest block end among the lists essential last time (the
+        // list with the largest bound when none was), or among all lists when those are done.
+        let mut hi = None::<u32>;
+        for l in ls[essential.min(n - 1)..].iter_mut() {
+            if let Some(b) = l.shallow(lo) {
+                hi = Some(hi.map_or(l.block_last(b), |h| h.min(l.block_last(b))));
+            }
+        }
+        if hi.is_none() {
+            for l in ls.iter_mut() {
+                if let Some(b) = l.shallow(lo) {
+                    hi = Some(hi.map_or(l.block_last(b), |h| h.min(l.block_last(b))));
+                }
+            }
+        }
+        let Some(hi) = hi else {
+            break; // every list is done
+        };
+        for l in ls.iter_mut() {
+            l.window_max = l.window_bound(lo, hi);
+        }
+        // Insertion sort by bound (a few lists; stable).
+        for i in 1..n {
+            let mut j = i;
+            while j > 0 && ls[j - 1].window_max > ls[j].window_max {
+                ls.swap(j - 1, j);
+                j -= 1;
+            }
+        }
+        prefix[0] = scored.static_max;
+        for i in 0..n {
+            prefix[i + 1] = prefix[i] + ls[i].window_max;
+        }
+        let mut theta = top.threshold();
+        essential = 0;
+        while essential < n && !may_beat(prefix[essential + 1], theta) {
+            essential += 1;
+        }
+        if essential < n {
+            for l in ls[essential..].iter_mut() {
+                l.cur.seek(lo);
+            }
+        }
+        while essential < n {
+            // Next candidate: the smallest document of the essential lists in the window.
+            let d = ls[essential..]
+                .iter()
+                .filter(|l| !l.cur.done())
+                .map(|l| l.cur.doc())
+                .min();
+            let d = match d {
+                Some(d) if d <= hi => d,
+                _ => break,
+            };
+            let mut partial = 0.0;
+            let mut last = 0;
+            for l in ls[essential..].iter_mut() {
+                if !l.cur.done() && l.cur.doc() == d {
+                    let p = l.cur.base + l.cur.pos;
+                    at[l.cur.slot] = Some(p);
+                    touched.push(l.cur.slot);
+                    partial += scored.impacts[p];
+                    last = p;
+                    l.cur.pos += 1;
+                }
+            }
+            // Non-essential lists, largest bound first, while the document can still win.
+            let mut alive = true;
+            for i in (0..essential).rev() {
+                if !may_beat(partial + prefix[i + 1], theta) {
+                    alive = false;
+                    break;
+                }
+                let l = &mut ls[i];
+                let Some(b) = l.shallow(d) else {
+                    continue;
+                };
+                if !may_beat(partial + l.block_max[b] + prefix[i], theta) {
+                    alive = false;
+                    break;
+                }
+                l.cur.seek(d);
+                if l.cur.doc() == d {
+                    let p = l.cur.base + l.cur.pos;
+                    at[l.cur.slot] = Some(p);
+                    touched.push(l.cur.slot);
+                    partial += scored.impacts[p];
+                    last = p;
+                }
+            }
+            if alive && may_beat(partial + scored.static_at(last), theta) {
+                top.push(d, canonical(scored, &at));
+                let t = top.threshold();
+                if t != theta {
+                    theta = t;
+                    while essential < n && !may_beat(prefix[essential + 1], theta) {
+                        essential += 1;
+                    }
+                }
+            }
+            for &s in &touched {
+                at[s] = None;
+            }
+            touched.clear();
+        }
+        if hi == u32::MAX {
+            break;
+        }
+        lo = hi + 1;
+    }
+    top.into_sorted()
+}
+
+/// Top-k of documents holding any term of `terms` (distinct, ascending): MaxScore.
+#[doc(hidden)]
+pub fn top_or_maxscore_old(
+    index: &InvertedIndex,
+    scored: &Scored,
+    terms: &[u32],
+    k: usize,
+) -> Vec<Hit> {
     let mut top = TopK::new(k);
     if terms.is_empty() || k == 0 {
         return Vec::new();
@@ -357,6 +572,10 @@ pub fn top(
 }
 
 /// Every matching document scored, sorted, cut at k: the oracle of the tests.
+///
+/// A dense accumulator over the query's documents (their sorted distinct ids): the terms are
+/// added in ascending term-id order, the canonical order, so each sum is the one `canonical`
+/// computes.
 pub fn exhaustive(
     index: &InvertedIndex,
     scored: &Scored,
@@ -365,23 +584,29 @@ pub fn exhaustive(
     k: usize,
     mode: Mode,
 ) -> Vec<Hit> {
-    use std::collections::BTreeMap;
-    let mut per_doc: BTreeMap<u32, Vec<Option<usize>>> = BTreeMap::new();
-    for (slot, &t) in terms.iter().enumerate() {
+    let mut ids: Vec<u32> = terms
+        .iter()
+        .flat_map(|&t| index.docs()[index.range(t)].iter().copied())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut sum = vec![0.0f64; ids.len()];
+    let mut count = vec![0usize; ids.len()];
+    let mut last = vec![0usize; ids.len()]; // a posting of the document, for its static score
+    for &t in terms {
         for p in index.range(t) {
-            per_doc
-                .entry(index.docs()[p])
-                .or_insert_with(|| vec![None; terms.len()])[slot] = Some(p);
+            let r = ids.binary_search(&index.docs()[p]).unwrap();
+            sum[r] += scored.impacts[p];
+            count[r] += 1;
+            last[r] = p;
         }
     }
-    let all = |v: &Vec<Option<usize>>| !unknown && v.iter().all(Option::is_some);
     let rank = |and: bool| {
-        let mut hits: Vec<Hit> = per_doc
-            .iter()
-            .filter(|(_, v)| !and || all(v))
-            .map(|(&doc, v)| Hit {
-                doc,
-                score: canonical(scored, v),
+        let mut hits: Vec<Hit> = (0..ids.len())
+            .filter(|&r| !and || (!unknown && count[r] == terms.len()))
+            .map(|r| Hit {
+                doc: ids[r],
+                score: sum[r] + scored.static_at(last[r]),
             })
             .collect();
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.doc.cmp(&b.doc)));
@@ -495,6 +720,128 @@ mod tests {
             top(&index, &scored, &terms, unknown, 5, Mode::AndOr).len(),
             3
         );
+    }
+
+    /// Every document of the index scored by looking each query term up in it: a second,
+    /// independent oracle for `exhaustive` itself.
+    fn naive(
+        index: &InvertedIndex,
+        scored: &Scored,
+        terms: &[u32],
+        unknown: bool,
+    ) -> Vec<(Hit, bool)> {
+        let mut ids = index.docs().to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut hits = Vec::new();
+        for doc in ids {
+            let at: Vec<Option<usize>> = terms
+                .iter()
+                .map(|&t| index.range(t).find(|&p| index.docs()[p] == doc))
+                .collect();
+            if at.iter().any(Option::is_some) {
+                let all = !unknown && at.iter().all(Option::is_some);
+                let score = canonical(scored, &at);
+                hits.push((Hit { doc, score }, all));
+            }
+        }
+        hits
+    }
+
+    /// A corpus built for block boundaries and ties: `n` documents with scrambled distinct ids
+    /// (sometimes including `u32::MAX`), term `j` in a document with probability `dens[j]`
+    /// (dense terms give lists of many 64-posting blocks); with `ties`, every impact of a term
+    /// equal, else mostly low frequencies with rare high ones (block maxima that differ from
+    /// block to block); optional static scores with few values.
+    fn block_corpus(
+        n: usize,
+        dens: &[f64],
+        seed: u64,
+        ties: bool,
+        with_static: bool,
+    ) -> InvertedIndex {
+        const WORDS: [&str; 6] = ["t0", "t1", "t2", "t3", "t4", "t5"];
+        let mut rng = StdRng::seed_from_u64(seed);
+        let max_id = seed.is_multiple_of(3);
+        let docs: Vec<IndexedDoc> = (0..n)
+            .map(|i| {
+                let mut terms = Vec::new();
+                for (j, &p) in dens.iter().enumerate() {
+                    if rng.random::<f64>() < p {
+                        // Rare spikes of a high frequency make block maxima differ.
+                        let tf = match (ties, rng.random::<f64>() < 0.03) {
+                            (true, _) => 1,
+                            (false, true) => rng.random_range(4..12),
+                            (false, false) => rng.random_range(1..3),
+                        };
+                        terms.extend(std::iter::repeat_n(WORDS[j], tf));
+                    }
+                }
+                let pad = if ties { 3 } else { rng.random_range(0..30) };
+                terms.extend(std::iter::repeat_n("pad", pad));
+                let id = if max_id && i == n / 2 {
+                    u32::MAX
+                } else {
+                    (i as u32).wrapping_mul(2_654_435_761) % 4_000_000_000
+                };
+                IndexedDoc {
+                    id,
+                    terms,
+                    static_score: Some((id % 3) as f64 / 2.0),
+                }
+            })
+            .collect();
+        InvertedIndex::build(&docs, TokenizerOptions::default(), with_static)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Long lists (many blocks), dense and sparse terms together, heavy ties, k from 1 to
+        /// beyond the number of matches: the pruned evaluators equal the exhaustive scorer,
+        /// which equals a per-document lookup.
+        #[test]
+        fn block_boundaries_and_ties(
+            n in 1usize..2500,
+            dens in proptest::collection::vec(
+                proptest::sample::select(vec![0.97, 0.6, 0.3, 0.05, 0.005]), 1..6),
+            seed in proptest::prelude::any::<u64>(),
+            ties in proptest::prelude::any::<bool>(),
+            with_static in proptest::prelude::any::<bool>(),
+            params in proptest::sample::select(vec![(1.2, 0.75), (0.0, 0.5), (2.0, 0.0), (0.5, 1.0)]),
+            queries in proptest::collection::vec(
+                proptest::collection::vec(0usize..7, 1..6), 1..5),
+        ) {
+            let index = block_corpus(n, &dens, seed, ties, with_static);
+            let scored = Scored::new(&index, Bm25Params { k1: params.0, b: params.1, alpha: 0.4 });
+            for q in &queries {
+                // Word 6 is unknown (never indexed).
+                let words: Vec<String> = q
+                    .iter()
+                    .map(|&w| if w == 6 { "nope".to_string() } else { format!("t{w}") })
+                    .collect();
+                let (terms, unknown) = query_terms(&index, words.iter().map(String::as_str));
+                let all = naive(&index, &scored, &terms, unknown);
+                let matches = all.len();
+                for k in [1, 2, 10, 63, 64, 65, matches, matches + 1, 5000] {
+                    for mode in [Mode::And, Mode::Or, Mode::AndOr] {
+                        let want = exhaustive(&index, &scored, &terms, unknown, k, mode);
+                        let got = top(&index, &scored, &terms, unknown, k, mode);
+                        proptest::prop_assert_eq!(&got, &want, "{:?} k {} {:?}", words, k, mode);
+                        // The oracle against the per-document lookup.
+                        let and: Vec<Hit> = all.iter().filter(|h| h.1).map(|h| h.0).collect();
+                        let or: Vec<Hit> = all.iter().map(|h| h.0).collect();
+                        let mut naive_hits = match mode {
+                            Mode::And => and,
+                            Mode::Or => or,
+                            Mode::AndOr => if and.len() >= k { and } else { or },
+                        };
+                        naive_hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.doc.cmp(&b.doc)));
+                        naive_hits.truncate(k);
+                        proptest::prop_assert_eq!(&want, &naive_hits, "oracle {:?} k {} {:?}", words, k, mode);
+                    }
+                }
+            }
+        }
     }
 
     /// The formula on a case small enough to write out.
