@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Builds the real data the `agg/gcide` benchmark group needs into the git-ignored
+# Builds the real data the benchmarks and real-data tests need into the git-ignored
 # `bench-data/` folder at the repository root, by calling the shared dataset builders
 # (default /work/shared/datasets; override with DATASETS_DIR). Never commit the output.
 #
 #   bench-data/gcide/docs.parquet      (doc_id uint32, text, key)   from apt dict-gcide
 #   bench-data/gcide/postings.parquet  (term, doc_ids list<uint32>, tfs list<uint32>)
 #   bench-data/queries/queries.parquet (source, qid, text)          from PyPI pyserini==0.17.0
+#   bench-data/debian_deps/sets.parquet (id uint32, tokens list<uint32>, key)  from apt's own
+#                                       bookworm main amd64 Packages index (one set per package:
+#                                       the names it depends on)
+#   bench-data/gcide_words/sets.parquet (id uint32, tokens list<uint32>, key)  the word set of
+#                                       each gcide article (from gcide/docs.parquet)
+#
+# Set token ids are numbered by increasing document frequency (the builders' order); the
+# similarity join does not rely on it (it ranks tokens itself).
 #
 # Needs root (apt-get), python3 with pyarrow and numpy (`pip install pyarrow numpy`), and
 # network access to the Debian and PyPI registries. About 2 minutes on 2 cores after the
@@ -45,4 +53,19 @@ if need queries/queries.parquet; then
     (cd "$DATASETS_DIR" && $PY build_queries_anserini.py "$WHEEL")
 fi
 
-ls -l "$DATASETS_OUT"/gcide/postings.parquet "$DATASETS_OUT"/queries/queries.parquet
+if need gcide_words/sets.parquet; then
+    (cd "$DATASETS_DIR" && $PY build_word_sets.py gcide)
+fi
+
+if need debian_deps/sets.parquet; then
+    # apt keeps the Packages index lz4-compressed once lz4 is installed; the builder reads
+    # /var/lib/apt/lists/*_bookworm_main_binary-amd64_Packages.lz4 (a Debian 12 machine).
+    if ! ls /var/lib/apt/lists/*_bookworm_main_binary-amd64_Packages.lz4 >/dev/null 2>&1; then
+        command -v lz4cat >/dev/null || apt-get install -y --no-install-recommends lz4
+        apt-get update
+    fi
+    (cd "$DATASETS_DIR" && $PY build_debian.py deps)
+fi
+
+ls -l "$DATASETS_OUT"/gcide/postings.parquet "$DATASETS_OUT"/queries/queries.parquet \
+    "$DATASETS_OUT"/gcide_words/sets.parquet "$DATASETS_OUT"/debian_deps/sets.parquet
