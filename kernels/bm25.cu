@@ -17,8 +17,9 @@
 // unvisited posting (tiles skip empty stretches); each list's postings in the tile are added
 // into a shared accumulator one list after the other (slot order; a list holds a document
 // once, so no two threads of one list touch the same entry), with a count of the lists
-// holding each document; then every posting of the tile claims its document with an atomic
-// exchange of the count, and the one claimer scores it and clears the entry.
+// holding each document; then each document of the tile is scored once and its entry
+// cleared (sparse tiles: every posting claims its document with an atomic exchange of the
+// count; dense tiles: one thread per ordinal of the tile, in ascending chunks).
 //
 // Top-k: candidates that beat the current threshold go to a shared buffer of CAP entries;
 // when a chunk could overflow it, the buffer is bitonic-sorted (score descending, ordinal
@@ -228,15 +229,19 @@ __device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_
             }
             __syncthreads();
         }
-        // Claim, score, clear.
+        // Claim, score, clear. A tile of at most THREADS postings: one chunk, each posting
+        // claims its document with an atomic exchange of the count (no compaction between
+        // the offers of the tile). A denser tile: its ordinals are scanned in ascending
+        // chunks of THREADS, one thread per ordinal (no global reads, no atomics, fewer
+        // chunks than postings); a compaction between chunks then only ever holds smaller
+        // ordinals than the ones still to come, so `score > theta` keeps the tie rule.
         const u32 total = sh.segoff[m];
-        for (u32 base = 0; base < total; base += THREADS) {
+        if (total <= THREADS) {
             room(sh, k);
-            const u32 it = base + tid;
-            if (it < total) {
+            if (tid < total) {
                 u32 j = 0;
-                while (sh.segoff[j + 1] <= it) j++;
-                const u64 p = sh.ls[j] + sh.cur[j] + (it - sh.segoff[j]);
+                while (sh.segoff[j + 1] <= tid) j++;
+                const u64 p = sh.ls[j] + sh.cur[j] + (tid - sh.segoff[j]);
                 const u32 ord = post_ord[p];
                 const u32 o = ord - d0;
                 const u32 c = atomicExch(&sh.cnt[o], 0u);
@@ -248,6 +253,20 @@ __device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_
                 }
             }
             __syncthreads();
+        } else {
+            for (u32 base = 0; base < TILE; base += THREADS) {
+                room(sh, k);
+                const u32 o = base + tid;
+                if (sh.cnt[o] != 0) {
+                    sh.cnt[o] = 0;
+                    double s = sh.acc[o];
+                    sh.acc[o] = 0.0;
+                    const u32 ord = d0 + o;
+                    if (ord_static) s += ord_static[ord];
+                    offer(sh, s, ord);
+                }
+                __syncthreads();
+            }
         }
         if (tid < m) sh.cur[tid] = sh.seg[tid];
         __syncthreads();

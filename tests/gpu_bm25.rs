@@ -120,6 +120,7 @@ fn check(
 ) -> datafusion_sets::search::rank::RankStats {
     let (got, stats) = rank_terms(index, scored, qs, k, mode, BackendChoice::Gpu, budget);
     assert_eq!(got.len(), qs.len());
+    let got = got.to_lists();
     for (i, (q, g)) in qs.iter().zip(&got).enumerate() {
         let pruned = top(index, scored, &q.ids, q.unknown, k, mode);
         let exact = exhaustive(index, scored, &q.ids, q.unknown, k, mode);
@@ -189,6 +190,46 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
     let qs = queries(&mut rng, &index, 50, 50);
     let stats = check(&index, &scored, &qs, 1000, Mode::Or, None, "k 1000");
     assert_eq!(stats.on_gpu, 0);
+}
+
+/// Equal scores in disjoint lists of one device tile: documents alternate between terms
+/// (one term each, same length: every score equal), so the top-k is the k smallest doc ids
+/// and a dense tile has to keep the tie rule across its lists (a compaction in the middle of
+/// the tile must not let a later list's smaller ordinals lose to a larger kept one).
+#[test]
+fn ties_across_lists_in_one_tile() {
+    if !gpu_or_skip("ties_across_lists_in_one_tile") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    for period in [2usize, 3, 5] {
+        let words = ["a", "b", "c", "d", "e"];
+        let docs: Vec<IndexedDoc> = (0..6000u32)
+            .map(|i| IndexedDoc {
+                id: 10 + 2 * i,
+                terms: vec![words[i as usize % period]],
+                static_score: None,
+            })
+            .collect();
+        let index = InvertedIndex::build(&docs, TokenizerOptions::default(), false);
+        let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+        let ids: Vec<&str> = words[..period].iter().rev().copied().collect();
+        let (q, unknown) = query_terms(&index, ids);
+        let qs = vec![
+            QueryTerms {
+                ids: q.clone(),
+                unknown,
+            };
+            3
+        ];
+        for k in [1, 10, 100, 700] {
+            for mode in [Mode::Or, Mode::AndOr] {
+                let stats = check(&index, &scored, &qs, k, mode, None, "ties");
+                assert_eq!(stats.on_gpu, qs.len(), "period {period} k {k} {mode:?}");
+            }
+        }
+    }
+    gpu::bm25_evict();
 }
 
 /// A budget too small for the whole index: the most visited lists are resident, queries
@@ -333,18 +374,51 @@ fn bench_gpu_bm25() {
             QueryTerms { ids, unknown }
         })
         .collect();
+    // Tokenization and term lookup as `rank_batch` does it (rayon), timed apart: the
+    // benchmark below starts from the term ids.
+    let tok_ms = median(
+        (0..7)
+            .map(|_| {
+                use rayon::prelude::*;
+                let t0 = Instant::now();
+                let q: Vec<QueryTerms> = texts
+                    .par_iter()
+                    .map_init(
+                        || Tokenizer::new(TokenizerOptions::default()),
+                        |tok, text| {
+                            let terms = tok.terms(text);
+                            let (ids, unknown) =
+                                query_terms(&index, terms.iter().map(String::as_str));
+                            QueryTerms { ids, unknown }
+                        },
+                    )
+                    .collect();
+                assert!(q == qs);
+                t0.elapsed().as_secs_f64() * 1e3
+            })
+            .collect(),
+    );
     let threads = rayon::current_num_threads();
     let mut report = format!(
-        "gcide: {} docs, {} terms, {} postings; {} queries; index built in {:.1?}; \
+        "gcide: {} docs, {} terms, {} postings; {} queries ({} term ids; tokenize + lookup on rayon: {tok_ms:.2} ms); index built in {:.1?}; \
          CPU backend on {threads} rayon threads; device {}\n\
-         | mode | k | CPU ms (median of 7) | GPU ms (median of 7) | speed-up | GPU kernel / H2D / D2H / host ms | cold GPU call ms (index upload) |\n\
+         | mode | k | CPU ms (median of 7) | GPU ms (median of 7) | speed-up | GPU kernel / H2D / D2H / host stage ms | cold GPU call ms (index upload) |\n\
          | --- | --- | --- | --- | --- | --- | --- |\n",
         index.n_docs(),
         index.terms(),
         index.docs().len(),
         qs.len(),
+        qs.iter().map(|q| q.ids.len()).sum::<usize>(),
         t.elapsed(),
         gpu::device().map(|d| d.name).unwrap_or_default()
+    );
+    let mut breakdown = String::from(
+        "GPU call breakdown (ms, medians of 7): build = batch in rank_terms; lookup / sort / fill = \
+         host stage (residency + device queries, longest-first order, pinned upload buffer); wait = \
+         copy in + kernel + copy out as the host sees it (from the first copy to the synchronize); \
+         cpu = the CPU's share; unpack = results into the output layout; merge = rank_terms after the call\n\
+         | mode | k | call | build | lookup | sort | fill | wait (kernel) | cpu | unpack | merge | on GPU |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for k in [10, 100] {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
@@ -359,7 +433,7 @@ fn bench_gpu_bm25() {
             assert!(same, "GPU != CPU on gcide, {mode:?} k {k}");
             let mut cpu = Vec::new();
             let mut gpu_ms = Vec::new();
-            let mut last = None;
+            let mut tims: Vec<gpu::Bm25Timings> = Vec::new();
             for _ in 0..7 {
                 let t0 = Instant::now();
                 let r = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Cpu, None);
@@ -369,25 +443,67 @@ fn bench_gpu_bm25() {
                 let (r, s) = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Gpu, None);
                 gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
                 assert!(r == want);
-                last = s.timings;
+                tims.push(s.timings.unwrap_or_default());
                 assert_eq!(s.on_gpu + s.on_cpu, qs.len());
             }
             let (c, g) = (median(cpu), median(gpu_ms));
-            let t = last.unwrap_or_default();
+            let med = |f: fn(&gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
             let line = format!(
                 "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU) | {cold:.1} ({:.1} MB) |\n",
                 c / g,
-                t.kernel_ms,
-                t.h2d_ms,
-                t.d2h_ms,
-                t.stage_ms,
-                t.on_device,
+                med(|t| t.kernel_ms),
+                med(|t| t.h2d_ms),
+                med(|t| t.d2h_ms),
+                med(|t| t.stage_ms),
+                tims[0].on_device,
                 upload as f64 / 1e6
             );
             eprint!("{line}");
             report += &line;
+            let line = format!(
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {} |\n",
+                med(|t| t.build_ms),
+                med(|t| t.lookup_ms),
+                med(|t| t.sort_ms),
+                med(|t| t.fill_ms),
+                med(|t| t.wait_ms),
+                med(|t| t.kernel_ms),
+                med(|t| t.cpu_ms),
+                med(|t| t.unpack_ms),
+                med(|t| t.merge_ms),
+                tims[0].on_device,
+            );
+            eprint!("{line}");
+            breakdown += &line;
         }
     }
+    report += &breakdown;
+    // Batch size: the first n queries, k 10, CPU vs GPU (for the 'auto' thresholds).
+    let mut sizes = String::from(
+        "Batch size (first n queries, k 10; ms, medians of 7; GPU index resident)\n\
+         | mode | n | CPU ms | GPU ms | CPU / GPU |\n| --- | --- | --- | --- | --- |\n",
+    );
+    for mode in [Mode::And, Mode::Or, Mode::AndOr] {
+        for n in [25, 50, 100, 250, 500, 1000, 2000, 4000, 10_000] {
+            let sub = &qs[..n];
+            let mut cpu = Vec::new();
+            let mut gpu_ms = Vec::new();
+            for _ in 0..7 {
+                let t0 = Instant::now();
+                let a = rank_terms(&index, &scored, sub, 10, mode, BackendChoice::Cpu, None);
+                cpu.push(t0.elapsed().as_secs_f64() * 1e3);
+                let t0 = Instant::now();
+                let b = rank_terms(&index, &scored, sub, 10, mode, BackendChoice::Gpu, None);
+                gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+                assert!(a.0 == b.0);
+            }
+            let (c, g) = (median(cpu), median(gpu_ms));
+            let line = format!("| {mode:?} | {n} | {c:.3} | {g:.3} | {:.2} |\n", c / g);
+            eprint!("{line}");
+            sizes += &line;
+        }
+    }
+    report += &sizes;
     println!("{report}");
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
         use std::io::Write;

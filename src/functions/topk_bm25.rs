@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    ArrayRef, AsArray, Float64Builder, ListBuilder, StructBuilder, UInt32Builder,
+    Array, ArrayRef, AsArray, Float64Array, ListArray, StructArray, UInt32Array,
 };
+use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use datafusion::catalog::CatalogProviderList;
@@ -192,28 +193,30 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         // GPU ranks them, with `sets.backend`).
         let backend = crate::config::SetsConfig::from_options(&options).backend;
         let ranked = rank_batch(&loaded, &scored, texts, k, mode, backend);
-        let mut b = ListBuilder::new(StructBuilder::from_fields(hit_fields(), 0)).with_field(
+        // The flat result is the list's layout: offsets, then the struct's two columns.
+        let offsets = ranked
+            .offsets
+            .iter()
+            .map(|&o| i32::try_from(o))
+            .collect::<std::result::Result<Vec<i32>, _>>();
+        let Ok(offsets) = offsets else {
+            return exec_err!("topk_bm25: more than 2^31 results in one batch");
+        };
+        let values = StructArray::try_new(
+            hit_fields(),
+            vec![
+                Arc::new(UInt32Array::from(ranked.docs)) as ArrayRef,
+                Arc::new(Float64Array::from(ranked.scores)) as ArrayRef,
+            ],
+            None,
+        )?;
+        let list = ListArray::try_new(
             Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
-        );
-        for row in ranked {
-            match row {
-                None => b.append_null(),
-                Some(hits) => {
-                    let s = b.values();
-                    for h in hits {
-                        s.field_builder::<UInt32Builder>(0)
-                            .unwrap()
-                            .append_value(h.doc);
-                        s.field_builder::<Float64Builder>(1)
-                            .unwrap()
-                            .append_value(h.score);
-                        s.append(true);
-                    }
-                    b.append(true);
-                }
-            }
-        }
-        let out: ArrayRef = Arc::new(b.finish());
+            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            Arc::new(values),
+            texts.nulls().cloned(),
+        )?;
+        let out: ArrayRef = Arc::new(list);
         Ok(if scalar {
             ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?)
         } else {

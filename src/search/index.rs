@@ -265,6 +265,10 @@ impl InvertedIndex {
     pub fn postings_len(&self, t: u32) -> usize {
         self.offsets[t as usize + 1] - self.offsets[t as usize]
     }
+    /// Where each term's postings start (`terms() + 1` entries, CSR).
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
     pub fn range(&self, t: u32) -> std::ops::Range<usize> {
         self.offsets[t as usize]..self.offsets[t as usize + 1]
     }

@@ -2,10 +2,12 @@
 //! scalar function (many queries per batch) and table function (one query).
 //!
 //! A batch runs on the CPU (queries in parallel on rayon's pool) or, with
-//! `sets.backend = 'gpu'` (or `'auto'` with a usable GPU and at least [`AUTO_MIN_QUERIES`]
-//! queries), on the GPU (`backend::gpu::bm25_topk`): the device ranks every query it can,
-//! the CPU the rest (terms not resident on the device, more than 64 terms, k above 768, or
-//! no GPU at all), with identical results either way.
+//! `sets.backend = 'gpu'` (or `'auto'` with a usable GPU, an OR or AND-then-OR batch of at
+//! least [`AUTO_MIN_QUERIES`] queries; see [`wants_gpu`]), on the GPU
+//! (`backend::gpu::bm25_topk`): the device ranks every query it can, the CPU the rest (terms
+//! not resident on the device, more than 64 terms, k above 768, or no GPU at all), while the
+//! device works, with identical results either way. Results come in one flat layout
+//! ([`Ranked`]), which is the Arrow list's.
 
 use std::sync::Arc;
 
@@ -23,8 +25,29 @@ use crate::config::BackendChoice;
 /// Queries per rayon task.
 const QUERIES_PER_TASK: usize = 64;
 
-/// With `sets.backend = 'auto'`, the GPU ranks batches of at least this many queries.
-pub const AUTO_MIN_QUERIES: usize = 2048;
+/// With `sets.backend = 'auto'`, OR and AND-then-OR batches of at least this many queries go
+/// to the GPU; AND batches never do. Measured on the device machine (one H200, the CPU
+/// backend on its 16 Xeon cores; gcide, the first n terabyte05-eff queries, k 10, the index
+/// already resident; benches/RESULTS.md, GPU section, "batch size"), CPU ms / GPU call ms,
+/// two runs: OR n 25: 1.00 / 0.63 (1.6x), n 100: 1.16 / 0.67 (1.7x; run 1: 1.4x), n 1,000:
+/// 4.9 / 0.98 (5.1x), n 10,000: 36.5 / 3.7 (9.8x); AND-then-OR alike (1.4x at 25, 1.8x at
+/// 100, 5.2x at 1,000, 9.5x at 10,000). 100 is the smallest size the GPU won in both runs.
+/// The first batch for an index also uploads it (gcide: 49 MB, a 57-113 ms call), once per
+/// process.
+pub const AUTO_MIN_QUERIES: usize = 100;
+
+/// Whether `backend` puts a batch of `n` queries in `mode` on the GPU.
+pub fn wants_gpu(backend: BackendChoice, mode: Mode, n: usize) -> bool {
+    match backend {
+        BackendChoice::Cpu => false,
+        BackendChoice::Gpu => true,
+        // AND stays on the CPU: its block-max pruning ranks 10,000 queries in 1.1-2.0 ms on
+        // 16 cores; the GPU call measured 1.1-1.7x faster at 10,000 queries (k 10 and 100;
+        // under 1 ms saved, inside the CPU's run-to-run spread), about even at 250-4,000 and
+        // slower below 100 (0.6x at 25): not worth taking the device from list_intersect.
+        BackendChoice::Auto => mode != Mode::And && n >= AUTO_MIN_QUERIES && gpu::is_available(),
+    }
+}
 
 /// The top-k of one query text.
 pub fn rank_one(
@@ -48,6 +71,106 @@ pub struct QueryTerms {
     pub unknown: bool,
 }
 
+/// A batch's results in one flat (columnar) layout: query `i`'s hits, best first, are
+/// `docs[offsets[i]..offsets[i + 1]]` with `scores[..]` alike (the Arrow list's layout).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ranked {
+    pub offsets: Vec<usize>,
+    pub docs: Vec<u32>,
+    pub scores: Vec<f64>,
+}
+
+impl Ranked {
+    /// Queries held.
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Query `i`'s hits.
+    pub fn hits(&self, i: usize) -> Vec<Hit> {
+        let r = self.offsets[i]..self.offsets[i + 1];
+        self.docs[r.clone()]
+            .iter()
+            .zip(&self.scores[r])
+            .map(|(&doc, &score)| Hit { doc, score })
+            .collect()
+    }
+
+    /// Every query's hits.
+    pub fn to_lists(&self) -> Vec<Vec<Hit>> {
+        (0..self.len()).map(|i| self.hits(i)).collect()
+    }
+
+    /// The layout for `counts` (hits per query), filled in parallel: `fill(i, docs, scores)`
+    /// writes query `i`'s hits into slices of exactly its count.
+    pub fn build<F>(counts: &[usize], fill: F) -> Self
+    where
+        F: Fn(usize, &mut [u32], &mut [f64]) + Sync,
+    {
+        let mut offsets = Vec::with_capacity(counts.len() + 1);
+        let mut total = 0usize;
+        offsets.push(0);
+        for &c in counts {
+            total += c;
+            offsets.push(total);
+        }
+        let mut docs = vec![0u32; total];
+        let mut scores = vec![0f64; total];
+        // Groups of queries, each with its own part of the output.
+        let mut parts = Vec::with_capacity(counts.len().div_ceil(FILL_GROUP));
+        let (mut d, mut s) = (docs.as_mut_slice(), scores.as_mut_slice());
+        for q0 in (0..counts.len()).step_by(FILL_GROUP) {
+            let q1 = (q0 + FILL_GROUP).min(counts.len());
+            let len = offsets[q1] - offsets[q0];
+            let (dh, dt) = std::mem::take(&mut d).split_at_mut(len);
+            let (sh, st) = std::mem::take(&mut s).split_at_mut(len);
+            (d, s) = (dt, st);
+            parts.push((q0..q1, dh, sh));
+        }
+        let fill_part = |(qs, mut d, mut s): (std::ops::Range<usize>, &mut [u32], &mut [f64])| {
+            for i in qs {
+                let c = counts[i];
+                let (dh, dt) = std::mem::take(&mut d).split_at_mut(c);
+                let (sh, st) = std::mem::take(&mut s).split_at_mut(c);
+                (d, s) = (dt, st);
+                fill(i, dh, sh);
+            }
+        };
+        if total < PAR_FILL_MIN {
+            parts.into_iter().for_each(fill_part);
+        } else {
+            parts.into_par_iter().for_each(fill_part);
+        }
+        Self {
+            offsets,
+            docs,
+            scores,
+        }
+    }
+
+    /// The layout of per-query lists.
+    pub fn from_lists(lists: &[Vec<Hit>]) -> Self {
+        let counts: Vec<usize> = lists.iter().map(Vec::len).collect();
+        Self::build(&counts, |i, d, s| {
+            for ((h, d), s) in lists[i].iter().zip(d).zip(s) {
+                *d = h.doc;
+                *s = h.score;
+            }
+        })
+    }
+}
+
+/// Queries per parallel task when building a GPU batch.
+const BUILD_GROUP: usize = 1024;
+/// Queries per parallel task of [`Ranked::build`].
+const FILL_GROUP: usize = 256;
+/// Fewer hits than this: [`Ranked::build`] fills on the calling thread.
+const PAR_FILL_MIN: usize = 16_384;
+
 /// How a batch was ranked.
 #[derive(Clone, Debug, Default)]
 pub struct RankStats {
@@ -61,15 +184,6 @@ pub struct RankStats {
     pub timings: Option<gpu::Bm25Timings>,
 }
 
-/// Whether `backend` puts a batch of `n` queries on the GPU.
-fn wants_gpu(backend: BackendChoice, n: usize) -> bool {
-    match backend {
-        BackendChoice::Cpu => false,
-        BackendChoice::Gpu => true,
-        BackendChoice::Auto => n >= AUTO_MIN_QUERIES && gpu::is_available(),
-    }
-}
-
 /// The top-k of every query, on the backend chosen (see the module doc). `budget` bounds the
 /// GPU's resident index (bytes; `None`: the default).
 pub fn rank_terms(
@@ -80,72 +194,91 @@ pub fn rank_terms(
     mode: Mode,
     backend: BackendChoice,
     budget: Option<usize>,
-) -> (Vec<Vec<Hit>>, RankStats) {
+) -> (Ranked, RankStats) {
     let mut stats = RankStats::default();
     let cpu = |q: &QueryTerms| top(index, scored, &q.ids, q.unknown, k, mode);
-    if !wants_gpu(backend, queries.len()) || k == 0 {
+    let all_cpu = |stats: &mut RankStats| {
         stats.on_cpu = queries.len();
-        return (queries.par_iter().map(cpu).collect(), stats);
+        let lists: Vec<Vec<Hit>> = queries
+            .par_iter()
+            .with_min_len(QUERIES_PER_TASK / 8)
+            .map(cpu)
+            .collect();
+        Ranked::from_lists(&lists)
+    };
+    if !wants_gpu(backend, mode, queries.len()) || k == 0 {
+        let r = all_cpu(&mut stats);
+        return (r, stats);
     }
-    // The device's share: queries with known terms whose result is not empty by rule; an
-    // unknown term empties AND and turns AND-then-OR into OR (as `top` does).
-    let mut offsets = vec![0u32];
-    let mut terms = Vec::new();
-    let mut modes = Vec::new();
-    let mut dev_of = vec![usize::MAX; queries.len()];
-    for (i, q) in queries.iter().enumerate() {
-        let m = match mode {
-            Mode::And if q.unknown => continue,
+    let t_build = std::time::Instant::now();
+    // Every query goes in the batch; those empty by rule (no known term; an unknown term
+    // under AND) with no terms, so that the device leaves them to `cpu`, which returns their
+    // empty list at once. An unknown term turns AND-then-OR into OR (as `top` does).
+    let kept = |q: &QueryTerms| !(mode == Mode::And && q.unknown);
+    let mut offsets = Vec::with_capacity(queries.len() + 1);
+    offsets.push(0u32);
+    let mut total = 0u32;
+    for q in queries {
+        if kept(q) {
+            total += q.ids.len() as u32;
+        }
+        offsets.push(total);
+    }
+    let mut terms = vec![0u32; total as usize];
+    // Groups of queries, each filling its own part of `terms`, in parallel.
+    let mut parts = Vec::with_capacity(queries.len().div_ceil(BUILD_GROUP));
+    let mut rest = terms.as_mut_slice();
+    for (c, qs) in queries.chunks(BUILD_GROUP).enumerate() {
+        let q0 = c * BUILD_GROUP;
+        let len = (offsets[q0 + qs.len()] - offsets[q0]) as usize;
+        let part;
+        (part, rest) = std::mem::take(&mut rest).split_at_mut(len);
+        parts.push((qs, part));
+    }
+    parts.into_par_iter().for_each(|(qs, mut part)| {
+        for q in qs.iter().filter(|q| kept(q)) {
+            let dst;
+            (dst, part) = std::mem::take(&mut part).split_at_mut(q.ids.len());
+            dst.copy_from_slice(&q.ids);
+        }
+    });
+    let modes: Vec<Mode> = queries
+        .iter()
+        .map(|q| match mode {
             Mode::AndOr if q.unknown => Mode::Or,
             m => m,
-        };
-        if q.ids.is_empty() {
-            continue;
-        }
-        dev_of[i] = modes.len();
-        modes.push(m);
-        terms.extend_from_slice(&q.ids);
-        offsets.push(terms.len() as u32);
-    }
+        })
+        .collect();
     let batch = gpu::Bm25Batch {
         offsets: &offsets,
         terms: &terms,
         modes: &modes,
     };
-    let mut dev = match gpu::bm25_topk(index, scored, &batch, k, budget) {
-        Ok(out) => {
+    let build_ms = t_build.elapsed().as_secs_f64() * 1e3;
+    let on_cpu = |i: usize| cpu(&queries[i]);
+    match gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu) {
+        Ok(mut out) => {
             if out.timings.on_device > 0 {
                 gpu::count_bm25_batch();
             }
+            out.timings.build_ms = build_ms;
+            stats.on_gpu = out.timings.on_device;
+            stats.on_cpu = queries.len() - stats.on_gpu;
             stats.timings = Some(out.timings);
-            out.hits
+            (out.ranked, stats)
         }
         Err(e) => {
             log::debug!("datafusion-sets: topk_bm25 on the CPU: {e}");
             stats.gpu_error = Some(e.to_string());
-            vec![None; modes.len()]
+            let r = all_cpu(&mut stats);
+            (r, stats)
         }
-    };
-    let mut hits: Vec<Option<Vec<Hit>>> = dev_of
-        .iter()
-        .map(|&d| dev.get_mut(d).and_then(Option::take))
-        .collect();
-    stats.on_gpu = hits.iter().filter(|h| h.is_some()).count();
-    stats.on_cpu = queries.len() - stats.on_gpu;
-    hits.par_iter_mut()
-        .zip(queries.par_iter())
-        .with_min_len(QUERIES_PER_TASK)
-        .for_each(|(h, q)| {
-            if h.is_none() {
-                *h = Some(cpu(q));
-            }
-        });
-    let hits = hits.into_iter().map(Option::unwrap_or_default).collect();
-    (hits, stats)
+    }
 }
 
-/// The top-k of every row of `texts` (`None` for NULL rows), on the backend chosen (see the
-/// module doc; tokenization always on the CPU, in parallel).
+/// The top-k of every row of `texts`, on the backend chosen (see the module doc;
+/// tokenization always on the CPU, in parallel). A NULL row gets an empty entry (the
+/// caller takes the nulls from `texts`).
 pub fn rank_batch(
     loaded: &LoadedIndex,
     scored: &Arc<Scored>,
@@ -153,45 +286,45 @@ pub fn rank_batch(
     k: usize,
     mode: Mode,
     backend: BackendChoice,
-) -> Vec<Option<Vec<Hit>>> {
+) -> Ranked {
     let options = loaded.index.tokenizer();
     let rows = texts.len() - texts.null_count();
-    if !wants_gpu(backend, rows) {
-        return (0..texts.len())
+    if !wants_gpu(backend, mode, rows) {
+        let lists: Vec<Vec<Hit>> = (0..texts.len())
             .into_par_iter()
             .with_min_len(QUERIES_PER_TASK)
             .map_init(
                 || Tokenizer::new(options),
                 |tok, r| {
-                    texts
-                        .is_valid(r)
-                        .then(|| rank_one(loaded, scored, tok, texts.value(r), k, mode))
+                    if texts.is_valid(r) {
+                        rank_one(loaded, scored, tok, texts.value(r), k, mode)
+                    } else {
+                        Vec::new()
+                    }
                 },
             )
             .collect();
+        return Ranked::from_lists(&lists);
     }
-    let parsed: Vec<Option<QueryTerms>> = (0..texts.len())
+    // NULL rows become queries with no terms (empty results, as wanted).
+    let parsed: Vec<QueryTerms> = (0..texts.len())
         .into_par_iter()
         .with_min_len(QUERIES_PER_TASK)
         .map_init(
             || Tokenizer::new(options),
             |tok, r| {
-                texts.is_valid(r).then(|| {
+                if texts.is_valid(r) {
                     let terms = tok.terms(texts.value(r));
                     let (ids, unknown) =
                         query_terms(&loaded.index, terms.iter().map(String::as_str));
                     QueryTerms { ids, unknown }
-                })
+                } else {
+                    QueryTerms::default()
+                }
             },
         )
         .collect();
-    let valid: Vec<QueryTerms> = parsed.iter().flatten().cloned().collect();
-    let (hits, _) = rank_terms(&loaded.index, scored, &valid, k, mode, backend, None);
-    let mut hits = hits.into_iter();
-    parsed
-        .into_iter()
-        .map(|p| p.map(|_| hits.next().unwrap_or_default()))
-        .collect()
+    rank_terms(&loaded.index, scored, &parsed, k, mode, backend, None).0
 }
 
 #[cfg(test)]
@@ -232,12 +365,41 @@ mod tests {
                     let (got, stats) =
                         rank_terms(&index, &scored, &queries, k, mode, backend, None);
                     assert_eq!(stats.on_gpu + stats.on_cpu, queries.len());
-                    for (q, hits) in queries.iter().zip(&got) {
+                    assert_eq!(got.len(), queries.len());
+                    for (i, q) in queries.iter().enumerate() {
                         let want = exhaustive(&index, &scored, &q.ids, q.unknown, k, mode);
-                        assert_eq!(hits, &want, "{mode:?} k {k} {backend:?} {q:?}");
+                        assert_eq!(got.hits(i), want, "{mode:?} k {k} {backend:?} {q:?}");
                     }
                 }
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// The flat layout holds exactly the lists it was built from, in order, on both
+        /// sides of the parallel-fill cut.
+        #[test]
+        fn ranked_layout_round_trips(
+            lens in proptest::collection::vec(0usize..200, 0..600),
+            seed in 0u64..1000,
+        ) {
+            let lists: Vec<Vec<Hit>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    (0..n)
+                        .map(|j| Hit {
+                            doc: (i * 7919 + j) as u32 ^ seed as u32,
+                            score: (i as f64) * 0.5 - j as f64 + seed as f64,
+                        })
+                        .collect()
+                })
+                .collect();
+            let r = Ranked::from_lists(&lists);
+            proptest::prop_assert_eq!(r.len(), lists.len());
+            proptest::prop_assert_eq!(r.to_lists(), lists.clone());
+            proptest::prop_assert_eq!(r.offsets.last().copied().unwrap_or(0), r.docs.len());
+            proptest::prop_assert_eq!(r.docs.len(), r.scores.len());
         }
     }
 }

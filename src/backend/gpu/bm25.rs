@@ -23,8 +23,9 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use rayon::prelude::*;
 
 use super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, gpu, panic_message};
-use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Output, Bm25Timings, GpuError};
+use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
+use crate::search::rank::Ranked;
 use crate::search::scoring::Scored;
 use crate::search::topk::{Hit, Mode};
 
@@ -243,31 +244,34 @@ impl Resident {
     }
 }
 
-/// Rank a batch of queries on the device. Query `i` gets `Some(top-k)` when the device ran
-/// it, `None` when the CPU must (see the module doc). `budget` bounds the device memory the
-/// resident index may take (bytes; `None`: `DFSETS_GPU_INDEX_BUDGET`, else half the device).
+/// Rank a batch of queries: the device ranks every query it takes (see the module doc), and
+/// `cpu(i)` ranks the others, on rayon's pool while the device works. The results come in
+/// batch order, in one flat layout. `budget` bounds the device memory the resident index may
+/// take (bytes; `None`: `DFSETS_GPU_INDEX_BUDGET`, else half the device).
 pub fn bm25_topk(
     index: &InvertedIndex,
     scored: &Arc<Scored>,
     batch: &Bm25Batch<'_>,
     k: usize,
     budget: Option<usize>,
+    cpu: &Bm25Cpu<'_>,
 ) -> Result<Bm25Output, GpuError> {
     let n = batch.modes.len();
     if batch.offsets.len() != n + 1
         || batch.offsets[n] as usize != batch.terms.len()
+        || batch.offsets.windows(2).any(|w| w[0] > w[1])
         || batch.terms.iter().any(|&t| t as usize >= index.terms())
     {
         return Err(GpuError::Unsupported("malformed BM25 batch".into()));
     }
     let g = gpu()?;
     let started = Instant::now();
-    let mut out = Bm25Output {
-        hits: vec![None; n],
-        timings: Bm25Timings::default(),
-    };
     if n == 0 || k == 0 || k > BM25_MAX_K {
-        return Ok(out);
+        let lists: Vec<Vec<Hit>> = (0..n).into_par_iter().map(cpu).collect();
+        return Ok(Bm25Output {
+            ranked: Ranked::from_lists(&lists),
+            timings: Bm25Timings::default(),
+        });
     }
     let mut resident = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
     let mut ws = match g.workspace.lock() {
@@ -280,6 +284,7 @@ pub fn bm25_topk(
     };
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let f = kernel(g)?;
+    let mut timings = Bm25Timings::default();
     let res = catch_unwind(AssertUnwindSafe(|| {
         run(
             g,
@@ -291,26 +296,67 @@ pub fn bm25_topk(
             batch,
             k,
             budget.unwrap_or_else(|| default_budget(g)),
-            &mut out,
+            cpu,
+            &mut timings,
         )
     }))
     .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
-    if let Err(e) = res {
-        if matches!(
-            e,
-            GpuError::Kernel(_) | GpuError::Panic(_) | GpuError::Driver { .. }
-        ) {
-            g.mark_broken(&e);
+    match res {
+        Ok(ranked) => {
+            timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+            Ok(Bm25Output { ranked, timings })
         }
-        if matches!(e, GpuError::OutOfMemory(_)) {
-            let _ = g.sync();
-            ws.clear();
-            *resident = None;
+        Err(e) => {
+            if matches!(
+                e,
+                GpuError::Kernel(_) | GpuError::Panic(_) | GpuError::Driver { .. }
+            ) {
+                g.mark_broken(&e);
+            }
+            if matches!(e, GpuError::OutOfMemory(_)) {
+                let _ = g.sync();
+                ws.clear();
+                *resident = None;
+            }
+            Err(e)
         }
-        return Err(e);
     }
-    out.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
-    Ok(out)
+}
+
+/// Where a batch query is ranked: `ON_CPU | c` is the `c`-th query of the CPU's share, any
+/// other value the query's slot on the device.
+const ON_CPU: u32 = 1 << 31;
+
+/// Sort keys for the longest-first launch order: buckets of work (postings to visit), four
+/// per power of two (exact order does not matter, only that long queries start first).
+fn work_bucket(work: u64) -> usize {
+    if work < 4 {
+        return work as usize;
+    }
+    let lz = 63 - work.leading_zeros() as usize; // floor(log2)
+    let frac = ((work >> (lz - 2)) & 3) as usize; // the next two bits
+    4 * (lz - 1) + frac
+}
+/// Queries per parallel task when staging a batch.
+const STAGE_GROUP: usize = 512;
+/// Buckets of [`work_bucket`] (work < 2^64).
+const WORK_BUCKETS: usize = 4 * 63 + 4;
+
+/// Views of the pinned byte buffers as the kernel's element types.
+///
+/// SAFETY (both): `T` is one of u32, u64, f64 (every bit pattern valid, no padding); the
+/// regions start at multiples of 256 bytes in page-aligned pinned buffers (asserted).
+fn view<T: Copy>(bytes: &[u8]) -> &[T] {
+    // SAFETY: see above.
+    let (pre, mid, _) = unsafe { bytes.align_to::<T>() };
+    assert!(pre.is_empty(), "misaligned pinned region");
+    mid
+}
+fn view_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
+    // SAFETY: see `view`.
+    let (pre, mid, _) = unsafe { bytes.align_to_mut::<T>() };
+    assert!(pre.is_empty(), "misaligned pinned region");
+    mid
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -324,9 +370,11 @@ fn run(
     batch: &Bm25Batch<'_>,
     k: usize,
     budget: usize,
-    out: &mut Bm25Output,
-) -> Result<(), GpuError> {
+    cpu: &Bm25Cpu<'_>,
+    t: &mut Bm25Timings,
+) -> Result<Ranked, GpuError> {
     let n = batch.modes.len();
+    let ms = |since: Instant| since.elapsed().as_secs_f64() * 1e3;
     let t_stage = Instant::now();
     if !resident.as_ref().is_some_and(|r| r.is_for(scored)) {
         *resident = None;
@@ -335,17 +383,19 @@ fn run(
     let res = resident.as_mut().expect("set above");
     let terms_of =
         |i: usize| &batch.terms[batch.offsets[i] as usize..batch.offsets[i + 1] as usize];
-    for &t in batch.terms {
-        res.visits[t as usize] += 1;
-    }
-    let fits = |res: &Resident, i: usize| {
-        let ts = terms_of(i);
-        !ts.is_empty()
-            && ts.len() <= BM25_MAX_TERMS
-            && ts.iter().all(|&t| res.start[t as usize] != u64::MAX)
-    };
-    let loaded = res.ord.is_some();
-    if !loaded || !res.all {
+    // With the whole index resident (the usual case) nothing below needs the visit counts
+    // or a new selection.
+    if !(res.all && res.ord.is_some()) {
+        for &t in batch.terms {
+            res.visits[t as usize] += 1;
+        }
+        let fits = |res: &Resident, i: usize| {
+            let ts = terms_of(i);
+            !ts.is_empty()
+                && ts.len() <= BM25_MAX_TERMS
+                && ts.iter().all(|&t| res.start[t as usize] != u64::MAX)
+        };
+        let loaded = res.ord.is_some();
         let covered = if loaded {
             (0..n).filter(|&i| fits(res, i)).count()
         } else {
@@ -363,30 +413,47 @@ fn run(
             };
             let new_cov = (0..n).filter(|&i| covers(i)).count();
             if !loaded || new_cov > covered {
-                out.timings.uploaded_bytes += res.upload(g, index, scored, &sel)? as u64;
+                t.uploaded_bytes += res.upload(g, index, scored, &sel)? as u64;
             }
         }
     }
-    out.timings.resident_bytes = res.bytes as u64;
+    t.resident_bytes = res.bytes as u64;
 
-    // The device's queries, longest first.
-    let on_dev: Vec<usize> = (0..n).filter(|&i| fits(res, i)).collect();
-    let gq = on_dev.len();
-    out.timings.on_device = gq;
-    if gq == 0 {
-        out.timings.stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
-        return Ok(());
-    }
-    let work = |i: usize| -> u64 {
-        terms_of(i)
-            .iter()
-            .map(|&t| index.postings_len(t) as u64)
-            .sum()
+    // Each query's place (a device slot or the CPU's share), its work, its lists, written
+    // straight into the pinned upload buffer: a counting pass and a writing pass over groups
+    // of queries, in parallel.
+    let offs = index.offsets();
+    let all = res.all;
+    let starts = &res.start;
+    let takes = |i: usize| {
+        let ts = terms_of(i);
+        !ts.is_empty()
+            && ts.len() <= BM25_MAX_TERMS
+            && (all || ts.iter().all(|&t| starts[t as usize] != u64::MAX))
     };
-    let mut order: Vec<u32> = (0..gq as u32).collect();
-    order.sort_by_key(|&j| std::cmp::Reverse(work(on_dev[j as usize])));
-    let n_lists: usize = on_dev.iter().map(|&i| terms_of(i).len()).sum();
-
+    let groups: Vec<(usize, usize)> = (0..n.div_ceil(STAGE_GROUP))
+        .into_par_iter()
+        .map(|c| {
+            let (mut q, mut l) = (0, 0);
+            for i in c * STAGE_GROUP..((c + 1) * STAGE_GROUP).min(n) {
+                if takes(i) {
+                    q += 1;
+                    l += terms_of(i).len();
+                }
+            }
+            (q, l)
+        })
+        .collect();
+    let gq: usize = groups.iter().map(|g| g.0).sum();
+    let n_lists: usize = groups.iter().map(|g| g.1).sum();
+    t.on_device = gq;
+    t.lookup_ms = ms(t_stage);
+    let t_fill = Instant::now();
+    if gq == 0 {
+        t.stage_ms = ms(t_stage);
+        let lists: Vec<Vec<Hit>> = (0..n).into_par_iter().map(cpu).collect();
+        return Ok(Ranked::from_lists(&lists));
+    }
     // Input region: order | q_off | modes | lists.
     let order_at = 0usize;
     let qoff_at = align(gq * 4);
@@ -400,32 +467,125 @@ fn run(
     let out_bytes = score_at + gq * k * 8;
     let d_in = ws.dev("bm25_in", in_bytes)?;
     let d_out = ws.dev("bm25_out", out_bytes)?;
+    let mut slot = vec![0u32; n];
+    let mut keys = vec![0u8; gq];
+    let mut cpu_q = vec![0u32; n - gq];
+    let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
+    let (head, lists_b) = pin.split_at_mut(lists_at);
+    let (head, modes_b) = head.split_at_mut(mode_at);
+    let (order_b, qoff_b) = head.split_at_mut(qoff_at);
+    let order_v = &mut view_mut::<u32>(order_b)[..gq];
+    let qoff = &mut view_mut::<u32>(qoff_b)[..gq + 1];
+    qoff[gq] = n_lists as u32;
+    let lists_v = &mut view_mut::<u64>(lists_b)[..2 * n_lists];
+    let modes_v = &mut modes_b[..gq];
+    // Split every output into the groups' parts.
+    struct Part<'a> {
+        first: usize,
+        q0: usize,
+        l0: usize,
+        c0: usize,
+        slot: &'a mut [u32],
+        keys: &'a mut [u8],
+        qoff: &'a mut [u32],
+        modes: &'a mut [u8],
+        lists: &'a mut [u64],
+        cpu_q: &'a mut [u32],
+    }
+    let mut parts = Vec::with_capacity(groups.len());
     {
-        let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
-        pin[order_at..order_at + gq * 4].copy_from_slice(bytes_of(&order));
-        let mut off = 0u32;
-        let mut l = lists_at;
-        for (j, &i) in on_dev.iter().enumerate() {
-            pin[qoff_at + 4 * j..qoff_at + 4 * j + 4].copy_from_slice(&off.to_le_bytes());
-            pin[mode_at + j] = match batch.modes[i] {
+        let (mut sl, mut ke, mut qo, mut mo, mut li, mut cq) = (
+            slot.as_mut_slice(),
+            keys.as_mut_slice(),
+            &mut qoff[..gq],
+            &mut *modes_v,
+            &mut *lists_v,
+            cpu_q.as_mut_slice(),
+        );
+        let (mut q0, mut l0, mut c0) = (0, 0, 0);
+        for (c, &(q, l)) in groups.iter().enumerate() {
+            let first = c * STAGE_GROUP;
+            let nq = ((c + 1) * STAGE_GROUP).min(n) - first;
+            let a;
+            (a, sl) = std::mem::take(&mut sl).split_at_mut(nq);
+            let b;
+            (b, ke) = std::mem::take(&mut ke).split_at_mut(q);
+            let d;
+            (d, qo) = std::mem::take(&mut qo).split_at_mut(q);
+            let e;
+            (e, mo) = std::mem::take(&mut mo).split_at_mut(q);
+            let f;
+            (f, li) = std::mem::take(&mut li).split_at_mut(2 * l);
+            let g;
+            (g, cq) = std::mem::take(&mut cq).split_at_mut(nq - q);
+            parts.push(Part {
+                first,
+                q0,
+                l0,
+                c0,
+                slot: a,
+                keys: b,
+                qoff: d,
+                modes: e,
+                lists: f,
+                cpu_q: g,
+            });
+            q0 += q;
+            l0 += l;
+            c0 += nq - q;
+        }
+    }
+    parts.into_par_iter().for_each(|p| {
+        let (mut q, mut l, mut c) = (0, 0, 0);
+        for (r, s) in p.slot.iter_mut().enumerate() {
+            let i = p.first + r;
+            if !takes(i) {
+                *s = ON_CPU | (p.c0 + c) as u32;
+                p.cpu_q[c] = i as u32;
+                c += 1;
+                continue;
+            }
+            *s = (p.q0 + q) as u32;
+            p.qoff[q] = (p.l0 + l) as u32;
+            p.modes[q] = match batch.modes[i] {
                 Mode::And => 0,
                 Mode::Or => 1,
                 Mode::AndOr => 2,
             };
-            for &t in terms_of(i) {
-                let start = res.start[t as usize];
-                let len = index.postings_len(t) as u32;
-                pin[l..l + 8].copy_from_slice(&start.to_le_bytes());
-                pin[l + 8..l + 12].copy_from_slice(&len.to_le_bytes());
-                pin[l + 12..l + 16].copy_from_slice(&0u32.to_le_bytes());
-                l += LISTREF_BYTES;
-                off += 1;
+            // A ListRef is { u64 start; u32 len; u32 pad }: two little-endian u64 words.
+            let mut work = 0u64;
+            for &tm in terms_of(i) {
+                let tm = tm as usize;
+                let len = (offs[tm + 1] - offs[tm]) as u64;
+                p.lists[2 * l] = starts[tm];
+                p.lists[2 * l + 1] = len;
+                work += len;
+                l += 1;
             }
+            p.keys[q] = work_bucket(work) as u8;
+            q += 1;
         }
-        pin[qoff_at + 4 * gq..qoff_at + 4 * gq + 4].copy_from_slice(&off.to_le_bytes());
-    }
-    out.timings.stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
+    });
+    t.fill_ms = ms(t_fill);
 
+    // Longest first: a counting sort on buckets of work (descending), stable.
+    let t_sort = Instant::now();
+    let mut start = [0u32; WORK_BUCKETS + 1];
+    for &b in &keys {
+        start[WORK_BUCKETS - 1 - b as usize + 1] += 1;
+    }
+    for b in 1..=WORK_BUCKETS {
+        start[b] += start[b - 1];
+    }
+    for (j, &b) in keys.iter().enumerate() {
+        let at = &mut start[WORK_BUCKETS - 1 - b as usize];
+        order_v[*at as usize] = j as u32;
+        *at += 1;
+    }
+    t.sort_ms = ms(t_sort);
+    t.stage_ms = ms(t_stage);
+
+    let t_wait = Instant::now();
     let cs = g.stream.cu_stream();
     let ev = |g: &Gpu| -> Result<CudaEvent, GpuError> { g.event() };
     let (e0, e1, e2, e3) = (ev(g)?, ev(g)?, ev(g)?, ev(g)?);
@@ -490,44 +650,62 @@ fn run(
             .map_err(drv("device-to-host copy"))?;
     }
     g.record(&e3)?;
+    // The CPU's share while the device works.
+    let t_cpu = Instant::now();
+    let cpu_hits: Vec<Vec<Hit>> = cpu_q.par_iter().map(|&i| cpu(i as usize)).collect();
+    t.cpu_ms = ms(t_cpu);
     g.sync()?;
-    let pin = ws
+    t.wait_ms = ms(t_wait);
+
+    let t_unpack = Instant::now();
+    let pin = &ws
         .pin_out
         .as_ref()
         .ok_or(GpuError::OutOfMemory("pinned allocation"))?
-        .as_slice();
-    let word = |at: usize| {
-        let mut w = [0u8; 4];
-        w.copy_from_slice(&pin[at..at + 4]);
-        u32::from_le_bytes(w)
-    };
-    let dword = |at: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&pin[at..at + 8]);
-        f64::from_le_bytes(w)
-    };
-    for (j, &i) in on_dev.iter().enumerate() {
-        let c = word(cnt_at + 4 * j) as usize;
-        if c > k {
-            return Err(GpuError::Kernel(format!("{c} hits for k = {k}")));
-        }
-        let hits = (0..c)
-            .map(|h| Hit {
-                doc: word(doc_at + 4 * (j * k + h)),
-                score: dword(score_at + 8 * (j * k + h)),
-            })
-            .collect();
-        out.hits[i] = Some(hits);
+        .as_slice()[..out_bytes];
+    let dev_cnt = &view::<u32>(&pin[cnt_at..doc_at])[..gq];
+    let dev_doc = &view::<u32>(&pin[doc_at..score_at])[..gq * k];
+    let dev_score = &view::<f64>(&pin[score_at..])[..gq * k];
+    if let Some(&c) = dev_cnt.iter().find(|&&c| c as usize > k) {
+        return Err(GpuError::Kernel(format!("{c} hits for k = {k}")));
     }
+    let counts: Vec<usize> = slot
+        .iter()
+        .map(|&s| {
+            if s & ON_CPU != 0 {
+                cpu_hits[(s & !ON_CPU) as usize].len()
+            } else {
+                dev_cnt[s as usize] as usize
+            }
+        })
+        .collect();
+    let ranked = Ranked::build(&counts, |i, docs, scores| {
+        let s = slot[i];
+        if s & ON_CPU != 0 {
+            for ((h, d), sc) in cpu_hits[(s & !ON_CPU) as usize]
+                .iter()
+                .zip(docs)
+                .zip(scores)
+            {
+                *d = h.doc;
+                *sc = h.score;
+            }
+        } else {
+            let at = s as usize * k;
+            let c = docs.len();
+            docs.copy_from_slice(&dev_doc[at..at + c]);
+            scores.copy_from_slice(&dev_score[at..at + c]);
+        }
+    });
+    t.unpack_ms = ms(t_unpack);
     let ms =
         |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"));
-    let t = &mut out.timings;
     t.h2d_ms = ms(&e0, &e1)?;
     t.kernel_ms = ms(&e1, &e2)?;
     t.d2h_ms = ms(&e2, &e3)?;
     t.h2d_bytes = in_bytes as u64;
     t.d2h_bytes = out_bytes as u64;
-    Ok(())
+    Ok(ranked)
 }
 
 /// Drop the resident index (tests; frees its device memory).

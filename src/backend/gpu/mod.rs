@@ -73,7 +73,8 @@ pub const BM25_MAX_K: usize = 768;
 
 /// A batch of BM25 queries for [`bm25_topk`]: query `i` has the distinct term ids
 /// `terms[offsets[i]..offsets[i + 1]]`, ascending (the canonical order of
-/// `search::scoring`), all known to the index, and mode `modes[i]`.
+/// `search::scoring`), all known to the index, and mode `modes[i]`. A query with no terms
+/// is left to the CPU.
 #[derive(Clone, Copy, Debug)]
 pub struct Bm25Batch<'a> {
     pub offsets: &'a [u32],
@@ -86,6 +87,22 @@ pub struct Bm25Batch<'a> {
 pub struct Bm25Timings {
     /// Host work before the copy (residency, staging the queries).
     pub stage_ms: f64,
+    /// Part of `stage_ms`: residency check and counting the device's queries and lists.
+    pub lookup_ms: f64,
+    /// Part of `stage_ms`: writing the upload buffer (pinned): places, modes, lists.
+    pub fill_ms: f64,
+    /// Part of `stage_ms`: ordering the device's queries (longest first).
+    pub sort_ms: f64,
+    /// Host wall time from the copy's start to the end of the synchronize.
+    pub wait_ms: f64,
+    /// The CPU's share of the batch (queries the device does not take).
+    pub cpu_ms: f64,
+    /// Turning the device's results into the caller's layout.
+    pub unpack_ms: f64,
+    /// In `rank_terms`: building the batch before the call.
+    pub build_ms: f64,
+    /// In `rank_terms`: merging after the call (CPU share, final layout).
+    pub merge_ms: f64,
     pub h2d_ms: f64,
     pub kernel_ms: f64,
     pub d2h_ms: f64,
@@ -100,13 +117,16 @@ pub struct Bm25Timings {
     pub on_device: usize,
 }
 
-/// A BM25 batch's results: `hits[i]` is query `i`'s top-k (best first, ties by doc id)
-/// when the device ranked it, `None` when the CPU must.
+/// A BM25 batch's results, in the caller's query order, in one flat layout (the device's
+/// queries and those the CPU ranked, see [`bm25_topk`]).
 #[derive(Clone, Debug, Default)]
 pub struct Bm25Output {
-    pub hits: Vec<Option<Vec<crate::search::topk::Hit>>>,
+    pub ranked: crate::search::rank::Ranked,
     pub timings: Bm25Timings,
 }
+
+/// Ranks one query of a BM25 batch on the CPU (by its index in the batch).
+pub type Bm25Cpu<'a> = dyn Fn(usize) -> Vec<crate::search::topk::Hit> + Sync + 'a;
 
 /// Whether a GPU is usable by this process (initializing the backend on first call).
 pub fn is_available() -> bool {

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use super::{
-    Bm25Batch, Bm25Output, Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode, RowValidity,
+    Bm25Batch, Bm25Cpu, Bm25Output, Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode,
+    RowValidity,
 };
 use crate::backend::cpu::SetElem;
 use crate::search::index::InvertedIndex;
@@ -36,6 +37,7 @@ pub fn bm25_topk(
     _batch: &Bm25Batch<'_>,
     _k: usize,
     _budget: Option<usize>,
+    _cpu: &Bm25Cpu<'_>,
 ) -> Result<Bm25Output, GpuError> {
     Err(GpuError::NotCompiled)
 }
