@@ -17,8 +17,11 @@
 //! smaller than `lo` are skipped with a binary search (length filter); each match updates
 //! the candidate's prefix overlap or kills it with the positional filter
 //! (`overlap so far + 1 + min(tokens left in x, tokens left in y) < min_overlap(n, m)`).
-//! Survivors are verified by a merge that stops as soon as the required overlap can no
-//! longer be reached ([`verify`]).
+//! `min_overlap(n, m)` comes from a per-size table recomputed only when `n` changes (a
+//! stream probes sets in increasing size). Survivors ([`Candidate`]s) are verified by a merge
+//! that resumes after the last token the prefixes share (every common token before it has
+//! been counted, see [`Candidate`]) and stops as soon as the required overlap can no longer
+//! be reached ([`verify`]).
 
 use std::collections::HashMap;
 
@@ -43,11 +46,13 @@ pub(crate) fn reserve(reservation: &MemoryReservation, bytes: usize, what: &str)
     })
 }
 
-/// One posting: a set (global position) and the position of the token in it.
+/// One posting: a set (global position), the position of the token in it and the set's
+/// size (read by the length and positional filters without another memory access).
 #[derive(Clone, Copy, Debug)]
 struct Posting {
     set: u32,
     pos: u32,
+    size: u32,
 }
 
 /// An inverted index over index prefixes, in CSR form: token `w`'s postings are
@@ -73,6 +78,8 @@ pub(crate) struct Collections {
     tokens: Vec<u32>,
     /// `tokens[starts[p]..starts[p + 1]]` is set `p`.
     starts: Vec<usize>,
+    /// Size of set `p`.
+    sizes: Vec<u32>,
     /// Side of set `p`: 0 = left, 1 = right.
     sides: Vec<u8>,
     /// Row of set `p` in its side's input (batches concatenated).
@@ -88,38 +95,82 @@ struct RawSide<T> {
     rows: Vec<u32>,
 }
 
-/// Per-stream buffers for [`Collections::filter`], sized to the number of sets.
+/// A candidate of the last probe of set `x`: a set `y` met in the index that passed the
+/// prefix, length and positional filters, with what the probe already knows of `|x ∩ y|`.
+///
+/// Every common token smaller than the last one the prefixes share has been counted in
+/// `overlap`: it lies before that token in `x`'s probe prefix and in `y`'s index prefix,
+/// so the probe met `y` in its posting list. Verification resumes at `from_x`, `from_y`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Global position of `y`.
+    pub set: u32,
+    /// `min_overlap(|x|, |y|)`.
+    pub alpha: u32,
+    /// Common tokens counted by the probe.
+    pub overlap: u32,
+    /// Position in `x` after the last common token counted.
+    pub from_x: u32,
+    /// Position in `y` after the last common token counted.
+    pub from_y: u32,
+}
+
+/// `min_overlap(n, m)` is `None` in an [`Scratch`] table.
+const NO_OVERLAP: u32 = u32::MAX;
+
+/// Per-stream buffers for [`Collections::filter`], sized to the number of sets. One
+/// `Scratch` serves one [`Threshold`] (its table of `min_overlap` is keyed by size only).
 #[derive(Debug, Default)]
 pub struct Scratch {
     /// 0: not met yet; > 0: prefix overlap so far; < 0: pruned.
     state: Vec<i32>,
-    /// `min_overlap(n, m)` of each met set.
-    alpha: Vec<u32>,
+    /// Positions after the last common token met, in the probing set and in each met set.
+    last: Vec<(u32, u32)>,
     touched: Vec<u32>,
-    /// The candidates of the last probe (global positions).
-    pub candidates: Vec<u32>,
+    /// The probing size the table below is for (0: none yet).
+    table_n: u64,
+    /// `min_partner_size(table_n)`.
+    table_lo: u64,
+    /// `min_overlap(table_n, m)` at `m - table_lo`, for `m` in `table_lo..=table_n`.
+    table: Vec<u32>,
+    /// The candidates of the last probe.
+    pub candidates: Vec<Candidate>,
 }
 
 impl Scratch {
-    /// Buffers for `sets` sets; bytes they take.
+    /// Buffers for `sets` sets.
     pub fn new(sets: usize) -> Self {
         Self {
             state: vec![0; sets],
-            alpha: vec![0; sets],
-            touched: Vec::new(),
-            candidates: Vec::new(),
+            last: vec![(0, 0); sets],
+            ..Self::default()
         }
     }
 
     /// Bytes the per-set buffers take for `sets` sets.
     pub fn bytes_for(sets: usize) -> usize {
-        sets * (size_of::<i32>() + size_of::<u32>())
+        sets * (size_of::<i32>() + size_of::<(u32, u32)>())
     }
 
-    /// `min_overlap` of candidate `q` (valid for the last probe's candidates).
-    #[inline]
-    pub fn alpha(&self, q: u32) -> u64 {
-        u64::from(self.alpha[q as usize])
+    /// Make the `min_overlap` table the one of size `n`; `false` when no set can pass
+    /// with a set of size `n`.
+    fn table_for(&mut self, n: u64, threshold: &Threshold) -> bool {
+        if self.table_n != n {
+            self.table_n = n;
+            self.table.clear();
+            match threshold.min_partner_size(n) {
+                Some(lo) => {
+                    self.table_lo = lo;
+                    self.table.extend((lo..=n).map(|m| {
+                        threshold
+                            .min_overlap(n, m)
+                            .map_or(NO_OVERLAP, |a| a.min(u64::from(NO_OVERLAP - 1)) as u32)
+                    }));
+                }
+                None => self.table_lo = n + 1,
+            }
+        }
+        !self.table.is_empty()
     }
 }
 
@@ -170,6 +221,7 @@ impl Collections {
         Self {
             tokens: Vec::new(),
             starts: vec![0],
+            sizes: Vec::new(),
             sides: Vec::new(),
             rows: Vec::new(),
             indexes: (0..sides)
@@ -233,26 +285,9 @@ impl Collections {
             raw.push(side);
         }
 
-        // 2. Ranks by increasing frequency.
-        let mut freq: FastMap<P::Native, u32> = FastMap::default();
-        for side in &raw {
-            for &v in &side.values {
-                *freq.entry(v).or_insert(0) += 1;
-            }
-        }
-        let distinct = freq.len();
-        reserve(
-            reservation,
-            distinct * 3 * (size_of::<P::Native>() + 8),
-            "the token frequencies",
-        )?;
-        let mut order: Vec<(u32, P::Native)> = freq.iter().map(|(&v, &f)| (f, v)).collect();
-        order.sort_unstable();
-        for (rank, (_, v)) in order.iter().enumerate() {
-            freq.insert(*v, rank as u32);
-        }
-        drop(order);
-        let rank = freq;
+        // 2. Ranks by increasing frequency (ties by value).
+        let rank = Ranks::new(&raw, reservation)?;
+        let distinct = rank.distinct;
 
         // 3. Global order by (size, side, row).
         let sets: usize = raw.iter().map(|s| s.rows.len()).sum();
@@ -276,15 +311,22 @@ impl Collections {
         let mut tokens = Vec::with_capacity(total);
         let mut starts = Vec::with_capacity(sets + 1);
         starts.push(0);
+        let mut sizes = Vec::with_capacity(sets);
         let mut side_of = Vec::with_capacity(sets);
         let mut rows = Vec::with_capacity(sets);
         for &(_, s, row, k) in &items {
             let side = &raw[s as usize];
             let from = tokens.len();
-            for v in &side.values[side.starts[k]..side.starts[k + 1]] {
-                tokens.push(rank.get(v).copied().unwrap_or(u32::MAX));
+            tokens.extend(
+                side.values[side.starts[k]..side.starts[k + 1]]
+                    .iter()
+                    .map(|&v| rank.get(v)),
+            );
+            // Often already in order (data whose values are ranked alike): check first.
+            if !tokens[from..].is_sorted() {
+                tokens[from..].sort_unstable();
             }
-            tokens[from..].sort_unstable();
+            sizes.push((tokens.len() - from) as u32);
             starts.push(tokens.len());
             side_of.push(s);
             rows.push(row);
@@ -320,13 +362,21 @@ impl Collections {
                 offsets[w + 1] += offsets[w];
             }
             let mut fill = offsets.clone();
-            let mut postings = vec![Posting { set: 0, pos: 0 }; count];
+            let mut postings = vec![
+                Posting {
+                    set: 0,
+                    pos: 0,
+                    size: 0
+                };
+                count
+            ];
             for p in (0..sets).filter(|&p| side_of[p] == s) {
                 for (pos, &w) in tokens[starts[p]..starts[p] + prefix(p)].iter().enumerate() {
                     let slot = &mut fill[w as usize];
                     postings[*slot] = Posting {
                         set: p as u32,
                         pos: pos as u32,
+                        size: (starts[p + 1] - starts[p]) as u32,
                     };
                     *slot += 1;
                 }
@@ -336,6 +386,7 @@ impl Collections {
         Ok(Self {
             tokens,
             starts,
+            sizes,
             sides: side_of,
             rows,
             indexes,
@@ -353,11 +404,6 @@ impl Collections {
         &self.tokens[self.starts[p]..self.starts[p + 1]]
     }
 
-    #[inline]
-    fn size(&self, p: usize) -> u64 {
-        (self.starts[p + 1] - self.starts[p]) as u64
-    }
-
     /// Side of set `p` (0 = left, 1 = right).
     #[inline]
     pub fn side(&self, p: usize) -> u8 {
@@ -372,35 +418,42 @@ impl Collections {
 
     /// Filter phase for set `p`: fill `scratch.candidates` with the sets before `p` (of the
     /// other side; of any side in a self-join) that pass the prefix, length and positional
-    /// filters, and their `min_overlap` in `scratch`. Returns the number of distinct sets
-    /// met in the index after the length filter (pre-candidates).
+    /// filters. Returns the number of distinct sets met in the index after the length
+    /// filter (pre-candidates).
     pub fn filter(&self, p: usize, threshold: &Threshold, scratch: &mut Scratch) -> usize {
         scratch.candidates.clear();
         let x = self.set(p);
         let n = x.len() as u64;
-        let Some(lo) = threshold.min_partner_size(n) else {
+        if !scratch.table_for(n, threshold) {
             return 0;
-        };
-        let Some(alpha) = threshold.min_overlap(n, lo) else {
+        }
+        let lo = scratch.table_lo;
+        // Partners of size `lo` need the fewest common tokens: the longest probe prefix.
+        let alpha = u64::from(scratch.table[0]);
+        if alpha == u64::from(NO_OVERLAP) {
             return 0;
-        };
+        }
         let probe_len = (n - alpha.max(1) + 1) as usize;
         let index = if self.indexes.len() == 1 {
             &self.indexes[0]
         } else {
             &self.indexes[1 - self.side(p) as usize]
         };
+        let sizes = &self.sizes;
         let Scratch {
             state,
-            alpha: alphas,
+            last,
             touched,
+            table,
             candidates,
+            ..
         } = scratch;
         for (i, &w) in x[..probe_len].iter().enumerate() {
             let Some(list) = index.offsets.get(w as usize + 1).map(|_| index.list(w)) else {
                 continue;
             };
-            let start = list.partition_point(|e| self.size(e.set as usize) < lo);
+            let start = list.partition_point(|e| u64::from(e.size) < lo);
+            let left_x = n - i as u64 - 1;
             for e in &list[start..] {
                 let q = e.set as usize;
                 if q >= p {
@@ -410,21 +463,19 @@ impl Collections {
                 if st < 0 {
                     continue;
                 }
-                let m = self.size(q);
+                let m = u64::from(e.size);
+                let a = table[(m - lo) as usize];
                 if st == 0 {
                     touched.push(q as u32);
-                    match threshold.min_overlap(n, m) {
-                        Some(a) => alphas[q] = a as u32,
-                        None => {
-                            state[q] = -1;
-                            continue;
-                        }
+                    if a == NO_OVERLAP {
+                        state[q] = -1;
+                        continue;
                     }
                 }
-                let left_x = n - i as u64 - 1;
                 let left_y = m - u64::from(e.pos) - 1;
-                if st as u64 + 1 + left_x.min(left_y) >= u64::from(alphas[q]) {
+                if st as u64 + 1 + left_x.min(left_y) >= u64::from(a) {
                     state[q] = st + 1;
+                    last[q] = (i as u32 + 1, e.pos + 1);
                 } else {
                     state[q] = -1;
                 }
@@ -432,8 +483,16 @@ impl Collections {
         }
         let met = touched.len();
         for &q in touched.iter() {
-            if state[q as usize] > 0 {
-                candidates.push(q);
+            let st = state[q as usize];
+            if st > 0 {
+                let (from_x, from_y) = last[q as usize];
+                candidates.push(Candidate {
+                    set: q,
+                    alpha: table[(u64::from(sizes[q as usize]) - lo) as usize],
+                    overlap: st as u32,
+                    from_x,
+                    from_y,
+                });
             }
             state[q as usize] = 0;
         }
@@ -442,25 +501,131 @@ impl Collections {
     }
 }
 
-/// `|x ∩ y|` of two ascending token lists if it reaches `alpha`, else `None`. Stops as soon
-/// as `alpha` can no longer be reached; with `exact = false` also as soon as it is reached
-/// (the returned count is then a lower bound, enough for counting pairs).
+/// `|x ∩ y|` for candidate `c` of probing set `x` (`y` the candidate's set), if it reaches
+/// `c.alpha`, else `None`: the merge resumes after the tokens the probe counted. With
+/// `EXACT = false` it also stops once `c.alpha` is reached (the count is then a lower
+/// bound, enough for counting pairs).
 #[inline]
-pub fn verify(x: &[u32], y: &[u32], alpha: u64, exact: bool) -> Option<u64> {
+pub fn verify_candidate<const EXACT: bool>(x: &[u32], y: &[u32], c: &Candidate) -> Option<u64> {
+    let (fx, fy) = (c.from_x as usize, c.from_y as usize);
+    if fx > x.len() || fy > y.len() {
+        return None;
+    }
+    verify::<EXACT>(&x[fx..], &y[fy..], u64::from(c.alpha), u64::from(c.overlap))
+}
+
+/// `counted + |x ∩ y|` of two ascending token lists if it reaches `alpha`, else `None`.
+/// Stops as soon as `alpha` can no longer be reached; with `EXACT = false` also as soon as it
+/// is reached (the returned count is then a lower bound, enough for counting pairs).
+///
+/// Branch-free steps: `slack_x` is how many more tokens of `x` may go unmatched before
+/// `counted + o + (x.len() - i) < alpha`, i.e. before `alpha` is out of reach (likewise
+/// `slack_y`); a step that advances `i` without a match spends one.
+#[inline]
+pub fn verify<const EXACT: bool>(x: &[u32], y: &[u32], alpha: u64, counted: u64) -> Option<u64> {
+    let need = alpha.saturating_sub(counted);
+    if !EXACT && need == 0 {
+        return Some(counted);
+    }
+    let (nx, ny) = (x.len() as u64, y.len() as u64);
+    if nx < need || ny < need {
+        return None;
+    }
+    let (mut slack_x, mut slack_y) = ((nx - need) as i64, (ny - need) as i64);
     let (mut i, mut j, mut o) = (0usize, 0usize, 0u64);
     while i < x.len() && j < y.len() {
-        if o + ((x.len() - i).min(y.len() - j) as u64) < alpha {
-            return None;
-        }
-        if !exact && o >= alpha {
-            return Some(o);
-        }
         let (a, b) = (x[i], y[j]);
+        slack_x -= i64::from(a < b);
+        slack_y -= i64::from(b < a);
         o += u64::from(a == b);
         i += usize::from(a <= b);
         j += usize::from(b <= a);
+        if (slack_x | slack_y) < 0 {
+            return None;
+        }
+        if !EXACT && o >= need {
+            return Some(counted + o);
+        }
     }
-    (o >= alpha).then_some(o)
+    (o >= need).then_some(counted + o)
+}
+
+/// Token ranks by increasing global frequency, ties by value: a dense table when the values
+/// span a range not much larger than their count, else a hash map.
+struct Ranks<T> {
+    /// Dense: rank of value `v` at `v.order_bits() - base`.
+    base: u64,
+    dense: Vec<u32>,
+    map: FastMap<T, u32>,
+    distinct: usize,
+}
+
+impl<T: SetElem> Ranks<T> {
+    fn new(raw: &[RawSide<T>], reservation: &MemoryReservation) -> Result<Self> {
+        let total: usize = raw.iter().map(|s| s.values.len()).sum();
+        let values = || raw.iter().flat_map(|s| s.values.iter().copied());
+        let (lo, hi) = values().fold((u64::MAX, 0u64), |(lo, hi), v| {
+            (lo.min(v.order_bits()), hi.max(v.order_bits()))
+        });
+        if total > 0 && hi - lo < (1 << 32) && (hi - lo) as usize <= 4 * total + 65_536 {
+            let range = (hi - lo) as usize + 1;
+            reserve(
+                reservation,
+                range * size_of::<u32>() * 2,
+                "the token frequencies",
+            )?;
+            let mut dense = vec![0u32; range];
+            for v in values() {
+                dense[(v.order_bits() - lo) as usize] += 1;
+            }
+            let mut order: Vec<(u32, u32)> = dense
+                .iter()
+                .enumerate()
+                .filter(|&(_, &f)| f > 0)
+                .map(|(k, &f)| (f, k as u32))
+                .collect();
+            order.sort_unstable();
+            for (rank, &(_, k)) in order.iter().enumerate() {
+                dense[k as usize] = rank as u32;
+            }
+            return Ok(Self {
+                base: lo,
+                dense,
+                map: FastMap::default(),
+                distinct: order.len(),
+            });
+        }
+        let mut freq: FastMap<T, u32> = FastMap::default();
+        for v in values() {
+            *freq.entry(v).or_insert(0) += 1;
+        }
+        let distinct = freq.len();
+        reserve(
+            reservation,
+            distinct * 3 * (size_of::<T>() + 8),
+            "the token frequencies",
+        )?;
+        let mut order: Vec<(u32, T)> = freq.iter().map(|(&v, &f)| (f, v)).collect();
+        order.sort_unstable();
+        for (rank, (_, v)) in order.iter().enumerate() {
+            freq.insert(*v, rank as u32);
+        }
+        Ok(Self {
+            base: 0,
+            dense: Vec::new(),
+            map: freq,
+            distinct,
+        })
+    }
+
+    #[inline]
+    fn get(&self, v: T) -> u32 {
+        if self.dense.is_empty() {
+            self.map.get(&v).copied().unwrap_or(u32::MAX)
+        } else {
+            self.dense[(v.order_bits() - self.base) as usize]
+        }
+    }
 }
 
 #[cfg(test)]
@@ -469,11 +634,61 @@ mod tests {
 
     #[test]
     fn verify_counts_and_stops() {
-        assert_eq!(verify(&[1, 2, 3, 4], &[2, 4, 6], 2, true), Some(2));
-        assert_eq!(verify(&[1, 2, 3, 4], &[2, 4, 6], 3, true), None);
-        assert_eq!(verify(&[1, 2, 3], &[1, 2, 3], 1, false), Some(1));
-        assert_eq!(verify(&[1, 2, 3], &[1, 2, 3], 1, true), Some(3));
-        assert_eq!(verify(&[], &[1], 1, true), None);
-        assert_eq!(verify(&[5], &[5], 1, true), Some(1));
+        assert_eq!(verify::<true>(&[1, 2, 3, 4], &[2, 4, 6], 2, 0), Some(2));
+        assert_eq!(verify::<true>(&[1, 2, 3, 4], &[2, 4, 6], 3, 0), None);
+        assert_eq!(verify::<false>(&[1, 2, 3], &[1, 2, 3], 1, 0), Some(1));
+        assert_eq!(verify::<true>(&[1, 2, 3], &[1, 2, 3], 1, 0), Some(3));
+        assert_eq!(verify::<true>(&[], &[1], 1, 0), None);
+        assert_eq!(verify::<true>(&[5], &[5], 1, 0), Some(1));
+        // Resumed after 2 counted tokens.
+        assert_eq!(verify::<true>(&[7, 9], &[9], 3, 2), Some(3));
+        assert_eq!(verify::<true>(&[7, 9], &[8], 3, 2), None);
+        assert_eq!(verify::<false>(&[7, 9], &[8], 2, 2), Some(2));
+        assert_eq!(verify::<true>(&[], &[], 2, 2), Some(2));
+    }
+
+    fn naive_overlap(x: &[u32], y: &[u32]) -> u64 {
+        x.iter().filter(|v| y.binary_search(v).is_ok()).count() as u64
+    }
+
+    /// `verify` against a naive count, for every `alpha` and split point.
+    #[test]
+    fn verify_equals_naive() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |k: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % k
+        };
+        for _ in 0..2000 {
+            let set = |next: &mut dyn FnMut(u64) -> u64| {
+                let len = next(30);
+                let mut s: Vec<u32> = (0..len).map(|_| next(40) as u32).collect();
+                s.sort_unstable();
+                s.dedup();
+                s
+            };
+            let (x, y) = (set(&mut next), set(&mut next));
+            let o = naive_overlap(&x, &y);
+            for alpha in 0..=x.len().min(y.len()) as u64 + 1 {
+                let exact = verify::<true>(&x, &y, alpha, 0);
+                assert_eq!(exact, (o >= alpha).then_some(o), "{x:?} {y:?} {alpha}");
+                let some = verify::<false>(&x, &y, alpha, 0);
+                assert_eq!(some.is_some(), o >= alpha, "{x:?} {y:?} {alpha}");
+                assert!(some.is_none_or(|c| c >= alpha && c <= o));
+            }
+            // Resuming after a common prefix split: tokens below `v` counted already.
+            let v = next(40) as u32;
+            let (fx, fy) = (x.partition_point(|&t| t < v), y.partition_point(|&t| t < v));
+            let counted = naive_overlap(&x[..fx], &y[..fy]);
+            for alpha in 0..=o + 1 {
+                assert_eq!(
+                    verify::<true>(&x[fx..], &y[fy..], alpha, counted),
+                    (o >= alpha).then_some(o),
+                    "{x:?} {y:?} {alpha} from {v}"
+                );
+            }
+        }
     }
 }

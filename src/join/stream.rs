@@ -23,7 +23,7 @@ use datafusion::physical_plan::metrics::{
 use futures::Stream;
 
 use super::exec::{Built, JoinColumn};
-use super::filter::{Scratch, reserve, verify};
+use super::filter::{Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
 use crate::functions::set_similarity::Measure;
 
@@ -138,9 +138,15 @@ impl SimilarityJoinStream {
         let x = coll.set(p);
         let n = x.len() as u64;
         let measure = self.threshold.measure();
-        for &q in &self.scratch.candidates {
+        for c in &self.scratch.candidates {
+            let q = c.set;
             let y = coll.set(q as usize);
-            let Some(o) = verify(x, y, self.scratch.alpha(q), exact) else {
+            let verified = if exact {
+                verify_candidate::<true>(x, y, c)
+            } else {
+                verify_candidate::<false>(x, y, c)
+            };
+            let Some(o) = verified else {
                 continue;
             };
             let (rp, rq) = (coll.row(p), coll.row(q as usize));

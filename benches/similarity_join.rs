@@ -1,0 +1,256 @@
+//! The exact set similarity join on real data, end to end through SQL (criterion for the
+//! small cases, a plain timed loop for the large ones; `harness = false`).
+//!
+//! Run (needs `bench-data/`, see `benches/data/build.sh`):
+//!   cargo bench --bench similarity_join                       # all cases (about 10 minutes)
+//!   cargo bench --bench similarity_join -- debian              # criterion cases matching a filter
+//!   SETS_BENCH_LARGE=0 cargo bench --bench similarity_join     # skip the large cases
+//!   SETS_BENCH_LARGE_ONLY=1 cargo bench --bench similarity_join  # only the large cases
+//!   SETS_BENCH_REPS=3 ...                                     # repetitions of each large case
+//!   SETS_BENCH_LARGE_CASES=jaccard ...                        # large cases whose name contains it
+//!
+//! What one iteration measures: planning and running
+//! `SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', measure, t)` on a session
+//! where `sets` is an external table over `bench-data/<dataset>/sets.parquet`: reading and
+//! decoding the Parquet file, the build (sets, token ranks, prefix indexes), the filter and
+//! the verification of every candidate (`count(*)` builds no pair: the paper's output-count
+//! mode, as in the reference join of issue 4). The small cases also run
+//! `SELECT * FROM similarity_join(...)` (`pairs`: every pair materialized as a batch of
+//! `left_id, right_id, similarity`, then dropped).
+//!
+//! Cases (issue 4's, with its reference times of a compiled single-threaded
+//! AllPairs + PPJoin on this machine): `debian_deps` Jaccard >= 0.9 (0.09 s), `gcide_words`
+//! Jaccard >= 0.8 (0.26 s), Jaccard >= 0.5 (4.5 s), Dice >= 0.5 (138 s). The first two are
+//! criterion benchmarks (`similarity_join/<case>/<cores>/<output>`, 10 samples); the last two,
+//! too long for criterion's sampling, run `SETS_BENCH_REPS` times (default 1) after one
+//! untimed warm-up of the small case, printing each time and the minimum.
+//!
+//! Cores: `1core` is `target_partitions = 1` on a current-thread tokio runtime (everything on
+//! the calling thread); `allcores` is `target_partitions = nproc` on a multi-threaded runtime
+//! with `nproc` workers. Every run's pair count is checked against the first one's.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_sets::SessionStateBuilderExt;
+
+fn bench_data_dir() -> PathBuf {
+    std::env::var_os("SETS_BENCH_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-data"))
+}
+
+fn env_flag(name: &str) -> Option<bool> {
+    std::env::var(name).ok().map(|v| v != "0" && !v.is_empty())
+}
+
+/// A session with `sets` registered over the dataset's Parquet file, and its runtime.
+struct Engine {
+    rt: tokio::runtime::Runtime,
+    ctx: SessionContext,
+}
+
+impl Engine {
+    fn new(path: &Path, cores: usize) -> Self {
+        let rt = if cores == 1 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cores)
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let state = SessionStateBuilder::new()
+            .with_config(SessionConfig::new().with_target_partitions(cores))
+            .with_default_features()
+            .with_sets()
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        let sql = format!(
+            "CREATE EXTERNAL TABLE sets STORED AS PARQUET LOCATION '{}'",
+            path.display()
+        );
+        rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
+        Self { rt, ctx }
+    }
+
+    fn run(&self, sql: &str) -> Vec<RecordBatch> {
+        self.rt
+            .block_on(async { self.ctx.sql(sql).await.unwrap().collect().await.unwrap() })
+    }
+
+    /// Pairs the query returns: `count(*)`'s value, or the number of rows.
+    fn pairs(&self, sql: &str) -> usize {
+        let batches = self.run(sql);
+        if sql.contains("count(*)") {
+            let c = cast(batches[0].column(0), &DataType::Int64).unwrap();
+            c.as_primitive::<Int64Type>().value(0) as usize
+        } else {
+            batches.iter().map(|b| b.num_rows()).sum()
+        }
+    }
+}
+
+struct Case {
+    name: &'static str,
+    dataset: &'static str,
+    measure: &'static str,
+    t: f64,
+    /// The issue's reference time (s), compiled single-threaded AllPairs + PPJoin.
+    reference_s: f64,
+}
+
+const SMALL: &[Case] = &[
+    Case {
+        name: "debian_deps_jaccard_0.9",
+        dataset: "debian_deps",
+        measure: "jaccard",
+        t: 0.9,
+        reference_s: 0.09,
+    },
+    Case {
+        name: "gcide_words_jaccard_0.8",
+        dataset: "gcide_words",
+        measure: "jaccard",
+        t: 0.8,
+        reference_s: 0.26,
+    },
+];
+
+const LARGE: &[Case] = &[
+    Case {
+        name: "gcide_words_jaccard_0.5",
+        dataset: "gcide_words",
+        measure: "jaccard",
+        t: 0.5,
+        reference_s: 4.5,
+    },
+    Case {
+        name: "gcide_words_dice_0.5",
+        dataset: "gcide_words",
+        measure: "dice",
+        t: 0.5,
+        reference_s: 138.0,
+    },
+];
+
+fn query(case: &Case, select: &str) -> String {
+    format!(
+        "SELECT {select} FROM similarity_join('sets', 'id', 'tokens', '{}', {:?})",
+        case.measure, case.t
+    )
+}
+
+fn cores_list() -> Vec<(usize, &'static str)> {
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut v = vec![(1, "1core")];
+    if all > 1 {
+        v.push((all, "allcores"));
+    }
+    v
+}
+
+fn small_cases(c: &mut Criterion) {
+    for case in SMALL {
+        let path = bench_data_dir().join(case.dataset).join("sets.parquet");
+        if !path.exists() {
+            eprintln!("{}: no {}, skipped", case.name, path.display());
+            continue;
+        }
+        let mut group = c.benchmark_group(format!("similarity_join/{}", case.name));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(5));
+        let mut expected = None;
+        for (cores, label) in cores_list() {
+            let engine = Engine::new(&path, cores);
+            for (output, select) in [("count", "count(*)"), ("pairs", "*")] {
+                let sql = query(case, select);
+                let pairs = engine.pairs(&sql);
+                assert_eq!(*expected.get_or_insert(pairs), pairs, "{sql} on {label}");
+                group.bench_function(format!("{label}/{output}"), |b| {
+                    b.iter(|| black_box(engine.run(&sql)))
+                });
+            }
+        }
+        if let Some(p) = expected {
+            eprintln!(
+                "{}: {p} pairs (reference: {} s on one core)",
+                case.name, case.reference_s
+            );
+        }
+        group.finish();
+    }
+}
+
+fn large_cases() {
+    let reps: usize = std::env::var("SETS_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let only = std::env::var("SETS_BENCH_LARGE_CASES").unwrap_or_default();
+    for case in LARGE.iter().filter(|c| c.name.contains(&only)) {
+        let path = bench_data_dir().join(case.dataset).join("sets.parquet");
+        if !path.exists() {
+            eprintln!("{}: no {}, skipped", case.name, path.display());
+            continue;
+        }
+        let sql = query(case, "count(*)");
+        let mut expected = None;
+        let mut one_core = None;
+        for (cores, label) in cores_list() {
+            let engine = Engine::new(&path, cores);
+            // Warm-up: the file in the page cache, the allocator's arenas grown.
+            engine.pairs(&query(&SMALL[1], "count(*)"));
+            let mut times = Vec::new();
+            for _ in 0..reps {
+                let t0 = Instant::now();
+                let pairs = engine.pairs(&sql);
+                let s = t0.elapsed().as_secs_f64();
+                assert_eq!(*expected.get_or_insert(pairs), pairs, "{sql} on {label}");
+                println!(
+                    "similarity_join/{}/{label}/count  {s:.3} s  ({pairs} pairs)",
+                    case.name
+                );
+                times.push(s);
+            }
+            let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+            let speedup = match one_core {
+                None => {
+                    one_core = Some(best);
+                    String::new()
+                }
+                Some(one) => format!(", {:.2}x one core", one / best),
+            };
+            println!(
+                "similarity_join/{}/{label}/count  min of {reps}: {best:.3} s \
+                 (reference {} s on one core{speedup})",
+                case.name, case.reference_s
+            );
+        }
+    }
+}
+
+fn main() {
+    let large_only = env_flag("SETS_BENCH_LARGE_ONLY").unwrap_or(false);
+    if !large_only {
+        let mut c = Criterion::default().configure_from_args();
+        small_cases(&mut c);
+        c.final_summary();
+    }
+    if env_flag("SETS_BENCH_LARGE").unwrap_or(true) {
+        large_cases();
+    }
+}
