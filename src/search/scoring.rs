@@ -19,6 +19,12 @@ use super::index::InvertedIndex;
 /// Postings per skipping block.
 pub const BLOCK: usize = 64;
 
+/// How many of a term's best posting scores [`Scored`] keeps (for lists of at least
+/// [`FLOOR_MIN_DF`] postings): enough for the k of a top-k query up to this size.
+pub const FLOOR_K: usize = 32;
+/// Lists shorter than this keep no best scores (a short list gives no useful floor).
+pub const FLOOR_MIN_DF: usize = FLOOR_K;
+
 /// BM25's parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Bm25Params {
@@ -54,6 +60,12 @@ pub struct Scored {
     pub static_max: f64,
     /// Weighted static score of every posting, `α · static`, or empty.
     pub weighted_static: Vec<f64>,
+    /// The largest `impact + α·static` values of each term's postings, best first, at most
+    /// [`FLOOR_K`] of them, for terms with at least [`FLOOR_MIN_DF`] postings: term `t`'s are
+    /// `floor_values[floor_start[t]..floor_start[t + 1]]`. The k-th of them is a lower bound of
+    /// the k-th best score of any query holding `t` (see [`Scored::theta_floor`]).
+    pub floor_values: Vec<f64>,
+    pub floor_start: Vec<usize>,
 }
 
 /// The idf of a term held by `n` of `n_docs` documents.
@@ -102,6 +114,26 @@ impl Scored {
             .map(|s| s.iter().map(|&v| params.alpha * v).collect())
             .unwrap_or_default();
         let static_max = weighted_static.iter().copied().fold(0.0, f64::max);
+        let mut floor_values = Vec::new();
+        let mut floor_start = Vec::with_capacity(index.terms() + 1);
+        let mut best = Vec::new();
+        // The floor's argument needs every impact ≥ 0 (true unless α > 1 or k1, b are odd).
+        let nonneg = impacts.iter().all(|&x| x >= 0.0);
+        for t in 0..index.terms() as u32 {
+            floor_start.push(floor_values.len());
+            let r = index.range(t);
+            if !nonneg || r.len() < FLOOR_MIN_DF {
+                continue;
+            }
+            best.clear();
+            best.extend(r.map(|p| impacts[p] + weighted_static.get(p).copied().unwrap_or(0.0)));
+            let keep = FLOOR_K.min(best.len());
+            best.select_nth_unstable_by(keep - 1, |a, b| b.total_cmp(a));
+            best.truncate(keep);
+            best.sort_unstable_by(|a, b| b.total_cmp(a));
+            floor_values.extend_from_slice(&best);
+        }
+        floor_start.push(floor_values.len());
         Self {
             params,
             impacts,
@@ -110,6 +142,32 @@ impl Scored {
             term_max,
             static_max,
             weighted_static,
+            floor_values,
+            floor_start,
+        }
+    }
+
+    /// A lower bound of the k-th best score of a query holding the terms `terms`, or -inf:
+    /// the k-th largest `impact + α·static` among the postings of any one of its terms. Every
+    /// one of those k documents scores at least that much (impacts are ≥ 0 and f64 addition
+    /// of non-negative terms never decreases a sum), so the query's k-th best score does too.
+    pub fn theta_floor(&self, terms: &[u32], k: usize) -> f64 {
+        let mut floor = f64::NEG_INFINITY;
+        if k == 0 || k > FLOOR_K {
+            return floor;
+        }
+        for &t in terms {
+            let t = t as usize;
+            let v = &self.floor_values[self.floor_start[t]..self.floor_start[t + 1]];
+            if let Some(&x) = v.get(k - 1) {
+                floor = floor.max(x);
+            }
+        }
+        // A floor of 0 could prune a document that ties at 0 and wins on its id.
+        if floor > 0.0 {
+            floor
+        } else {
+            f64::NEG_INFINITY
         }
     }
 

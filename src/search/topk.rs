@@ -113,6 +113,14 @@ fn may_beat(bound: f64, theta: f64) -> bool {
     bound + 1e-12 * bound.abs().max(theta.abs()) > theta
 }
 
+/// The pruning cut for threshold θ: a bound ≤ the cut cannot beat θ. The cut lies a relative
+/// 1e-12 below θ, slack for bounds summed in another order than the exact score; for the
+/// non-negative bounds of BM25 this keeps everything [`may_beat`] keeps, with one comparison.
+#[inline]
+fn prune_below(theta: f64) -> f64 {
+    theta - 1e-12 * theta.abs()
+}
+
 /// The distinct term ids of a query, ascending (the canonical summation order); unknown
 /// terms are reported by `unknown`.
 pub fn query_terms<'a>(
@@ -350,6 +358,9 @@ pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -
         })
         .collect();
     let n = ls.len();
+    // No document below this can be among the k best (it only prunes; the heap admits as before).
+    let floor = scored.theta_floor(terms, k);
+    let has_static = !scored.weighted_static.is_empty();
     // prefix[i] = static bound + Σ_{j<i} window_max_j, over the lists sorted by window_max.
     let mut prefix = vec![0.0; n + 1];
     let mut at = vec![None; n];
@@ -390,9 +401,10 @@ pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -
         for i in 0..n {
             prefix[i + 1] = prefix[i] + ls[i].window_max;
         }
-        let mut theta = top.threshold();
+        let mut theta = top.threshold().max(floor);
+        let mut cut = prune_below(theta);
         essential = 0;
-        while essential < n && !may_beat(prefix[essential + 1], theta) {
+        while essential < n && prefix[essential + 1] <= cut {
             essential += 1;
         }
         if essential < n {
@@ -412,21 +424,19 @@ pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -
                 _ => break,
             };
             let mut partial = 0.0;
-            let mut last = 0;
             for l in ls[essential..].iter_mut() {
                 if !l.cur.done() && l.cur.doc() == d {
                     let p = l.cur.base + l.cur.pos;
                     at[l.cur.slot] = Some(p);
                     touched.push(l.cur.slot);
                     partial += scored.impacts[p];
-                    last = p;
                     l.cur.pos += 1;
                 }
             }
             // Non-essential lists, largest bound first, while the document can still win.
             let mut alive = true;
             for i in (0..essential).rev() {
-                if !may_beat(partial + prefix[i + 1], theta) {
+                if partial + prefix[i + 1] <= cut {
                     alive = false;
                     break;
                 }
@@ -434,7 +444,7 @@ pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -
                 let Some(b) = l.shallow(d) else {
                     continue;
                 };
-                if !may_beat(partial + l.block_max[b] + prefix[i], theta) {
+                if partial + l.block_max[b] + prefix[i] <= cut {
                     alive = false;
                     break;
                 }
@@ -444,15 +454,16 @@ pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -
                     at[l.cur.slot] = Some(p);
                     touched.push(l.cur.slot);
                     partial += scored.impacts[p];
-                    last = p;
                 }
             }
-            if alive && may_beat(partial + scored.static_at(last), theta) {
+            // With static scores (possibly negative) the exact score decides.
+            if alive && (has_static || partial > cut) {
                 top.push(d, canonical(scored, &at));
-                let t = top.threshold();
+                let t = top.threshold().max(floor);
                 if t != theta {
                     theta = t;
-                    while essential < n && !may_beat(prefix[essential + 1], theta) {
+                    cut = prune_below(theta);
+                    while essential < n && prefix[essential + 1] <= cut {
                         essential += 1;
                     }
                 }
