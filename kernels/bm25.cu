@@ -21,6 +21,11 @@
 // cleared (sparse tiles: every posting claims its document with an atomic exchange of the
 // count; dense tiles: one thread per ordinal of the tile, in ascending chunks).
 //
+// OR with a floor (the host's `Scored::theta_floor`, a lower bound of the k-th best score,
+// for k <= 32): lists whose maxima (plus the static bound) sum to no more than the floor are
+// not swept; candidates come from the other lists and are scored by binary searches in every
+// list, in slot order (`or_pruned`). Without a floor, or when every list is needed, the sweep.
+//
 // Top-k: candidates that beat the current threshold go to a shared buffer of CAP entries;
 // when a chunk could overflow it, the buffer is bitonic-sorted (score descending, ordinal
 // ascending) and cut to k, and the threshold becomes the k-th score. Documents are visited
@@ -38,7 +43,7 @@ typedef unsigned long long u64;
 struct ListRef {
     u64 start;  // first posting of the list in post_ord / post_imp
     u32 len;
-    u32 pad;
+    float max;  // the term's largest impact, rounded up to f32 (an upper bound)
 };
 
 __device__ __forceinline__ bool better(double sa, u32 oa, double sb, u32 ob) {
@@ -65,10 +70,13 @@ struct Shared {
     u32 co[CAP];
     u64 ls[MAX_TERMS];
     u32 ll[MAX_TERMS];
+    double lm[MAX_TERMS];
     u32 cur[MAX_TERMS];
     u32 seg[MAX_TERMS];
     u32 segoff[MAX_TERMS + 1];
     double theta;
+    double floor;     // lower bound of the k-th best score (-inf: none)
+    u32 ess[MAX_TERMS];  // 1 for the essential lists of a pruned OR
     u32 ncand;
     u32 matches;
     u32 d0;
@@ -122,6 +130,16 @@ __device__ __forceinline__ void room(Shared& sh, u32 k) {
 
 __device__ __forceinline__ void offer(Shared& sh, double s, u32 ord) {
     if (s > sh.theta) {
+        u32 pos = atomicAdd(&sh.ncand, 1u);
+        sh.cs[pos] = s;
+        sh.co[pos] = ord;
+    }
+}
+
+// Pruned OR visits documents out of ordinal order: ties with the threshold are kept (the
+// compaction orders them by ordinal), and nothing below the floor is a candidate.
+__device__ __forceinline__ void offer_any_order(Shared& sh, double s, u32 ord) {
+    if (s >= sh.theta && s >= sh.floor) {
         u32 pos = atomicAdd(&sh.ncand, 1u);
         sh.cs[pos] = s;
         sh.co[pos] = ord;
@@ -185,10 +203,94 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
     }
 }
 
+// OR with a floor (MaxScore on the device, static partition). The lists whose maxima,
+// smallest first, sum (with the static bound) to at most the floor's cut are non-essential:
+// a document in none of the other lists scores below the floor, so it cannot be among the k
+// best. Candidates are the postings of the essential lists, one list after the other (a
+// document already held by an earlier essential list is skipped); each candidate is scored
+// in slot order by a binary search in every other list, narrowed per chunk as in AND.
+// Returns false (nothing done) when no list is non-essential.
+__device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
+                          const u32* __restrict__ post_ord, const double* __restrict__ post_imp,
+                          const double* __restrict__ ord_static) {
+    const u32 tid = threadIdx.x;
+    if (tid == 0) {
+        const double f = sh.floor;
+        const double cut = f - 1e-12 * fabs(f);
+        // Take the smallest maximum among the lists not yet taken while the sum stays <= cut.
+        for (u32 j = 0; j < m; j++) sh.ess[j] = 1;
+        double sum = static_max;
+        u32 ne = 0;
+        while (ne < m) {
+            u32 best = m;
+            for (u32 j = 0; j < m; j++) {
+                if (sh.ess[j] && (best == m || sh.lm[j] < sh.lm[best])) best = j;
+            }
+            if (!(sum + sh.lm[best] <= cut)) break;
+            sum += sh.lm[best];
+            sh.ess[best] = 0;
+            ne++;
+        }
+        sh.d0 = ne;
+    }
+    __syncthreads();
+    if (sh.d0 == 0) return false;
+    for (u32 e = 0; e < m; e++) {
+        if (!sh.ess[e]) continue;
+        if (tid < m) sh.cur[tid] = 0;
+        __syncthreads();
+        const u32 n = sh.ll[e];
+        const u32* lead_ord = post_ord + sh.ls[e];
+        for (u32 base = 0; base < n; base += THREADS) {
+            room(sh, k);
+            const u32 last = (base + THREADS < n ? base + THREADS : n) - 1;
+            if (tid < m && tid != e) {
+                const u32* a = post_ord + sh.ls[tid];
+                u32 lo = lower_bound(a, sh.cur[tid], sh.ll[tid], lead_ord[base]);
+                sh.cur[tid] = lo;
+                sh.seg[tid] = lower_bound(a, lo, sh.ll[tid], (u64)lead_ord[last] + 1);
+            }
+            __syncthreads();
+            const u32 i = base + tid;
+            if (i < n) {
+                const u64 p = sh.ls[e] + i;
+                const u32 ord = post_ord[p];
+                double s = 0.0;
+                bool mine = true;
+                for (u32 j = 0; j < m; j++) {
+                    if (j == e) {
+                        s += post_imp[p];
+                        continue;
+                    }
+                    const u32* a = post_ord + sh.ls[j];
+                    u32 pos = lower_bound(a, sh.cur[j], sh.seg[j], ord);
+                    if (pos < sh.seg[j] && a[pos] == ord) {
+                        if (j < e && sh.ess[j]) {
+                            mine = false;  // an earlier essential list has scored it
+                            break;
+                        }
+                        s += post_imp[sh.ls[j] + pos];
+                    }
+                }
+                if (mine) {
+                    if (ord_static) s += ord_static[ord];
+                    offer_any_order(sh, s, ord);
+                }
+            }
+            __syncthreads();
+        }
+    }
+    return true;
+}
+
 __device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
                          const double* __restrict__ post_imp,
-                         const double* __restrict__ ord_static) {
+                         const double* __restrict__ ord_static, double static_max) {
     const u32 tid = threadIdx.x;
+    if (sh.floor > -__longlong_as_double(0x7ff0000000000000ULL) &&
+        or_pruned(sh, m, k, static_max, post_ord, post_imp, ord_static)) {
+        return;
+    }
     if (tid < m) sh.cur[tid] = 0;
     __syncthreads();
     while (true) {
@@ -281,7 +383,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     const unsigned char* __restrict__ q_mode, const ListRef* __restrict__ lists,
     const u32* __restrict__ post_ord, const double* __restrict__ post_imp,
     const double* __restrict__ ord_static, const u32* __restrict__ ord_doc, u32 k,
-    u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score) {
+    u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score,
+    const double* __restrict__ q_floor, double static_max) {
     __shared__ Shared sh;
     const u32 tid = threadIdx.x;
     if (blockIdx.x >= n_queries) return;
@@ -296,11 +399,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     if (tid < m) {
         sh.ls[tid] = lists[first + tid].start;
         sh.ll[tid] = lists[first + tid].len;
+        sh.lm[tid] = (double)lists[first + tid].max;
     }
     if (tid == 0) {
         sh.ncand = 0;
         sh.matches = 0;
         sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+        sh.floor = q_floor[q];
     }
     __syncthreads();
     if (mode != 1) {
@@ -313,10 +418,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
                 sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
             }
             __syncthreads();
-            or_phase(sh, m, k, post_ord, post_imp, ord_static);
+            or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
         }
     } else {
-        or_phase(sh, m, k, post_ord, post_imp, ord_static);
+        or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
     }
     __syncthreads();
     compact(sh, k);

@@ -323,6 +323,12 @@ pub fn bm25_topk(
     }
 }
 
+/// `x` as an f32 no smaller than it (the kernel's list maxima are upper bounds).
+fn max_up(x: f64) -> f32 {
+    let f = x as f32;
+    if f64::from(f) < x { f.next_up() } else { f }
+}
+
 /// Where a batch query is ranked: `ON_CPU | c` is the `c`-th query of the CPU's share, any
 /// other value the query's slot on the device.
 const ON_CPU: u32 = 1 << 31;
@@ -454,12 +460,13 @@ fn run(
         let lists: Vec<Vec<Hit>> = (0..n).into_par_iter().map(cpu).collect();
         return Ok(Ranked::from_lists(&lists));
     }
-    // Input region: order | q_off | modes | lists.
+    // Input region: order | q_off | modes | lists | floors.
     let order_at = 0usize;
     let qoff_at = align(gq * 4);
     let mode_at = qoff_at + align((gq + 1) * 4);
     let lists_at = mode_at + align(gq);
-    let in_bytes = lists_at + align(n_lists * LISTREF_BYTES);
+    let floor_at = lists_at + align(n_lists * LISTREF_BYTES);
+    let in_bytes = floor_at + align(gq * 8);
     // Output region: counts | docs | scores.
     let cnt_at = 0usize;
     let doc_at = align(gq * 4);
@@ -471,7 +478,9 @@ fn run(
     let mut keys = vec![0u8; gq];
     let mut cpu_q = vec![0u32; n - gq];
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
-    let (head, lists_b) = pin.split_at_mut(lists_at);
+    let (head, floors_b) = pin.split_at_mut(floor_at);
+    let floors_v = &mut view_mut::<f64>(floors_b)[..gq];
+    let (head, lists_b) = head.split_at_mut(lists_at);
     let (head, modes_b) = head.split_at_mut(mode_at);
     let (order_b, qoff_b) = head.split_at_mut(qoff_at);
     let order_v = &mut view_mut::<u32>(order_b)[..gq];
@@ -490,16 +499,18 @@ fn run(
         qoff: &'a mut [u32],
         modes: &'a mut [u8],
         lists: &'a mut [u64],
+        floors: &'a mut [f64],
         cpu_q: &'a mut [u32],
     }
     let mut parts = Vec::with_capacity(groups.len());
     {
-        let (mut sl, mut ke, mut qo, mut mo, mut li, mut cq) = (
+        let (mut sl, mut ke, mut qo, mut mo, mut li, mut fl, mut cq) = (
             slot.as_mut_slice(),
             keys.as_mut_slice(),
             &mut qoff[..gq],
             &mut *modes_v,
             &mut *lists_v,
+            &mut *floors_v,
             cpu_q.as_mut_slice(),
         );
         let (mut q0, mut l0, mut c0) = (0, 0, 0);
@@ -516,6 +527,8 @@ fn run(
             (e, mo) = std::mem::take(&mut mo).split_at_mut(q);
             let f;
             (f, li) = std::mem::take(&mut li).split_at_mut(2 * l);
+            let h;
+            (h, fl) = std::mem::take(&mut fl).split_at_mut(q);
             let g;
             (g, cq) = std::mem::take(&mut cq).split_at_mut(nq - q);
             parts.push(Part {
@@ -528,6 +541,7 @@ fn run(
                 qoff: d,
                 modes: e,
                 lists: f,
+                floors: h,
                 cpu_q: g,
             });
             q0 += q;
@@ -552,13 +566,18 @@ fn run(
                 Mode::Or => 1,
                 Mode::AndOr => 2,
             };
-            // A ListRef is { u64 start; u32 len; u32 pad }: two little-endian u64 words.
+            // OR's starting threshold (AND never reads it).
+            p.floors[q] = match batch.modes[i] {
+                Mode::And => f64::NEG_INFINITY,
+                Mode::Or | Mode::AndOr => scored.theta_floor(terms_of(i), k),
+            };
+            // A ListRef is { u64 start; u32 len; f32 max }: two little-endian u64 words.
             let mut work = 0u64;
             for &tm in terms_of(i) {
                 let tm = tm as usize;
                 let len = (offs[tm + 1] - offs[tm]) as u64;
                 p.lists[2 * l] = starts[tm];
-                p.lists[2 * l + 1] = len;
+                p.lists[2 * l + 1] = len | (u64::from(max_up(scored.term_max[tm]).to_bits()) << 32);
                 work += len;
                 l += 1;
             }
@@ -607,6 +626,8 @@ fn run(
     let p_qoff = d_in + qoff_at as u64;
     let p_mode = d_in + mode_at as u64;
     let p_lists = d_in + lists_at as u64;
+    let p_floor = d_in + floor_at as u64;
+    let static_max = scored.static_max;
     let p_ord = Resident::ptr(&res.ord);
     let p_imp = Resident::ptr(&res.imp);
     let p_stat = Resident::ptr(&res.stat);
@@ -617,8 +638,8 @@ fn run(
     // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the input region holds
     // gq order entries, gq + 1 offsets, gq modes and n_lists list references whose
     // postings lie in the resident buffers (start + len within them, by construction);
-    // the output region holds gq counts and gq * k docs and scores; ord_static is null
-    // without static scores.
+    // the output region holds gq counts and gq * k docs and scores; the floors region holds
+    // gq f64; ord_static is null without static scores.
     unsafe {
         g.launch(
             f,
@@ -638,6 +659,8 @@ fn run(
                 arg(&p_cnt),
                 arg(&p_docs),
                 arg(&p_scores),
+                arg(&p_floor),
+                arg(&static_max),
             ],
         )?;
     }
