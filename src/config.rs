@@ -113,6 +113,11 @@ pub struct SetsConfig {
     /// as `SimilarityJoinExec` instead of a nested loop (the `similarity_join_rewrite`
     /// physical optimizer rule). Read when a query is planned.
     pub similarity_join_rewrite: bool,
+    /// Device memory (bytes) the resident `topk_bm25` index may take on the GPU; 0: the
+    /// `DFSETS_GPU_INDEX_BUDGET` environment variable, else half the device's memory. When
+    /// the index does not fit, the terms queries visit most are admitted first and queries
+    /// needing the others are ranked on the CPU.
+    pub gpu_index_budget: usize,
 }
 
 impl Default for SetsConfig {
@@ -125,6 +130,7 @@ impl Default for SetsConfig {
             bm25_b: 0.75,
             bm25_alpha: 0.3,
             similarity_join_rewrite: true,
+            gpu_index_budget: 0,
         }
     }
 }
@@ -136,6 +142,7 @@ const BM25_B_DOC: &str = "BM25 b (document-length normalization) for topk_bm25, 
 const BM25_ALPHA_DOC: &str = "topk_bm25 over an index with static scores: score = alpha * static + (1 - alpha) * BM25; alpha in [0, 1].";
 const PARALLEL_DOC: &str =
     "Split a batch's rows across threads when it holds at least this many list values (0: never).";
+const GPU_INDEX_BUDGET_DOC: &str = "Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.";
 const REWRITE_DOC: &str = "Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.";
 
 impl ExtensionOptions for SetsConfig {
@@ -160,8 +167,9 @@ impl ExtensionOptions for SetsConfig {
             "bm25_b" => set_f64(&mut self.bm25_b, key, value, 0.0, 1.0),
             "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
             "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
+            "gpu_index_budget" => self.gpu_index_budget.set("", value),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget"
             ),
         }
     }
@@ -187,6 +195,11 @@ impl ExtensionOptions for SetsConfig {
                 "similarity_join_rewrite",
                 self.similarity_join_rewrite.to_string(),
                 REWRITE_DOC,
+            ),
+            entry(
+                "gpu_index_budget",
+                self.gpu_index_budget.to_string(),
+                GPU_INDEX_BUDGET_DOC,
             ),
         ]
     }

@@ -191,8 +191,9 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         let texts = texts.as_string::<i32>();
         // CPU work inline, as any scalar function does; rayon spreads the queries (or the
         // GPU ranks them, with `sets.backend`).
-        let backend = crate::config::SetsConfig::from_options(&options).backend;
-        let ranked = rank_batch(&loaded, &scored, texts, k, mode, backend);
+        let config = crate::config::SetsConfig::from_options(&options);
+        let budget = (config.gpu_index_budget > 0).then_some(config.gpu_index_budget);
+        let ranked = rank_batch(&loaded, &scored, texts, k, mode, config.backend, budget);
         // The flat result is the list's layout: offsets, then the struct's two columns.
         let offsets = ranked
             .offsets

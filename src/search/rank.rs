@@ -286,6 +286,7 @@ pub fn rank_batch(
     k: usize,
     mode: Mode,
     backend: BackendChoice,
+    gpu_budget: Option<usize>,
 ) -> Ranked {
     let options = loaded.index.tokenizer();
     let rows = texts.len() - texts.null_count();
@@ -324,7 +325,7 @@ pub fn rank_batch(
             },
         )
         .collect();
-    rank_terms(&loaded.index, scored, &parsed, k, mode, backend, None).0
+    rank_terms(&loaded.index, scored, &parsed, k, mode, backend, gpu_budget).0
 }
 
 #[cfg(test)]
