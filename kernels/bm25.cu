@@ -36,7 +36,10 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define THREADS 256
+// Ordinals per OR tile (the host may set it: `DFSETS_BM25_TILE`, a power of two, 256..4096).
+#ifndef TILE
 #define TILE 2048
+#endif
 #define CAP 1024
 #define MAX_TERMS 64
 

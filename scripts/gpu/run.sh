@@ -50,6 +50,17 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; t
     DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_bm25.txt" \
         /tmp/gpubin/gpu_bm25 --ignored --nocapture bench 2>&1 | tee "$out/bench_bm25.log" || status=1
 fi
+# The OR tile size A/B (DFSETS_BM25_TILE, e.g. "1024"): the BM25 tests and benchmark again with it.
+for tile in ${BM25_TILES:-}; do
+    if have gpu_bm25; then
+        echo "== topk_bm25 with DFSETS_BM25_TILE=$tile"
+        DFSETS_BM25_TILE=$tile /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25_tile$tile.log" | tail -3 || status=1
+        [ -d "$carry/bench-data" ] && DFSETS_BM25_TILE=$tile DFSETS_BENCH_DATA="$carry/bench-data" \
+            DFSETS_BENCH_OUT="$out/bench_bm25_tile$tile.txt" \
+            /tmp/gpubin/gpu_bm25 --ignored --nocapture bench >"$out/bench_bm25_tile$tile.log" 2>&1 || status=1
+        head -9 "$out/bench_bm25_tile$tile.txt" 2>/dev/null
+    fi
+done
 if command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer memcheck on the engine tests"
     if have gpu_props; then

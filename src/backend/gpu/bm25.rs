@@ -45,7 +45,7 @@ fn kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
                 SOURCE,
                 CompileOptions {
                     arch: Some(arch),
-                    options: vec!["--std=c++17".into()],
+                    options: compile_options(),
                     name: Some("bm25.cu".into()),
                     ..Default::default()
                 },
@@ -63,6 +63,20 @@ fn kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// NVRTC options: C++17, and the OR tile's size when `DFSETS_BM25_TILE` asks for another
+/// (a power of two in 256..=4096; a measurement knob, anything else is ignored).
+fn compile_options() -> Vec<String> {
+    let mut o = vec!["--std=c++17".to_string()];
+    if let Some(t) = std::env::var("DFSETS_BM25_TILE")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|t| t.is_power_of_two() && (256..=4096).contains(t))
+    {
+        o.push(format!("-DTILE={t}"));
+    }
+    o
 }
 
 /// The index on the device.
