@@ -8,7 +8,9 @@
 //! ```
 //!
 //! DataFusion plans these as a `NestedLoopJoinExec` (inner, with a `JoinFilter`), or, when the
-//! condition stayed in a `WHERE` above a cross join, as `FilterExec` over `CrossJoinExec`.
+//! condition stayed in a `WHERE` above a cross join (the logical optimizer off), as
+//! `FilterExec` over `CrossJoinExec` (possibly through the column-reordering projection of a
+//! swapped cross join).
 //! The rule finds, among the conjuncts of that condition, one of the form
 //! `measure(<left expr>, <right expr>) >= t` (or `>`, either operand order, either argument
 //! order) where `measure` is this crate's `jaccard`, `cosine`, `dice` or `overlap` (the UDF
@@ -136,17 +138,15 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>, partitions: usize) -> Option<Arc<dyn E
             let projection = join.projection().as_ref().map(|p| p.to_vec());
             (join.left(), join.right(), predicate, projection)
         } else if let Some(filter) = node.downcast_ref::<FilterExec>() {
-            let cross = filter.input().downcast_ref::<CrossJoinExec>()?;
             if filter.fetch().is_some() {
                 return None;
             }
-            let projection = filter.projection().as_ref().map(|p| p.to_vec());
-            (
-                cross.left(),
-                cross.right(),
-                Arc::clone(filter.predicate()),
-                projection,
-            )
+            let (cross, predicate, columns) = under_filter(filter)?;
+            let projection = match filter.projection() {
+                Some(p) => p.iter().map(|&i| columns[i]).collect(),
+                None => columns,
+            };
+            (cross.left(), cross.right(), predicate, Some(projection))
         } else {
             return None;
         };
@@ -173,6 +173,42 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>, partitions: usize) -> Option<Arc<dyn E
             None
         }
     }
+}
+
+/// The cross join under `filter` (directly, or under a projection of plain columns, as
+/// `JoinSelection` leaves a swapped one), the filter's predicate over the cross join's schema
+/// and the cross join column of each of the filter's input columns.
+fn under_filter(
+    filter: &FilterExec,
+) -> Option<(&CrossJoinExec, Arc<dyn PhysicalExpr>, Vec<usize>)> {
+    let input = filter.input();
+    if let Some(cross) = input.downcast_ref::<CrossJoinExec>() {
+        let columns = (0..input.schema().fields().len()).collect();
+        return Some((cross, Arc::clone(filter.predicate()), columns));
+    }
+    let projection = input.downcast_ref::<ProjectionExec>()?;
+    let cross = projection.input().downcast_ref::<CrossJoinExec>()?;
+    let mut columns = Vec::with_capacity(projection.expr().len());
+    for e in projection.expr() {
+        columns.push(e.expr.downcast_ref::<Column>()?.index());
+    }
+    let cross_schema = cross.schema();
+    let predicate = Arc::clone(filter.predicate())
+        .transform(|e| {
+            Ok(match e.downcast_ref::<Column>() {
+                Some(c) => match columns.get(c.index()) {
+                    Some(&i) => {
+                        Transformed::yes(Arc::new(Column::new(cross_schema.field(i).name(), i))
+                            as Arc<dyn PhysicalExpr>)
+                    }
+                    None => Transformed::no(e),
+                },
+                None => Transformed::no(e),
+            })
+        })
+        .data()
+        .ok()?;
+    Some((cross, predicate, columns))
 }
 
 /// The join filter's expression over the join's full schema (left columns, then right).
