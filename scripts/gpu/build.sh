@@ -46,5 +46,16 @@ fi
 # DataFusion's own array_intersect cases (read from cargo's registry here).
 src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/datafusion-sqllogictest-55.*/test_files | head -1)
 cp "$src"/array/array_union.slt "$src"/array/arrays_zip.slt "$src"/array/*.slt.part "$out/upstream/array/"
+# The device tool carries at most 64 MiB per call: past 60 MiB, the SQL binaries (the largest)
+# move to a second folder, "${out}2", run by a second call (CARRY=${out}2 ... run.sh).
+if [ "$(du -sm "$out" | cut -f1)" -gt 60 ]; then
+    rm -rf "${out}2" && mkdir -p "${out}2"
+    for b in gpu_sql backend_rule; do
+        [ -f "$out/$b.xz" ] && mv "$out/$b.xz" "${out}2/"
+    done
+    cp -r "$out/sql-tests" "$out/upstream" "$out/run.sh" "${out}2/"
+    echo "split: $out and ${out}2 (two device calls)"
+    du -sh "${out}2"
+fi
 ls -la "$out"
 du -sh "$out"
