@@ -50,15 +50,20 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; t
     DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_bm25.txt" \
         /tmp/gpubin/gpu_bm25 --ignored --nocapture bench 2>&1 | tee "$out/bench_bm25.log" || status=1
 fi
-# The OR tile size A/B (DFSETS_BM25_TILE, e.g. "1024"): the BM25 tests and benchmark again with it.
-for tile in ${BM25_TILES:-}; do
+# Kernel variants A/B: BM25_ENVS="TILE=1024 TILE=512" runs the BM25 tests and benchmark
+# again once per entry with DFSETS_BM25_<entry> set (BM25_TILES="1024 512" = TILE=... entries).
+variants="${BM25_ENVS:-}"
+for tile in ${BM25_TILES:-}; do variants="$variants TILE=$tile"; done
+for v in $variants; do
     if have gpu_bm25; then
-        echo "== topk_bm25 with DFSETS_BM25_TILE=$tile"
-        DFSETS_BM25_TILE=$tile /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25_tile$tile.log" | tail -3 || status=1
-        [ -d "$carry/bench-data" ] && DFSETS_BM25_TILE=$tile DFSETS_BENCH_DATA="$carry/bench-data" \
-            DFSETS_BENCH_OUT="$out/bench_bm25_tile$tile.txt" \
-            /tmp/gpubin/gpu_bm25 --ignored --nocapture bench >"$out/bench_bm25_tile$tile.log" 2>&1 || status=1
-        head -9 "$out/bench_bm25_tile$tile.txt" 2>/dev/null
+        tag=$(echo "$v" | tr '=' '_')
+        echo "== topk_bm25 with DFSETS_BM25_$v"
+        env "DFSETS_BM25_$v" /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25_$tag.log" | tail -3 || status=1
+        if [ -d "$carry/bench-data" ]; then
+            env "DFSETS_BM25_$v" DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_bm25_$tag.txt" \
+                /tmp/gpubin/gpu_bm25 --ignored --nocapture bench >"$out/bench_bm25_$tag.log" 2>&1 || status=1
+            head -9 "$out/bench_bm25_$tag.txt" 2>/dev/null
+        fi
     fi
 done
 if command -v compute-sanitizer >/dev/null; then
