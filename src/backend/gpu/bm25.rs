@@ -19,10 +19,11 @@ use std::time::Instant;
 
 use cudarc::driver::result;
 use cudarc::driver::{CudaEvent, CudaFunction};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use rayon::prelude::*;
 
-use super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, gpu, panic_message};
+use super::cuda::{
+    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
+};
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
 use crate::search::rank::Ranked;
@@ -41,22 +42,7 @@ fn kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
         .get_or_init(|| {
             let (major, minor) = g.info.compute_capability;
             let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-            let ptx = compile_ptx_with_opts(
-                SOURCE,
-                CompileOptions {
-                    arch: Some(arch),
-                    options: compile_options(),
-                    name: Some("bm25.cu".into()),
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                    GpuError::Compile(log.to_string_lossy().into_owned())
-                }
-                other => GpuError::Compile(format!("{other:?}")),
-            })?;
-            let module = g.ctx.load_module(ptx).map_err(drv("module load"))?;
+            let module = compile_module(&g.ctx, arch, SOURCE, "bm25.cu", compile_options())?;
             module
                 .load_function("bm25_topk")
                 .map_err(drv("kernel lookup"))
@@ -65,10 +51,10 @@ fn kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
         .map_err(Clone::clone)
 }
 
-/// NVRTC options: C++17, and the OR tile's size when `DFSETS_BM25_TILE` asks for another
+/// NVRTC options beyond C++17: the OR tile's size when `DFSETS_BM25_TILE` asks for another
 /// (a power of two in 256..=4096; a measurement knob, anything else is ignored).
 fn compile_options() -> Vec<String> {
-    let mut o = vec!["--std=c++17".to_string()];
+    let mut o = Vec::new();
     if let Some(t) = std::env::var("DFSETS_BM25_TILE")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())

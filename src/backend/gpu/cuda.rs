@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use cudarc::driver::result::{self, DriverError};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use rayon::prelude::*;
 
@@ -37,6 +37,36 @@ const ROW_THREADS: u32 = 256;
 const MIN_BUDGET: usize = 16 << 20;
 /// Alignment of the sections of the staging and device buffers.
 const ALIGN: usize = 256;
+
+/// Compiles `source` with NVRTC for `arch` (e.g. `compute_90`) as C++17 plus `extra`
+/// options, and loads it into `ctx`. Shared by every kernel family (intersect.cu, bm25.cu);
+/// a compile failure carries NVRTC's log.
+pub(super) fn compile_module(
+    ctx: &Arc<CudaContext>,
+    arch: &'static str,
+    source: &str,
+    name: &str,
+    extra: Vec<String>,
+) -> Result<Arc<CudaModule>, GpuError> {
+    let mut options = vec!["--std=c++17".to_string()];
+    options.extend(extra);
+    let ptx = compile_ptx_with_opts(
+        source,
+        CompileOptions {
+            arch: Some(arch),
+            options,
+            name: Some(name.into()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            GpuError::Compile(log.to_string_lossy().into_owned())
+        }
+        other => GpuError::Compile(format!("{other:?}")),
+    })?;
+    ctx.load_module(ptx).map_err(drv("module load"))
+}
 
 pub(super) fn drv(op: &'static str) -> impl Fn(DriverError) -> GpuError {
     move |e| {
@@ -261,22 +291,7 @@ fn init() -> Result<Gpu, GpuError> {
         .map_err(drv("compute capability"))?;
     let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
     let started = Instant::now();
-    let ptx = compile_ptx_with_opts(
-        SOURCE,
-        CompileOptions {
-            arch: Some(arch),
-            options: vec!["--std=c++17".into()],
-            name: Some("intersect.cu".into()),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            GpuError::Compile(log.to_string_lossy().into_owned())
-        }
-        other => GpuError::Compile(format!("{other:?}")),
-    })?;
-    let module = ctx.load_module(ptx).map_err(drv("module load"))?;
+    let module = compile_module(&ctx, arch, SOURCE, "intersect.cu", Vec::new())?;
     let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
     let kernels = Kernels {
         plan_o32: f("plan_o32")?,
