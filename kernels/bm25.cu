@@ -149,6 +149,19 @@ __device__ __forceinline__ void offer_any_order(Shared& sh, double s, u32 ord) {
     }
 }
 
+// Narrow every list but `lead` to the ordinals first..=last (a chunk of the lead list): list j
+// becomes [cur[j], seg[j]), searched from its cursor (thread j does list j; the caller syncs).
+__device__ __forceinline__ void narrow(Shared& sh, u32 m, u32 lead, const u32* __restrict__ post_ord,
+                                       u32 first, u32 last) {
+    const u32 tid = threadIdx.x;
+    if (tid < m && tid != lead) {
+        const u32* a = post_ord + sh.ls[tid];
+        u32 lo = lower_bound(a, sh.cur[tid], sh.ll[tid], first);
+        sh.cur[tid] = lo;
+        sh.seg[tid] = lower_bound(a, lo, sh.ll[tid], (u64)last + 1);
+    }
+}
+
 __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
                           const double* __restrict__ post_imp,
                           const double* __restrict__ ord_static) {
@@ -169,12 +182,7 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
         room(sh, k);
         // Narrow every other list to the ordinals of this chunk of the lead list.
         const u32 last = (base + THREADS < n ? base + THREADS : n) - 1;
-        if (tid < m && tid != lead) {
-            const u32* a = post_ord + sh.ls[tid];
-            u32 lo = lower_bound(a, sh.cur[tid], sh.ll[tid], lead_ord[base]);
-            sh.cur[tid] = lo;
-            sh.seg[tid] = lower_bound(a, lo, sh.ll[tid], (u64)lead_ord[last] + 1);
-        }
+        narrow(sh, m, lead, post_ord, lead_ord[base], lead_ord[last]);
         __syncthreads();
         const u32 i = base + tid;
         if (i < n) {
@@ -247,12 +255,7 @@ __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
         for (u32 base = 0; base < n; base += THREADS) {
             room(sh, k);
             const u32 last = (base + THREADS < n ? base + THREADS : n) - 1;
-            if (tid < m && tid != e) {
-                const u32* a = post_ord + sh.ls[tid];
-                u32 lo = lower_bound(a, sh.cur[tid], sh.ll[tid], lead_ord[base]);
-                sh.cur[tid] = lo;
-                sh.seg[tid] = lower_bound(a, lo, sh.ll[tid], (u64)lead_ord[last] + 1);
-            }
+            narrow(sh, m, e, post_ord, lead_ord[base], lead_ord[last]);
             __syncthreads();
             const u32 i = base + tid;
             if (i < n) {
