@@ -10,6 +10,8 @@
 //! on and off (`SET sets.similarity_join_rewrite`) gives the same multiset of rows, and the
 //! rule fires exactly when the threshold is one the join can take.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,15 +184,11 @@ fn batch(rows: &[Row], token_type: &str) -> RecordBatch {
 }
 
 fn context(batch_size: usize, partitions: usize) -> SessionContext {
-    let config = SessionConfig::new()
-        .with_batch_size(batch_size)
-        .with_target_partitions(partitions);
-    let state = SessionStateBuilder::new()
-        .with_config(config)
-        .with_default_features()
-        .with_sets()
-        .build();
-    SessionContext::new_with_state(state)
+    common::sets_session(
+        SessionConfig::new()
+            .with_batch_size(batch_size)
+            .with_target_partitions(partitions),
+    )
 }
 
 /// Register `rows` as `name`, split into up to 3 batches (and partitions).

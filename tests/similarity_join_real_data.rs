@@ -37,10 +37,8 @@ use std::time::Instant;
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type, UInt32Type};
-use datafusion::execution::SessionStateBuilder;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_sets::SessionStateBuilderExt;
 
 /// Unbuffered, uncaptured notes (libtest captures `println!`, not direct writes).
 macro_rules! note {
@@ -196,15 +194,11 @@ fn oracle(sets: &[Vec<u32>], measure: Measure, t: f64) -> Pairs {
 fn context() -> SessionContext {
     // Two partitions (this machine's cores), small batches: the parallel probe and the
     // batching of the output both run.
-    let config = SessionConfig::new()
-        .with_target_partitions(2)
-        .with_batch_size(4096);
-    let state = SessionStateBuilder::new()
-        .with_config(config)
-        .with_default_features()
-        .with_sets()
-        .build();
-    SessionContext::new_with_state(state)
+    common::sets_session(
+        SessionConfig::new()
+            .with_target_partitions(2)
+            .with_batch_size(4096),
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -47,17 +47,22 @@ async fn prepare(ctx: &SessionContext, setup: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Our suites: DataFusion's defaults plus datafusion-sets, 4 partitions for stable plans.
-pub async fn run_ours(path: &Path, setup: &[&str]) -> Result<()> {
-    let config = SessionConfig::new()
-        .with_target_partitions(4)
-        .with_information_schema(true);
+/// A session with DataFusion's defaults plus datafusion-sets, on `config`.
+pub fn sets_session(config: SessionConfig) -> SessionContext {
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
         .with_sets()
         .build();
-    let ctx = SessionContext::new_with_state(state);
+    SessionContext::new_with_state(state)
+}
+
+/// Our suites: DataFusion's defaults plus datafusion-sets, 4 partitions for stable plans.
+pub async fn run_ours(path: &Path, setup: &[&str]) -> Result<()> {
+    let config = SessionConfig::new()
+        .with_target_partitions(4)
+        .with_information_schema(true);
+    let ctx = sets_session(config);
     prepare(&ctx, setup).await?;
     let labels: &[&str] = if setup.iter().any(|s| s.contains("'gpu'")) {
         &["gpu"]
