@@ -52,6 +52,7 @@ use tokio::sync::OnceCell;
 use super::filter::{Collections, reserve};
 use super::stream::SimilarityJoinStream;
 use super::threshold::Threshold;
+use crate::config::BackendChoice;
 use crate::functions::set_similarity::{Measure, coerce_pair};
 
 /// One input of the join: a plan, its token column and (optionally) its id column.
@@ -136,6 +137,11 @@ pub(crate) struct Built {
     pub(crate) id_order: Option<(ArrayRef, DynComparator)>,
     /// Keeps the memory of `collections` and the columns accounted.
     pub(crate) _reservation: MemoryReservation,
+    /// The sets on the device, uploaded by the first partition that verifies on the GPU
+    /// (an error: the GPU could not take them, every partition verifies on the CPU).
+    pub(crate) device_sets: std::sync::OnceLock<
+        std::result::Result<Arc<crate::backend::gpu::DeviceSets>, crate::backend::gpu::GpuError>,
+    >,
 }
 
 impl Built {
@@ -170,6 +176,8 @@ pub struct SimilarityJoinExec {
     kind: OutputKind,
     schema: SchemaRef,
     partitions: usize,
+    /// Where candidates are verified (`sets.backend` when the plan was made).
+    backend: BackendChoice,
     build: Arc<OnceCell<Arc<Built>>>,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
@@ -337,10 +345,32 @@ impl SimilarityJoinExec {
             kind,
             schema,
             partitions,
+            backend: BackendChoice::Auto,
             build: Arc::new(OnceCell::new()),
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
+    }
+
+    /// This join with candidates verified by `backend` (`sets.backend`; the default is
+    /// `auto`: the GPU when one is present and the sets hold at least a million tokens).
+    pub fn with_backend(mut self, backend: BackendChoice) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Where candidates are verified, as `EXPLAIN` shows it.
+    fn backend_label(&self) -> String {
+        let gpu = || crate::backend::gpu::is_available();
+        match self.backend {
+            BackendChoice::Cpu => "cpu".into(),
+            BackendChoice::Auto if gpu() => {
+                "auto (gpu verification from 1048576 tokens)".into()
+            }
+            BackendChoice::Auto => "cpu".into(),
+            BackendChoice::Gpu if gpu() => "gpu".into(),
+            BackendChoice::Gpu => "cpu (no GPU)".into(),
+        }
     }
 
     /// The threshold.
@@ -444,7 +474,7 @@ impl DisplayAs for SimilarityJoinExec {
                         write!(f, ", output=[{}]", shown.join(", "))?;
                     }
                 }
-                write!(f, ", backend=cpu")
+                write!(f, ", backend={}", self.backend_label())
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "mode={mode}")?;
@@ -455,7 +485,7 @@ impl DisplayAs for SimilarityJoinExec {
                     self.threshold.comparison(),
                     self.threshold.value()
                 )?;
-                write!(f, "backend=cpu")
+                write!(f, "backend={}", self.backend_label())
             }
         }
     }
@@ -516,7 +546,8 @@ impl ExecutionPlan for SimilarityJoinExec {
             self.kind.clone(),
             Arc::clone(&self.schema),
             self.partitions,
-        )?))
+        )?
+        .with_backend(self.backend)))
     }
 
     /// A projection of plain columns folds into the output columns (so `count(*)` over the
@@ -553,7 +584,7 @@ impl ExecutionPlan for SimilarityJoinExec {
             projection.schema(),
             self.partitions,
         ) {
-            Ok(exec) => Ok(Some(Arc::new(exec))),
+            Ok(exec) => Ok(Some(Arc::new(exec.with_backend(self.backend)))),
             Err(_) => Ok(None),
         }
     }
@@ -591,6 +622,7 @@ impl ExecutionPlan for SimilarityJoinExec {
             self.columns.clone(),
             partition,
             self.partitions,
+            self.backend,
             context,
             &self.metrics,
         )
@@ -681,5 +713,6 @@ async fn build_collections(
         columns,
         id_order,
         _reservation: reservation,
+        device_sets: std::sync::OnceLock::new(),
     }))
 }

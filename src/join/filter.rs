@@ -398,6 +398,12 @@ impl Collections {
         self.sides.len()
     }
 
+    /// Every set's token ranks back to back, and where each set starts (`len() + 1`
+    /// entries): the layout the GPU verification uploads.
+    pub fn raw(&self) -> (&[u32], &[usize]) {
+        (&self.tokens, &self.starts)
+    }
+
     /// Set `p` (token ranks, ascending).
     #[inline]
     pub fn set(&self, p: usize) -> &[u32] {

@@ -74,7 +74,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
 use super::threshold::{Comparison, Threshold};
-use crate::config::SetsConfig;
+use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::cosine::Cosine;
 use crate::functions::dice::Dice;
 use crate::functions::jaccard::Jaccard;
@@ -108,8 +108,9 @@ impl PhysicalOptimizerRule for SimilarityJoinRewrite {
             return Ok(plan);
         }
         let partitions = config.execution.target_partitions;
+        let backend = SetsConfig::from_options(config).backend;
         plan.transform_up(|node| {
-            Ok(match rewrite(&node, partitions) {
+            Ok(match rewrite(&node, partitions, backend) {
                 Some(new) => Transformed::yes(new),
                 None => Transformed::no(node),
             })
@@ -127,7 +128,11 @@ impl PhysicalOptimizerRule for SimilarityJoinRewrite {
 }
 
 /// `node` rewritten, or `None` when it is not a join the rule can prove it may replace.
-fn rewrite(node: &Arc<dyn ExecutionPlan>, partitions: usize) -> Option<Arc<dyn ExecutionPlan>> {
+fn rewrite(
+    node: &Arc<dyn ExecutionPlan>,
+    partitions: usize,
+    backend: BackendChoice,
+) -> Option<Arc<dyn ExecutionPlan>> {
     let (left, right, predicate, projection) =
         if let Some(join) = node.downcast_ref::<NestedLoopJoinExec>() {
             if *join.join_type() != JoinType::Inner {
@@ -161,6 +166,7 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>, partitions: usize) -> Option<Arc<dyn E
         projection,
         node.schema(),
         partitions,
+        backend,
     );
     match planned {
         Ok(Some(new)) => {
@@ -254,6 +260,7 @@ fn plan(
     projection: Option<Vec<usize>>,
     target: SchemaRef,
     partitions: usize,
+    backend: BackendChoice,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let (left_schema, right_schema) = (left.schema(), right.schema());
     let nl = left_schema.fields().len();
@@ -310,7 +317,8 @@ fn plan(
             output.iter().map(|&c| column(c)).collect(),
             Arc::clone(&target),
             partitions,
-        )?)
+        )?
+        .with_backend(backend))
     } else {
         // The join emits the columns the other conjuncts and the output need; a filter with
         // the join's projection does the rest.
@@ -337,7 +345,8 @@ fn plan(
             needed.iter().map(|&c| column(c)).collect(),
             schema,
             partitions,
-        )?;
+        )?
+        .with_backend(backend);
         let position = |c: usize| needed.binary_search(&c).unwrap_or(usize::MAX);
         let residual = residual
             .transform(|e| {

@@ -23,12 +23,58 @@ use datafusion::physical_plan::metrics::{
 use futures::Stream;
 
 use super::exec::{Built, JoinColumn};
-use super::filter::{Scratch, reserve, verify_candidate};
+use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
+use crate::backend::gpu::{self, DeviceSets, GpuError, PairToVerify, VERIFY_NONE, VerifyTimings};
+use crate::config::BackendChoice;
 use crate::functions::set_similarity::Measure;
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
 const WORK_PER_POLL: usize = 1 << 14;
+/// Candidate pairs per chunk sent to the GPU (one chunk verified while the next is filtered).
+const CHUNK_PAIRS: usize = 1 << 18;
+/// Smallest chunk when the memory pool refuses the default (smaller still: the CPU verifies).
+const MIN_CHUNK_PAIRS: usize = 1 << 14;
+/// With `sets.backend = 'auto'`, the GPU verifies when the sets hold at least this many
+/// tokens (smaller joins do not repay the upload and the launches).
+const AUTO_GPU_MIN_TOKENS: usize = 1 << 20;
+
+/// A chunk's device answer (with the chunk, so a failed call can be verified on the CPU).
+type ChunkResult = (
+    Arc<Vec<PairToVerify>>,
+    std::result::Result<(Vec<u32>, VerifyTimings), GpuError>,
+);
+
+/// GPU verification of one partition: the chunk being filled and the one in flight.
+struct GpuVerify {
+    sets: Arc<DeviceSets>,
+    chunk: Vec<PairToVerify>,
+    capacity: usize,
+    inflight: Option<tokio::task::JoinHandle<ChunkResult>>,
+    inflight_chunk: Option<Arc<Vec<PairToVerify>>>,
+    _reservation: MemoryReservation,
+}
+
+enum Verifier {
+    Cpu,
+    Gpu(Box<GpuVerify>),
+}
+
+/// `DFSETS_SJ_FILTER_ONLY=1` (benchmarks only): candidates are counted as pairs without
+/// verification, to time the filter alone. Logged as a warning; never for real answers.
+fn filter_only() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        let on = std::env::var("DFSETS_SJ_FILTER_ONLY").is_ok_and(|v| v == "1");
+        if on {
+            log::warn!(
+                "datafusion-sets: DFSETS_SJ_FILTER_ONLY=1: similarity joins skip verification \
+                 (benchmarking only; the results are candidates, not answers)"
+            );
+        }
+        on
+    })
+}
 
 type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
 
@@ -55,6 +101,8 @@ pub(crate) struct SimilarityJoinStream {
     context: Arc<TaskContext>,
     scratch: Scratch,
     scratch_reservation: Option<MemoryReservation>,
+    backend: BackendChoice,
+    verifier: Verifier,
     // Pairs found and not yet emitted.
     left_rows: Vec<u32>,
     right_rows: Vec<u32>,
@@ -67,6 +115,12 @@ pub(crate) struct SimilarityJoinStream {
     verified: Count,
     filter_time: Time,
     verify_time: Time,
+    gpu_chunks: Count,
+    gpu_pairs: Count,
+    bytes_to_device: Count,
+    bytes_from_device: Count,
+    gpu_kernel_time: Time,
+    gpu_call_time: Time,
 }
 
 impl SimilarityJoinStream {
@@ -81,6 +135,7 @@ impl SimilarityJoinStream {
         columns: Vec<JoinColumn>,
         partition: usize,
         partitions: usize,
+        backend: BackendChoice,
         context: Arc<TaskContext>,
         metrics: &ExecutionPlanMetricsSet,
     ) -> Result<Self> {
@@ -97,6 +152,8 @@ impl SimilarityJoinStream {
             context,
             scratch: Scratch::default(),
             scratch_reservation: None,
+            backend,
+            verifier: Verifier::Cpu,
             left_rows: Vec::new(),
             right_rows: Vec::new(),
             scores: Vec::new(),
@@ -107,6 +164,12 @@ impl SimilarityJoinStream {
             verified: MetricBuilder::new(metrics).counter("verified", partition),
             filter_time: MetricBuilder::new(metrics).subset_time("filter_time", partition),
             verify_time: MetricBuilder::new(metrics).subset_time("verify_time", partition),
+            gpu_chunks: MetricBuilder::new(metrics).counter("gpu_chunks", partition),
+            gpu_pairs: MetricBuilder::new(metrics).counter("gpu_pairs", partition),
+            bytes_to_device: MetricBuilder::new(metrics).counter("bytes_to_device", partition),
+            bytes_from_device: MetricBuilder::new(metrics).counter("bytes_from_device", partition),
+            gpu_kernel_time: MetricBuilder::new(metrics).subset_time("gpu_kernel_time", partition),
+            gpu_call_time: MetricBuilder::new(metrics).subset_time("gpu_call_time", partition),
         })
     }
 
@@ -118,6 +181,7 @@ impl SimilarityJoinStream {
         reserve(&reservation, Scratch::bytes_for(sets), "the probe buffers")?;
         self.scratch = Scratch::new(sets);
         self.scratch_reservation = Some(reservation);
+        self.verifier = self.choose_verifier(&built);
         self.state = State::Probing {
             built,
             next: self.partition,
@@ -125,7 +189,57 @@ impl SimilarityJoinStream {
         Ok(())
     }
 
-    /// Probe set `p` and record its pairs. Returns the work it took.
+    /// The GPU verifier when the backend and the data call for it and the device takes the
+    /// sets; else the CPU (the reason in the debug log).
+    fn choose_verifier(&self, built: &Built) -> Verifier {
+        let (tokens, starts) = built.collections.raw();
+        let wanted = match self.backend {
+            BackendChoice::Cpu => false,
+            BackendChoice::Gpu => true,
+            BackendChoice::Auto => tokens.len() >= AUTO_GPU_MIN_TOKENS,
+        };
+        if !wanted || filter_only() || built.collections.len() == 0 {
+            return Verifier::Cpu;
+        }
+        let sets = built
+            .device_sets
+            .get_or_init(|| gpu::upload_sets(tokens, starts).map(Arc::new));
+        let sets = match sets {
+            Ok(s) => Arc::clone(s),
+            Err(e) => {
+                log::debug!("datafusion-sets: similarity_join verifies on the CPU: {e}");
+                return Verifier::Cpu;
+            }
+        };
+        let reservation =
+            MemoryConsumer::new(format!("SimilarityJoinExec[gpu chunks {}]", self.partition))
+                .register(self.context.memory_pool());
+        // Two chunks live at a time (one filling, one in flight) plus the device's answers.
+        let per_pair = 2 * size_of::<PairToVerify>() + size_of::<u32>();
+        let mut capacity = CHUNK_PAIRS;
+        while reservation.try_grow(capacity * per_pair).is_err() {
+            capacity /= 4;
+            if capacity < MIN_CHUNK_PAIRS {
+                log::debug!(
+                    "datafusion-sets: similarity_join verifies on the CPU: the memory pool \
+                     refused the GPU chunk buffers"
+                );
+                return Verifier::Cpu;
+            }
+        }
+        self.bytes_to_device.add(sets.bytes() as usize);
+        Verifier::Gpu(Box::new(GpuVerify {
+            sets,
+            chunk: Vec::with_capacity(capacity),
+            capacity,
+            inflight: None,
+            inflight_chunk: None,
+            _reservation: reservation,
+        }))
+    }
+
+    /// Probe set `p`: its candidates are verified now (CPU) or queued for the device.
+    /// Returns the work it took.
     fn probe(&mut self, built: &Built, p: usize) -> usize {
         let coll = &built.collections;
         let t0 = Instant::now();
@@ -133,53 +247,200 @@ impl SimilarityJoinStream {
         let t1 = Instant::now();
         self.candidates.add(met);
         self.verified.add(self.scratch.candidates.len());
-        let exact = self.exact;
-        let materialize = self.materialize;
+        self.filter_time.add_duration(t1 - t0);
+        let work = 1 + met + self.scratch.candidates.len();
+        if filter_only() {
+            let c = std::mem::take(&mut self.scratch.candidates);
+            for c in &c {
+                self.record(built, p as u32, c.set, u64::from(c.overlap));
+            }
+            self.scratch.candidates = c;
+            return work;
+        }
+        if let Verifier::Gpu(gv) = &mut self.verifier {
+            gv.chunk
+                .extend(self.scratch.candidates.iter().map(|c| PairToVerify {
+                    x: p as u32,
+                    y: c.set,
+                    alpha: c.alpha,
+                    overlap: c.overlap,
+                    from_x: c.from_x,
+                    from_y: c.from_y,
+                }));
+            return work;
+        }
         let x = coll.set(p);
-        let n = x.len() as u64;
-        let measure = self.threshold.measure();
-        for c in &self.scratch.candidates {
-            let q = c.set;
-            let y = coll.set(q as usize);
+        let exact = self.exact;
+        let candidates = std::mem::take(&mut self.scratch.candidates);
+        for c in &candidates {
+            let y = coll.set(c.set as usize);
             let verified = if exact {
                 verify_candidate::<true>(x, y, c)
             } else {
                 verify_candidate::<false>(x, y, c)
             };
-            let Some(o) = verified else {
-                continue;
-            };
-            let (rp, rq) = (coll.row(p), coll.row(q as usize));
-            let (l, r) = match &built.id_order {
-                Some((ids, order)) => {
-                    if ids.is_null(rp as usize) || ids.is_null(rq as usize) {
-                        continue;
-                    }
-                    match order(rp as usize, rq as usize) {
-                        std::cmp::Ordering::Less => (rp, rq),
-                        std::cmp::Ordering::Greater => (rq, rp),
-                        std::cmp::Ordering::Equal => continue,
-                    }
+            if let Some(o) = verified {
+                self.record(built, p as u32, c.set, o);
+            }
+        }
+        self.scratch.candidates = candidates;
+        self.verify_time.add_elapsed(t1);
+        work
+    }
+
+    /// Record the verified pair of sets `p` (the probe) and `q` with overlap `o`.
+    fn record(&mut self, built: &Built, p: u32, q: u32, o: u64) {
+        let coll = &built.collections;
+        let (rp, rq) = (coll.row(p as usize), coll.row(q as usize));
+        let (l, r) = match &built.id_order {
+            Some((ids, order)) => {
+                if ids.is_null(rp as usize) || ids.is_null(rq as usize) {
+                    return;
                 }
-                None if coll.side(p) == 0 => (rp, rq),
-                None => (rq, rp),
-            };
-            self.pending += 1;
-            if materialize {
-                self.left_rows.push(l);
-                self.right_rows.push(r);
-                if exact {
-                    let m = y.len() as u64;
-                    match measure {
-                        Measure::Overlap => self.overlaps.push(o),
-                        _ => self.scores.push(measure.score(o, n, m)),
-                    }
+                match order(rp as usize, rq as usize) {
+                    std::cmp::Ordering::Less => (rp, rq),
+                    std::cmp::Ordering::Greater => (rq, rp),
+                    std::cmp::Ordering::Equal => return,
+                }
+            }
+            None if coll.side(p as usize) == 0 => (rp, rq),
+            None => (rq, rp),
+        };
+        self.pending += 1;
+        if self.materialize {
+            self.left_rows.push(l);
+            self.right_rows.push(r);
+            if self.exact {
+                let n = coll.set(p as usize).len() as u64;
+                let m = coll.set(q as usize).len() as u64;
+                match self.threshold.measure() {
+                    Measure::Overlap => self.overlaps.push(o),
+                    measure => self.scores.push(measure.score(o, n, m)),
                 }
             }
         }
-        self.filter_time.add_duration(t1 - t0);
-        self.verify_time.add_elapsed(t1);
-        1 + met + self.scratch.candidates.len()
+    }
+
+    /// The pairs of a verified chunk: the device's answers, or the CPU's when the device
+    /// failed (then the CPU verifies the rest of the join too).
+    fn take_chunk(&mut self, built: &Built, result: ChunkResult) {
+        let (chunk, answer) = result;
+        match answer {
+            Ok((overlaps, t)) if overlaps.len() == chunk.len() => {
+                self.gpu_chunks.add(1);
+                self.gpu_pairs.add(chunk.len());
+                self.bytes_to_device.add(t.h2d_bytes as usize);
+                self.bytes_from_device.add(t.d2h_bytes as usize);
+                self.gpu_kernel_time
+                    .add_duration(std::time::Duration::from_secs_f64(t.kernel_ms / 1e3));
+                self.gpu_call_time
+                    .add_duration(std::time::Duration::from_secs_f64(t.total_ms / 1e3));
+                for (pair, &o) in chunk.iter().zip(&overlaps) {
+                    if o != VERIFY_NONE {
+                        self.record(built, pair.x, pair.y, u64::from(o));
+                    }
+                }
+            }
+            other => {
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the device answered a wrong number of pairs".to_string(),
+                };
+                log::debug!(
+                    "datafusion-sets: similarity_join GPU verification failed ({why}); the CPU \
+                     verifies the rest"
+                );
+                self.verify_on_cpu(built, &chunk);
+                if let Verifier::Gpu(gv) = &mut self.verifier {
+                    let rest = std::mem::take(&mut gv.chunk);
+                    self.verifier = Verifier::Cpu;
+                    self.verify_on_cpu(built, &rest);
+                }
+            }
+        }
+    }
+
+    fn verify_on_cpu(&mut self, built: &Built, pairs: &[PairToVerify]) {
+        let t0 = Instant::now();
+        let coll = &built.collections;
+        for pair in pairs {
+            let c = Candidate {
+                set: pair.y,
+                alpha: pair.alpha,
+                overlap: pair.overlap,
+                from_x: pair.from_x,
+                from_y: pair.from_y,
+            };
+            let (x, y) = (coll.set(pair.x as usize), coll.set(pair.y as usize));
+            let verified = if self.exact {
+                verify_candidate::<true>(x, y, &c)
+            } else {
+                verify_candidate::<false>(x, y, &c)
+            };
+            if let Some(o) = verified {
+                self.record(built, pair.x, pair.y, o);
+            }
+        }
+        self.verify_time.add_elapsed(t0);
+    }
+
+    /// Move the GPU pipeline on: take the answers of the chunk in flight when they are
+    /// there (or must be: `wait`), then send the filled chunk when the device is free and
+    /// the chunk is full or `flush`. `Poll::Pending`: waiting on the device (woken by it).
+    fn advance_gpu(
+        &mut self,
+        built: &Built,
+        cx: &mut Context<'_>,
+        flush: bool,
+    ) -> Poll<()> {
+        let Verifier::Gpu(gv) = &mut self.verifier else {
+            return Poll::Ready(());
+        };
+        let full = gv.chunk.len() >= gv.capacity;
+        if let Some(handle) = gv.inflight.as_mut() {
+            if !(full || flush || handle.is_finished()) {
+                return Poll::Ready(());
+            }
+            let joined = match Pin::new(handle).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r,
+            };
+            gv.inflight = None;
+            let chunk = gv.inflight_chunk.take().unwrap_or_default();
+            let result = joined.unwrap_or_else(|e| {
+                (chunk, Err(GpuError::Panic(format!("verification task: {e}"))))
+            });
+            self.take_chunk(built, result);
+        }
+        let Verifier::Gpu(gv) = &mut self.verifier else {
+            return Poll::Ready(());
+        };
+        if gv.inflight.is_none()
+            && !gv.chunk.is_empty()
+            && (gv.chunk.len() >= gv.capacity || flush)
+        {
+            let chunk = Arc::new(std::mem::replace(
+                &mut gv.chunk,
+                Vec::with_capacity(gv.capacity),
+            ));
+            let (sets, sent, exact) = (Arc::clone(&gv.sets), Arc::clone(&chunk), self.exact);
+            gv.inflight_chunk = Some(chunk);
+            gv.inflight = Some(tokio::task::spawn_blocking(move || {
+                let answer = gpu::verify_pairs(&sets, &sent, exact);
+                (sent, answer)
+            }));
+        }
+        Poll::Ready(())
+    }
+
+    /// Whether the GPU pipeline holds pairs not yet verified.
+    fn gpu_busy(&self) -> bool {
+        matches!(&self.verifier, Verifier::Gpu(gv) if gv.inflight.is_some() || !gv.chunk.is_empty())
+    }
+
+    /// Whether the chunk being filled is full (filtering waits for the device).
+    fn chunk_full(&self) -> bool {
+        matches!(&self.verifier, Verifier::Gpu(gv) if gv.chunk.len() >= gv.capacity)
     }
 
     /// The next `k` pending pairs as a batch.
@@ -246,16 +507,29 @@ impl SimilarityJoinStream {
                     let timer = elapsed.timer();
                     let mut work = 0;
                     let len = built.collections.len();
-                    while self.pending < self.batch_size && p < len && work < WORK_PER_POLL {
+                    let mut waiting = false;
+                    if self.pending < self.batch_size {
+                        waiting = self.advance_gpu(&built, cx, p >= len).is_pending();
+                    }
+                    while self.pending < self.batch_size
+                        && p < len
+                        && work < WORK_PER_POLL
+                        && !self.chunk_full()
+                    {
                         work += self.probe(&built, p);
                         p += self.partitions;
                     }
                     if let State::Probing { next, .. } = &mut self.state {
                         *next = p;
                     }
+                    if !waiting && self.pending < self.batch_size && (p >= len || self.chunk_full())
+                    {
+                        waiting = self.advance_gpu(&built, cx, p >= len).is_pending();
+                    }
+                    let finished = p >= len && !self.gpu_busy();
                     let result = if self.pending >= self.batch_size {
                         Some(self.emit(&built, self.batch_size))
-                    } else if p >= len && self.pending > 0 {
+                    } else if finished && self.pending > 0 {
                         Some(self.emit(&built, self.pending))
                     } else {
                         None
@@ -264,12 +538,17 @@ impl SimilarityJoinStream {
                     if let Some(batch) = result {
                         return Poll::Ready(Some(batch));
                     }
-                    if p >= len {
+                    if finished {
                         self.state = State::Done;
                         self.scratch = Scratch::default();
                         self.scratch_reservation = None;
+                        self.verifier = Verifier::Cpu;
                         self.baseline.done();
                         return Poll::Ready(None);
+                    }
+                    if waiting {
+                        // The device's task wakes this stream when its chunk is verified.
+                        return Poll::Pending;
                     }
                     // Out of budget for this poll: let other tasks (and cancellation) in.
                     cx.waker().wake_by_ref();

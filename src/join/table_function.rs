@@ -27,6 +27,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::exec::{JoinInput, SimilarityJoinExec, output_schema};
 use super::threshold::{Comparison, Threshold};
+use crate::config::SetsConfig;
 use crate::functions::common::list_element_type;
 use crate::functions::set_similarity::Measure;
 use crate::table_args::{literal, resolve_table, string_arg};
@@ -200,12 +201,16 @@ impl TableProvider for SimilarityJoinTable {
             None => None,
         };
         let partitions = state.config().target_partitions();
-        Ok(Arc::new(SimilarityJoinExec::try_new(
-            left,
-            right,
-            self.threshold,
-            projection.cloned(),
-            partitions,
-        )?))
+        let backend = SetsConfig::from_options(state.config_options()).backend;
+        Ok(Arc::new(
+            SimilarityJoinExec::try_new(
+                left,
+                right,
+                self.threshold,
+                projection.cloned(),
+                partitions,
+            )?
+            .with_backend(backend),
+        ))
     }
 }

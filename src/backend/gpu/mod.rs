@@ -26,6 +26,10 @@ mod bm25;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+mod simjoin;
+#[cfg(feature = "cuda")]
+pub use simjoin::{DeviceSets, upload_sets, verify_pairs};
+#[cfg(feature = "cuda")]
 pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
 pub use cuda::{device, intersect, measure_ceilings};
@@ -33,7 +37,10 @@ pub use cuda::{device, intersect, measure_ceilings};
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{bm25_evict, bm25_topk, device, intersect, measure_ceilings};
+pub use stub::{
+    DeviceSets, bm25_evict, bm25_topk, device, intersect, measure_ceilings, upload_sets,
+    verify_pairs,
+};
 
 /// The device the backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,6 +134,39 @@ pub struct Bm25Output {
 
 /// Ranks one query of a BM25 batch on the CPU (by its index in the batch).
 pub type Bm25Cpu<'a> = dyn Fn(usize) -> Vec<crate::search::topk::Hit> + Sync + 'a;
+
+/// A candidate pair of the similarity join for [`verify_pairs`] (the layout of `Pair` in
+/// `kernels/simjoin.cu`): sets `x` (the probe) and `y` by position in [`upload_sets`]'s
+/// order, the minimum overlap `alpha`, the common tokens the filter already counted, and
+/// where the merge resumes in each set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PairToVerify {
+    pub x: u32,
+    pub y: u32,
+    pub alpha: u32,
+    pub overlap: u32,
+    pub from_x: u32,
+    pub from_y: u32,
+}
+
+/// [`verify_pairs`]'s answer for a pair below its minimum overlap.
+pub const VERIFY_NONE: u32 = u32::MAX;
+
+/// What one [`verify_pairs`] call did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VerifyTimings {
+    /// Both kernels (device time, from CUDA events).
+    pub kernel_ms: f64,
+    /// The whole call (staging, copies, kernels, the wait).
+    pub total_ms: f64,
+    pub h2d_bytes: u64,
+    pub d2h_bytes: u64,
+    /// Probe sets verified a block each (their short pairs).
+    pub groups: u64,
+    /// Pairs verified a block each (long remainders, merge-path partitioned).
+    pub large_pairs: u64,
+}
 
 /// Whether a GPU is usable by this process (initializing the backend on first call).
 pub fn is_available() -> bool {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Bm25Batch, Bm25Cpu, Bm25Output, Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode,
-    RowValidity,
+    PairToVerify, RowValidity, VerifyTimings,
 };
 use crate::backend::cpu::SetElem;
 use crate::search::index::InvertedIndex;
@@ -44,3 +44,38 @@ pub fn bm25_topk(
 
 /// Drop the resident BM25 index: nothing to drop without the `cuda` feature.
 pub fn bm25_evict() {}
+
+/// Sets on the device: never made without the `cuda` feature.
+#[derive(Debug)]
+pub struct DeviceSets(());
+
+impl DeviceSets {
+    /// Bytes copied to the device for the sets.
+    pub fn bytes(&self) -> u64 {
+        0
+    }
+
+    /// Number of sets.
+    pub fn len(&self) -> usize {
+        0
+    }
+
+    /// Whether there are no sets.
+    pub fn is_empty(&self) -> bool {
+        true
+    }
+}
+
+/// Similarity-join sets on the device: not available without the `cuda` feature.
+pub fn upload_sets(_tokens: &[u32], _starts: &[usize]) -> Result<DeviceSets, GpuError> {
+    Err(GpuError::NotCompiled)
+}
+
+/// Similarity-join verification: not available without the `cuda` feature.
+pub fn verify_pairs(
+    _sets: &DeviceSets,
+    _pairs: &[PairToVerify],
+    _exact: bool,
+) -> Result<(Vec<u32>, VerifyTimings), GpuError> {
+    Err(GpuError::NotCompiled)
+}

@@ -1,0 +1,148 @@
+// Verification of the candidate pairs of the exact set similarity join (src/join), on the
+// device. Compiled at run time with NVRTC (src/backend/gpu/simjoin.rs).
+//
+// The sets live on the device for the whole join: `tokens` holds every set's token ranks
+// (ascending, distinct), set s is tokens[starts[s] .. starts[s + 1]]. A chunk of candidate
+// pairs comes from the CPU's filter (the Bellas & Gounaris layout: the pairs of one probe
+// set are contiguous), each with what the filter already counted: the overlap of the
+// prefixes and where to resume the merge. The answer per pair is its overlap, or NONE when
+// it cannot reach `alpha` (the pair's minimum overlap for the threshold).
+//
+// Two layouts, as in the paper, chosen per pair by the host from what is left to merge:
+// - verify_groups: one block per probe set; the probe set is read into shared memory once
+//   and each thread verifies one candidate against it with the early-terminating merge
+//   (the CPU's `verify`: the same branch-free steps and stops);
+// - verify_large: one block per pair; the two remainders are cut into equal parts of the
+//   merge path (Intersect Path), each thread counts the matches of its part, the block sums.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define NONE 0xffffffffu
+#define GROUP_THREADS 128
+#define LARGE_THREADS 256
+// Tokens of a probe set kept in shared memory (longer probe sets are read from global memory).
+#define SHARED_TOKENS 3072
+
+struct Pair {
+    u32 x;      // probe set
+    u32 y;      // candidate set
+    u32 alpha;  // minimum overlap
+    u32 overlap; // common tokens the filter counted
+    u32 from_x; // resume positions
+    u32 from_y;
+};
+
+// counted + |a ∩ b| if it reaches alpha, else NONE; with exact == 0 it may stop once alpha is
+// reached (the count is then a lower bound). `a` may be in shared memory.
+__device__ __forceinline__ u32 verify_merge(const u32* a, u32 na, const u32* __restrict__ b,
+                                            u32 nb, u32 alpha, u32 counted, int exact) {
+    u32 need = alpha > counted ? alpha - counted : 0;
+    if (!exact && need == 0) return counted;
+    if (na < need || nb < need) return NONE;
+    long long slack_a = (long long)(na - need);
+    long long slack_b = (long long)(nb - need);
+    u32 i = 0, j = 0, o = 0;
+    while (i < na && j < nb) {
+        u32 x = a[i], y = b[j];
+        slack_a -= (x < y);
+        slack_b -= (y < x);
+        o += (x == y);
+        i += (x <= y);
+        j += (y <= x);
+        if ((slack_a | slack_b) < 0) return NONE;
+        if (!exact && o >= need) return counted + o;
+    }
+    return o >= need ? counted + o : NONE;
+}
+
+// One block per group: pairs[group_start[g] .. group_start[g + 1]] share their probe set.
+extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
+verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
+              const Pair* __restrict__ pairs, const u32* __restrict__ group_pairs,
+              const u32* __restrict__ group_start, u32 groups, int exact,
+              u32* __restrict__ out) {
+    __shared__ u32 xs[SHARED_TOKENS];
+    for (u32 g = blockIdx.x; g < groups; g += gridDim.x) {
+        u32 p0 = group_start[g], p1 = group_start[g + 1];
+        u32 x = pairs[group_pairs[p0]].x;
+        u64 xb = starts[x];
+        u32 nx = (u32)(starts[x + 1] - xb);
+        const u32* a = tokens + xb;
+        if (nx <= SHARED_TOKENS) {
+            __syncthreads();
+            for (u32 t = threadIdx.x; t < nx; t += blockDim.x) xs[t] = a[t];
+            __syncthreads();
+            a = xs;
+        }
+        for (u32 k = p0 + threadIdx.x; k < p1; k += blockDim.x) {
+            u32 idx = group_pairs[k];
+            Pair p = pairs[idx];
+            u64 yb = starts[p.y];
+            u32 ny = (u32)(starts[p.y + 1] - yb);
+            u32 r = NONE;
+            if (p.from_x <= nx && p.from_y <= ny) {
+                r = verify_merge(a + p.from_x, nx - p.from_x, tokens + yb + p.from_y,
+                                 ny - p.from_y, p.alpha, p.overlap, exact);
+            }
+            out[idx] = r;
+        }
+    }
+}
+
+// Where diagonal d of the merge path of a (na) and b (nb) crosses: the number of a's tokens
+// among the first d merged (ties taken from a first).
+__device__ __forceinline__ u32 merge_split(const u32* __restrict__ a, u32 na,
+                                           const u32* __restrict__ b, u32 nb, u32 d) {
+    u32 lo = d > nb ? d - nb : 0;
+    u32 hi = d < na ? d : na;
+    while (lo < hi) {
+        u32 mid = (lo + hi) >> 1;
+        if (a[mid] <= b[d - 1 - mid]) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// One block per pair (large remainders): pairs[large[i]] for i in 0..n_large.
+extern "C" __global__ void __launch_bounds__(LARGE_THREADS)
+verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
+             const Pair* __restrict__ pairs, const u32* __restrict__ large, u32 n_large,
+             u32* __restrict__ out) {
+    __shared__ u32 warp_sums[LARGE_THREADS / 32];
+    for (u32 l = blockIdx.x; l < n_large; l += gridDim.x) {
+        u32 idx = large[l];
+        Pair p = pairs[idx];
+        u64 xb = starts[p.x], yb = starts[p.y];
+        u32 nx = (u32)(starts[p.x + 1] - xb), ny = (u32)(starts[p.y + 1] - yb);
+        bool ok = p.from_x <= nx && p.from_y <= ny;
+        const u32* a = tokens + xb + (ok ? p.from_x : 0);
+        const u32* b = tokens + yb + (ok ? p.from_y : 0);
+        u32 na = ok ? nx - p.from_x : 0, nb = ok ? ny - p.from_y : 0;
+        u64 total = (u64)na + nb;
+        u32 d0 = (u32)(total * threadIdx.x / blockDim.x);
+        u32 d1 = (u32)(total * (threadIdx.x + 1) / blockDim.x);
+        u32 i = merge_split(a, na, b, nb, d0);
+        u32 j = d0 - i;
+        u32 o = 0;
+        for (u32 s = d0; s < d1; ++s) {
+            // Take a[i] when b is exhausted or a[i] <= b[j]; b[j] is then the first token of b
+            // not below a[i], so a[i] is common iff they are equal.
+            if (j >= nb || (i < na && a[i] <= b[j])) {
+                o += (j < nb && a[i] == b[j]);
+                ++i;
+            } else {
+                ++j;
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1) o += __shfl_down_sync(0xffffffffu, o, off);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = o;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 sum = 0;
+            for (u32 w = 0; w < blockDim.x / 32; ++w) sum += warp_sums[w];
+            u32 all = p.overlap + sum;
+            out[idx] = (ok && all >= p.alpha) ? all : NONE;
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! Verification of similarity-join candidates on the device (`kernels/simjoin.cu`): the
+//! host side.
+//!
+//! - [`upload_sets`] copies one join's sets (token ranks, CSR) to the device once; they stay
+//!   there while the join's [`DeviceSets`] lives.
+//! - [`verify_pairs`] verifies one chunk of candidate pairs: the chunk goes up in one copy
+//!   (pairs, then the two layouts' work lists, built here), two launches (a block per probe
+//!   set for short remainders, a block per pair, merge-path partitioned, for long ones), and
+//!   one copy back of an overlap per pair ([`VERIFY_NONE`]: below its minimum overlap).
+//!
+//! The answers equal the CPU's `join::filter::verify` (same counts; with `exact = false` a
+//! passing pair's count may be any value from `alpha` up to its overlap, as on the CPU).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use cudarc::driver::result;
+use cudarc::driver::{CudaEvent, CudaFunction};
+
+use super::cuda::{
+    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
+};
+use super::{GpuError, PairToVerify, VerifyTimings};
+
+const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
+/// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
+const GROUP_THREADS: u32 = 128;
+const LARGE_THREADS: u32 = 256;
+/// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
+/// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
+const LARGE_FROM: u64 = 1024;
+
+struct Kernels {
+    groups: CudaFunction,
+    large: CudaFunction,
+    /// Blocks of a full grid of each (resident blocks on every SM).
+    groups_grid: u32,
+    large_grid: u32,
+}
+
+static KERNELS: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
+
+fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
+    KERNELS
+        .get_or_init(|| {
+            let (major, minor) = g.info.compute_capability;
+            let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+            let module = compile_module(&g.ctx, arch, SOURCE, "simjoin.cu", Vec::new())?;
+            let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
+            let (groups, large) = (f("verify_groups")?, f("verify_large")?);
+            let grid = |k: &CudaFunction, threads: u32| -> Result<u32, GpuError> {
+                let per_sm = k
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                    .map_err(drv("occupancy"))?
+                    .max(1);
+                Ok(g.info.multiprocessors * per_sm)
+            };
+            Ok(Kernels {
+                groups_grid: grid(&groups, GROUP_THREADS)?,
+                large_grid: grid(&large, LARGE_THREADS)?,
+                groups,
+                large,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn large_from() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("DFSETS_SJ_LARGE_FROM")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(LARGE_FROM)
+    })
+}
+
+/// One join's sets on the device (freed when dropped).
+pub struct DeviceSets {
+    tokens: Option<DevBuf>,
+    starts: Option<DevBuf>,
+    /// Size of every set (host copy: the layout choice reads it).
+    sizes: Vec<u32>,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for DeviceSets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceSets")
+            .field("sets", &self.sizes.len())
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl DeviceSets {
+    /// Bytes copied to the device for the sets.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Number of sets.
+    pub fn len(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Whether there are no sets.
+    pub fn is_empty(&self) -> bool {
+        self.sizes.is_empty()
+    }
+}
+
+impl Drop for DeviceSets {
+    fn drop(&mut self) {
+        // The buffers are freed with the context bound to this thread (any thread may drop).
+        if let Ok(g) = gpu() {
+            let _lock = g.workspace.lock();
+            if g.ctx.bind_to_thread().is_ok() {
+                self.tokens = None;
+                self.starts = None;
+            }
+        }
+        // Without a usable context the buffers leak rather than free in the wrong context.
+        std::mem::forget(self.tokens.take());
+        std::mem::forget(self.starts.take());
+    }
+}
+
+/// Copy sets to the device: set `s` is `tokens[starts[s]..starts[s + 1]]`, ascending and
+/// distinct (the join's token ranks).
+pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuError> {
+    if starts.is_empty()
+        || starts[starts.len() - 1] != tokens.len()
+        || starts.windows(2).any(|w| w[0] > w[1] || w[1] - w[0] > u32::MAX as usize)
+    {
+        return Err(GpuError::Unsupported("malformed set offsets".into()));
+    }
+    let g = gpu()?;
+    let _ws = g.workspace.lock().unwrap_or_else(|p| p.into_inner());
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let starts64: Vec<u64> = starts.iter().map(|&s| s as u64).collect();
+    let up = |v: &[u8]| -> Result<DevBuf, GpuError> {
+        let bytes = v.len().max(256);
+        // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v` into
+        // it (the context is bound above).
+        unsafe {
+            let ptr = result::malloc_sync(bytes).map_err(drv("set allocation"))?;
+            let buf = DevBuf { ptr, bytes };
+            if !v.is_empty() {
+                result::memcpy_htod_sync(ptr, v).map_err(drv("set upload"))?;
+            }
+            Ok(buf)
+        }
+    };
+    let res = catch_unwind(AssertUnwindSafe(|| -> Result<DeviceSets, GpuError> {
+        Ok(DeviceSets {
+            tokens: Some(up(bytes_of(tokens))?),
+            starts: Some(up(bytes_of(&starts64))?),
+            sizes: starts.windows(2).map(|w| (w[1] - w[0]) as u32).collect(),
+            bytes: (tokens.len() * 4 + starts64.len() * 8) as u64,
+        })
+    }))
+    .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+    if let Err(e @ (GpuError::Panic(_) | GpuError::Driver { .. })) = &res {
+        g.mark_broken(e);
+    }
+    res
+}
+
+/// Verify a chunk of candidate pairs against sets on the device: `out[i]` is pair `i`'s
+/// overlap (the filter's count included) or [`super::VERIFY_NONE`]. `exact = false` lets a
+/// passing pair stop counting at its `alpha`.
+pub fn verify_pairs(
+    sets: &DeviceSets,
+    pairs: &[PairToVerify],
+    exact: bool,
+) -> Result<(Vec<u32>, VerifyTimings), GpuError> {
+    let n = sets.sizes.len() as u32;
+    if pairs.iter().any(|p| p.x >= n || p.y >= n) {
+        return Err(GpuError::Unsupported(
+            "candidate pair names a set out of range".into(),
+        ));
+    }
+    let mut t = VerifyTimings::default();
+    if pairs.is_empty() {
+        return Ok((Vec::new(), t));
+    }
+    if pairs.len() >= u32::MAX as usize {
+        return Err(GpuError::Unsupported("too many pairs in one chunk".into()));
+    }
+    let g = gpu()?;
+    let started = Instant::now();
+    let mut ws = match g.workspace.lock() {
+        Ok(ws) => ws,
+        Err(poisoned) => {
+            let mut ws = poisoned.into_inner();
+            ws.clear();
+            ws
+        }
+    };
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let k = kernels(g)?;
+    let res = catch_unwind(AssertUnwindSafe(|| run(g, k, &mut ws, sets, pairs, exact, &mut t)))
+        .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+    match res {
+        Ok(out) => {
+            t.total_ms = started.elapsed().as_secs_f64() * 1e3;
+            Ok((out, t))
+        }
+        Err(e) => {
+            if matches!(
+                e,
+                GpuError::Kernel(_) | GpuError::Panic(_) | GpuError::Driver { .. }
+            ) {
+                g.mark_broken(&e);
+            }
+            if matches!(e, GpuError::OutOfMemory(_)) {
+                let _ = g.sync();
+                ws.clear();
+            }
+            Err(e)
+        }
+    }
+}
+
+fn run(
+    g: &Gpu,
+    k: &Kernels,
+    ws: &mut Workspace,
+    sets: &DeviceSets,
+    pairs: &[PairToVerify],
+    exact: bool,
+    t: &mut VerifyTimings,
+) -> Result<Vec<u32>, GpuError> {
+    let m = pairs.len();
+    let large_from = large_from();
+    // The two work lists: small pairs grouped by probe set (runs of equal `x`), large pairs.
+    let mut group_pairs: Vec<u32> = Vec::with_capacity(m);
+    let mut group_start: Vec<u32> = Vec::new();
+    let mut large: Vec<u32> = Vec::new();
+    let mut last_x = u32::MAX;
+    for (i, p) in pairs.iter().enumerate() {
+        let nx = u64::from(sets.sizes[p.x as usize]);
+        let ny = u64::from(sets.sizes[p.y as usize]);
+        let left = nx.saturating_sub(u64::from(p.from_x)) + ny.saturating_sub(u64::from(p.from_y));
+        if left >= large_from {
+            large.push(i as u32);
+        } else {
+            if p.x != last_x || group_start.is_empty() {
+                group_start.push(group_pairs.len() as u32);
+                last_x = p.x;
+            }
+            group_pairs.push(i as u32);
+        }
+    }
+    let groups = group_start.len();
+    group_start.push(group_pairs.len() as u32);
+    t.groups = groups as u64;
+    t.large_pairs = large.len() as u64;
+
+    // Input region: pairs | group_pairs | group_start | large. Output: one u32 per pair.
+    let pairs_at = 0usize;
+    let gp_at = align(m * size_of::<PairToVerify>());
+    let gs_at = gp_at + align(group_pairs.len() * 4);
+    let large_at = gs_at + align(group_start.len() * 4);
+    let in_bytes = large_at + align(large.len() * 4);
+    let out_bytes = m * 4;
+    let d_in = ws.dev("sj_in", in_bytes)?;
+    let d_out = ws.dev("sj_out", out_bytes)?;
+    {
+        let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
+        let mut put = |at: usize, b: &[u8]| pin[at..at + b.len()].copy_from_slice(b);
+        put(pairs_at, bytes_of(pairs));
+        put(gp_at, bytes_of(&group_pairs));
+        put(gs_at, bytes_of(&group_start));
+        put(large_at, bytes_of(&large));
+    }
+    t.h2d_bytes = in_bytes as u64;
+    t.d2h_bytes = out_bytes as u64;
+    let cs = g.stream.cu_stream();
+    let ev = |g: &Gpu| -> Result<CudaEvent, GpuError> { g.event() };
+    let (e1, e2) = (ev(g)?, ev(g)?);
+    {
+        let pin = ws
+            .pin_in
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+        // SAFETY: `d_in` holds at least `in_bytes`; the pinned source is owned by the
+        // workspace and not touched until the stream is synchronized below.
+        unsafe { result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], cs) }
+            .map_err(drv("host-to-device copy"))?;
+    }
+    g.record(&e1)?;
+    let p_tokens = sets.tokens.as_ref().map_or(0, |b| b.ptr);
+    let p_starts = sets.starts.as_ref().map_or(0, |b| b.ptr);
+    let p_pairs = d_in + pairs_at as u64;
+    let p_gp = d_in + gp_at as u64;
+    let p_gs = d_in + gs_at as u64;
+    let p_large = d_in + large_at as u64;
+    let groups32 = groups as u32;
+    let n_large = large.len() as u32;
+    let exact32 = i32::from(exact);
+    // SAFETY: the parameters match `verify_groups` and `verify_large` in
+    // kernels/simjoin.cu; the input region holds m pairs whose sets are < sets.len() (checked
+    // by the caller), group_pairs / group_start / large as built above (indexes < m), the
+    // output region m u32; the sets' buffers hold every set's tokens and len + 1 starts.
+    unsafe {
+        if groups32 > 0 {
+            g.launch(
+                &k.groups,
+                groups32.min(k.groups_grid * 4),
+                GROUP_THREADS,
+                &mut [
+                    arg(&p_tokens),
+                    arg(&p_starts),
+                    arg(&p_pairs),
+                    arg(&p_gp),
+                    arg(&p_gs),
+                    arg(&groups32),
+                    arg(&exact32),
+                    arg(&d_out),
+                ],
+            )?;
+        }
+        if n_large > 0 {
+            g.launch(
+                &k.large,
+                n_large.min(k.large_grid * 4),
+                LARGE_THREADS,
+                &mut [
+                    arg(&p_tokens),
+                    arg(&p_starts),
+                    arg(&p_pairs),
+                    arg(&p_large),
+                    arg(&n_large),
+                    arg(&d_out),
+                ],
+            )?;
+        }
+    }
+    g.record(&e2)?;
+    {
+        let pin = Workspace::pinned(&mut ws.pin_out, out_bytes)?;
+        // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
+        // synchronize below.
+        unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..out_bytes], d_out, cs) }
+            .map_err(drv("device-to-host copy"))?;
+    }
+    g.sync()?;
+    t.kernel_ms = f64::from(e1.elapsed_ms(&e2).map_err(drv("event timing"))?);
+    let pin = &ws
+        .pin_out
+        .as_ref()
+        .ok_or(GpuError::OutOfMemory("pinned allocation"))?
+        .as_slice()[..out_bytes];
+    let mut out = vec![0u32; m];
+    bytes_of_mut(&mut out).copy_from_slice(pin);
+    Ok(out)
+}
+
+fn bytes_of_mut(s: &mut [u32]) -> &mut [u8] {
+    // SAFETY: a u32 slice viewed as its bytes (no padding; every bit pattern is a valid u32).
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
+}
