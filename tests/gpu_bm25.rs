@@ -8,6 +8,9 @@
 //! Without a usable GPU every test prints a note and passes, unless `DFSETS_REQUIRE_GPU=1`
 //! (the device script sets it), which makes the absence a failure.
 
+mod common;
+
+use common::gpu_or_skip;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -25,22 +28,6 @@ use rand::{Rng, SeedableRng};
 
 /// The tests share the process's one resident index: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn gpu_or_skip(test: &str) -> bool {
-    match gpu::device() {
-        Ok(d) => {
-            eprintln!("{test}: on {}", d.name);
-            true
-        }
-        Err(e) => {
-            if std::env::var("DFSETS_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("{test}: DFSETS_REQUIRE_GPU=1 but no usable GPU: {e}");
-            }
-            eprintln!("{test}: skipped, no usable GPU ({e})");
-            false
-        }
-    }
-}
 
 /// A random corpus: `docs` documents with sparse, shuffled ids, texts over a Zipf-like
 /// vocabulary (a few terms in most documents: lists spanning many device tiles and AND

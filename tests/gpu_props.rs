@@ -5,6 +5,9 @@
 //! Without a usable GPU every test prints a note and passes, unless `DFSETS_REQUIRE_GPU=1`
 //! (the device script sets it), which makes the absence a failure.
 
+mod common;
+
+use common::gpu_or_skip;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,26 +22,6 @@ use datafusion_sets::backend::gpu::{self, HostList, HostOffsets, Mode};
 use datafusion_sets::config::BackendChoice;
 use datafusion_sets::functions::list_intersect::list_intersect_udf;
 use datafusion_sets::functions::list_intersect_count::list_intersect_count_udf;
-
-/// Whether to run: a GPU is there; or skip with a note; or fail under DFSETS_REQUIRE_GPU=1.
-fn gpu_or_skip(test: &str) -> bool {
-    match gpu::device() {
-        Ok(d) => {
-            eprintln!(
-                "{test}: on {} (sm_{}{})",
-                d.name, d.compute_capability.0, d.compute_capability.1
-            );
-            true
-        }
-        Err(e) => {
-            if std::env::var("DFSETS_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("{test}: DFSETS_REQUIRE_GPU=1 but no usable GPU: {e}");
-            }
-            eprintln!("{test}: skipped, no usable GPU ({e})");
-            false
-        }
-    }
-}
 
 /// splitmix64: fast, deterministic, no dependency.
 struct Rng(u64);

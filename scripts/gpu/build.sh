@@ -13,10 +13,10 @@ rm -rf "$out" && mkdir -p "$out/upstream/array"
 # The library's unit tests only with WITH_LIB_TESTS=1 (the carry limit is 64 MiB).
 lib=""
 [ "${WITH_LIB_TESTS:-0}" = 1 ] && lib="--lib"
-# TESTS picks the test binaries (default: all four).
+# TESTS picks the test binaries (default: all five).
 features="--no-default-features --features cuda"
 [ "${FEATURES:-}" = default ] && features=""
-tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25}
+tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin}
 args=""
 for t in $tests; do args="$args --test $t"; done
 cargo test $features $lib $args --no-run \
@@ -26,7 +26,7 @@ import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25", "gpu_simjoin"):
         print(m["target"]["name"], m["executable"])
     elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "datafusion_sets" and m["profile"]["test"]:
         print("lib_tests", m["executable"])
@@ -37,11 +37,16 @@ done
 # The SQL suites the binaries were built with.
 cp -r sql-tests "$out/sql-tests"
 cp scripts/gpu/run.sh "$out/run.sh"
-# The BM25 benchmark's data, when asked for (WITH_BENCH_DATA=1; ~18 MB).
+# The benchmarks' data, when asked for: WITH_BENCH_DATA=1 (BM25, ~18 MB: gcide docs and the
+# queries), WITH_SJ_DATA=1 (similarity join, ~8.5 MB: gcide_words sets).
 if [ "${WITH_BENCH_DATA:-0}" = 1 ]; then
     mkdir -p "$out/bench-data/gcide" "$out/bench-data/queries"
     cp bench-data/gcide/docs.parquet "$out/bench-data/gcide/"
     cp bench-data/queries/queries.parquet "$out/bench-data/queries/"
+fi
+if [ "${WITH_SJ_DATA:-0}" = 1 ]; then
+    mkdir -p "$out/bench-data/gcide_words"
+    cp bench-data/gcide_words/sets.parquet "$out/bench-data/gcide_words/"
 fi
 # DataFusion's own array_intersect cases (read from cargo's registry here).
 src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/datafusion-sqllogictest-55.*/test_files | head -1)

@@ -28,6 +28,10 @@ if have gpu_bm25; then
     echo "== topk_bm25: GPU == CPU pruned == exhaustive"
     /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25.log" || status=1
 fi
+if have gpu_simjoin; then
+    echo "== similarity_join: GPU verification == CPU == nested loop"
+    /tmp/gpubin/gpu_simjoin --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_simjoin.log" || status=1
+fi
 if have gpu_props; then
     echo "== property tests (GPU == CPU)"
     /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
@@ -50,6 +54,11 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; t
     DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_bm25.txt" \
         /tmp/gpubin/gpu_bm25 --ignored --nocapture bench 2>&1 | tee "$out/bench_bm25.log" || status=1
 fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$carry/bench-data/gcide_words/sets.parquet" ] && have gpu_simjoin; then
+    echo "== benchmark: similarity_join (gcide_words, Jaccard and Dice 0.5)"
+    DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin.txt" \
+        /tmp/gpubin/gpu_simjoin --ignored --nocapture bench 2>&1 | tee "$out/bench_simjoin.log" || status=1
+fi
 # Kernel variants A/B: BM25_ENVS="TILE=1024 TILE=512" runs the BM25 tests and benchmark
 # again once per entry with DFSETS_BM25_<entry> set (BM25_TILES="1024 512" = TILE=... entries).
 variants="${BM25_ENVS:-}"
@@ -71,6 +80,11 @@ if command -v compute-sanitizer >/dev/null; then
     if have gpu_props; then
         timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1
     fi
+    if have gpu_simjoin; then
+        echo "== compute-sanitizer memcheck and racecheck on the similarity-join kernels"
+        timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_simjoin --test-threads=1 engine_ 2>&1 | tail -6 | tee "$out/memcheck_simjoin.log" || status=1
+        timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/gpubin/gpu_simjoin --test-threads=1 engine_ 2>&1 | tail -6 | tee "$out/racecheck_simjoin.log" || status=1
+    fi
     if have gpu_bm25; then
         echo "== compute-sanitizer memcheck and racecheck on the BM25 kernel"
         timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/memcheck_bm25.log" || status=1
@@ -79,5 +93,5 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 echo "== summary"
 grep -E "^test result|passed|FAIL" "$out"/*.log | tail -14
-cat "$out/bench.txt" "$out/bench_bm25.txt" 2>/dev/null
+cat "$out/bench.txt" "$out/bench_bm25.txt" "$out/bench_simjoin.txt" 2>/dev/null
 exit $status

@@ -364,9 +364,7 @@ impl SimilarityJoinExec {
         let gpu = || crate::backend::gpu::is_available();
         match self.backend {
             BackendChoice::Cpu => "cpu".into(),
-            BackendChoice::Auto if gpu() => {
-                "auto (gpu verification from 1048576 tokens)".into()
-            }
+            BackendChoice::Auto if gpu() => "auto (gpu verification from 1048576 tokens)".into(),
             BackendChoice::Auto => "cpu".into(),
             BackendChoice::Gpu if gpu() => "gpu".into(),
             BackendChoice::Gpu => "cpu (no GPU)".into(),
@@ -538,16 +536,18 @@ impl ExecutionPlan for SimilarityJoinExec {
             plan: children.next().unwrap_or_else(|| Arc::clone(&r.plan)),
             ..r.clone()
         });
-        Ok(Arc::new(Self::new_inner(
-            left,
-            right,
-            self.threshold,
-            self.columns.clone(),
-            self.kind.clone(),
-            Arc::clone(&self.schema),
-            self.partitions,
-        )?
-        .with_backend(self.backend)))
+        Ok(Arc::new(
+            Self::new_inner(
+                left,
+                right,
+                self.threshold,
+                self.columns.clone(),
+                self.kind.clone(),
+                Arc::clone(&self.schema),
+                self.partitions,
+            )?
+            .with_backend(self.backend),
+        ))
     }
 
     /// A projection of plain columns folds into the output columns (so `count(*)` over the

@@ -310,15 +310,17 @@ fn plan(
         (false, true) => JoinColumn::Left(c - nl),
     };
     let new: Arc<dyn ExecutionPlan> = if residual.is_empty() {
-        Arc::new(SimilarityJoinExec::try_with_columns(
-            left_input,
-            right_input,
-            similarity.threshold,
-            output.iter().map(|&c| column(c)).collect(),
-            Arc::clone(&target),
-            partitions,
-        )?
-        .with_backend(backend))
+        Arc::new(
+            SimilarityJoinExec::try_with_columns(
+                left_input,
+                right_input,
+                similarity.threshold,
+                output.iter().map(|&c| column(c)).collect(),
+                Arc::clone(&target),
+                partitions,
+            )?
+            .with_backend(backend),
+        )
     } else {
         // The join emits the columns the other conjuncts and the output need; a filter with
         // the join's projection does the rest.

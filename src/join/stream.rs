@@ -103,6 +103,8 @@ pub(crate) struct SimilarityJoinStream {
     scratch_reservation: Option<MemoryReservation>,
     backend: BackendChoice,
     verifier: Verifier,
+    /// `DFSETS_SJ_FILTER_ONLY` (see [`filter_only`]).
+    filter_only: bool,
     // Pairs found and not yet emitted.
     left_rows: Vec<u32>,
     right_rows: Vec<u32>,
@@ -154,6 +156,7 @@ impl SimilarityJoinStream {
             scratch_reservation: None,
             backend,
             verifier: Verifier::Cpu,
+            filter_only: filter_only(),
             left_rows: Vec::new(),
             right_rows: Vec::new(),
             scores: Vec::new(),
@@ -198,7 +201,7 @@ impl SimilarityJoinStream {
             BackendChoice::Gpu => true,
             BackendChoice::Auto => tokens.len() >= AUTO_GPU_MIN_TOKENS,
         };
-        if !wanted || filter_only() || built.collections.len() == 0 {
+        if !wanted || self.filter_only || built.collections.len() == 0 {
             return Verifier::Cpu;
         }
         let sets = built
@@ -249,7 +252,7 @@ impl SimilarityJoinStream {
         self.verified.add(self.scratch.candidates.len());
         self.filter_time.add_duration(t1 - t0);
         let work = 1 + met + self.scratch.candidates.len();
-        if filter_only() {
+        if self.filter_only {
             let c = std::mem::take(&mut self.scratch.candidates);
             for c in &c {
                 self.record(built, p as u32, c.set, u64::from(c.overlap));
@@ -327,6 +330,7 @@ impl SimilarityJoinStream {
         let (chunk, answer) = result;
         match answer {
             Ok((overlaps, t)) if overlaps.len() == chunk.len() => {
+                gpu::count_simjoin_chunk();
                 self.gpu_chunks.add(1);
                 self.gpu_pairs.add(chunk.len());
                 self.bytes_to_device.add(t.h2d_bytes as usize);
@@ -387,12 +391,7 @@ impl SimilarityJoinStream {
     /// Move the GPU pipeline on: take the answers of the chunk in flight when they are
     /// there (or must be: `wait`), then send the filled chunk when the device is free and
     /// the chunk is full or `flush`. `Poll::Pending`: waiting on the device (woken by it).
-    fn advance_gpu(
-        &mut self,
-        built: &Built,
-        cx: &mut Context<'_>,
-        flush: bool,
-    ) -> Poll<()> {
+    fn advance_gpu(&mut self, built: &Built, cx: &mut Context<'_>, flush: bool) -> Poll<()> {
         let Verifier::Gpu(gv) = &mut self.verifier else {
             return Poll::Ready(());
         };
@@ -408,16 +407,17 @@ impl SimilarityJoinStream {
             gv.inflight = None;
             let chunk = gv.inflight_chunk.take().unwrap_or_default();
             let result = joined.unwrap_or_else(|e| {
-                (chunk, Err(GpuError::Panic(format!("verification task: {e}"))))
+                (
+                    chunk,
+                    Err(GpuError::Panic(format!("verification task: {e}"))),
+                )
             });
             self.take_chunk(built, result);
         }
         let Verifier::Gpu(gv) = &mut self.verifier else {
             return Poll::Ready(());
         };
-        if gv.inflight.is_none()
-            && !gv.chunk.is_empty()
-            && (gv.chunk.len() >= gv.capacity || flush)
+        if gv.inflight.is_none() && !gv.chunk.is_empty() && (gv.chunk.len() >= gv.capacity || flush)
         {
             let chunk = Arc::new(std::mem::replace(
                 &mut gv.chunk,

@@ -47,6 +47,27 @@ async fn prepare(ctx: &SessionContext, setup: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Whether a GPU test runs: a GPU is there (named on stderr); else skip with a note, or fail
+/// under `DFSETS_REQUIRE_GPU=1` (the device script sets it).
+pub fn gpu_or_skip(test: &str) -> bool {
+    match datafusion_sets::backend::gpu::device() {
+        Ok(d) => {
+            eprintln!(
+                "{test}: on {} (sm_{}{})",
+                d.name, d.compute_capability.0, d.compute_capability.1
+            );
+            true
+        }
+        Err(e) => {
+            if std::env::var("DFSETS_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{test}: DFSETS_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("{test}: skipped, no usable GPU ({e})");
+            false
+        }
+    }
+}
+
 /// A session with DataFusion's defaults plus datafusion-sets, on `config`.
 pub fn sets_session(config: SessionConfig) -> SessionContext {
     let state = SessionStateBuilder::new()

@@ -28,11 +28,11 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod simjoin;
 #[cfg(feature = "cuda")]
-pub use simjoin::{DeviceSets, upload_sets, verify_pairs};
-#[cfg(feature = "cuda")]
 pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
 pub use cuda::{device, intersect, measure_ceilings};
+#[cfg(feature = "cuda")]
+pub use simjoin::{DeviceSets, upload_sets, verify_pairs};
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
@@ -71,6 +71,17 @@ pub fn bm25_batches_run() -> u64 {
 
 pub(crate) fn count_bm25_batch() {
     BM25_BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+static SIMJOIN_CHUNKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Chunks of similarity-join candidates verified on the GPU in this process.
+pub fn simjoin_chunks_run() -> u64 {
+    SIMJOIN_CHUNKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn count_simjoin_chunk() {
+    SIMJOIN_CHUNKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Most query terms a query may have to be ranked on the GPU (more: the CPU ranks it).

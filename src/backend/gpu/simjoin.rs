@@ -133,7 +133,9 @@ impl Drop for DeviceSets {
 pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuError> {
     if starts.is_empty()
         || starts[starts.len() - 1] != tokens.len()
-        || starts.windows(2).any(|w| w[0] > w[1] || w[1] - w[0] > u32::MAX as usize)
+        || starts
+            .windows(2)
+            .any(|w| w[0] > w[1] || w[1] - w[0] > u32::MAX as usize)
     {
         return Err(GpuError::Unsupported("malformed set offsets".into()));
     }
@@ -202,8 +204,10 @@ pub fn verify_pairs(
     };
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let k = kernels(g)?;
-    let res = catch_unwind(AssertUnwindSafe(|| run(g, k, &mut ws, sets, pairs, exact, &mut t)))
-        .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+    let res = catch_unwind(AssertUnwindSafe(|| {
+        run(g, k, &mut ws, sets, pairs, exact, &mut t)
+    }))
+    .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
     match res {
         Ok(out) => {
             t.total_ms = started.elapsed().as_secs_f64() * 1e3;

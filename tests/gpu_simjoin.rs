@@ -1,0 +1,514 @@
+//! The similarity join's GPU verification against the CPU: the device's pair verifier
+//! called directly (both layouts, exact and early-stopping) against a plain merge, and the
+//! join through SQL with `sets.backend = 'gpu'` against `'cpu'` and a brute-force nested
+//! loop (several chunks in flight, long sets, every measure, self and R-S joins, `count(*)`,
+//! partitions); EXPLAIN ANALYZE's device counters; and, `#[ignore]`d, the benchmark on
+//! `gcide_words` (Jaccard and Dice 0.5).
+//!
+//! Without a usable GPU every test prints a note and passes, unless `DFSETS_REQUIRE_GPU=1`
+//! (the device script sets it), which makes the absence a failure.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::gpu_or_skip;
+use datafusion::arrow::array::{
+    Array, AsArray, Float64Array, Int64Array, ListArray, RecordBatch, UInt64Array,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_sets::backend::gpu::{self, PairToVerify, VERIFY_NONE};
+use datafusion_sets::functions::set_similarity::Measure;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A random ascending, distinct set of `len` values below `domain`.
+fn random_set(rng: &mut StdRng, len: usize, domain: u32) -> Vec<u32> {
+    let mut s: Vec<u32> = (0..len).map(|_| rng.random_range(0..domain)).collect();
+    s.sort_unstable();
+    s.dedup();
+    s
+}
+
+/// `|a ∩ b|` of two ascending lists.
+fn common_count(a: &[u32], b: &[u32]) -> u32 {
+    let (mut i, mut j, mut o) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                o += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    o
+}
+
+#[test]
+fn engine_verify_pairs_equals_merge() {
+    if !gpu_or_skip("engine_verify_pairs_equals_merge") {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    // Sets of every size class: empty, short (block per probe set), long (block per pair),
+    // over a small domain so overlaps are large.
+    let mut sets: Vec<Vec<u32>> = Vec::new();
+    for i in 0..3000 {
+        let len = match i % 10 {
+            0 => rng.random_range(0..3),
+            1 => rng.random_range(1000..5000),
+            _ => rng.random_range(3..300),
+        };
+        let domain = if i % 10 == 1 { 8000 } else { 600 };
+        sets.push(random_set(&mut rng, len, domain));
+    }
+    let mut tokens = Vec::new();
+    let mut starts = vec![0usize];
+    for s in &sets {
+        tokens.extend_from_slice(s);
+        starts.push(tokens.len());
+    }
+    let device = gpu::upload_sets(&tokens, &starts).expect("upload");
+    assert_eq!(device.len(), sets.len());
+    // Pairs: probes in runs (as the join sends them), random resume points with the prefix
+    // overlap the filter would have counted, alphas around the true overlap.
+    let mut pairs = Vec::new();
+    let mut expected = Vec::new();
+    while pairs.len() < 200_000 {
+        let x = rng.random_range(0..sets.len()) as u32;
+        for _ in 0..rng.random_range(1..400) {
+            let y = rng.random_range(0..sets.len()) as u32;
+            let (a, b) = (&sets[x as usize], &sets[y as usize]);
+            let fx = rng.random_range(0..=a.len().min(5)) as u32;
+            let fy = rng.random_range(0..=b.len().min(5)) as u32;
+            let counted = rng.random_range(0..3u32);
+            let rest = common_count(&a[fx as usize..], &b[fy as usize..]);
+            let total = counted + rest;
+            let alpha = match rng.random_range(0..4) {
+                0 => total,
+                1 => total + 1,
+                2 => total.saturating_sub(rng.random_range(0..10)),
+                _ => rng.random_range(0..50),
+            };
+            pairs.push(PairToVerify {
+                x,
+                y,
+                alpha,
+                overlap: counted,
+                from_x: fx,
+                from_y: fy,
+            });
+            expected.push(if total >= alpha { total } else { VERIFY_NONE });
+        }
+    }
+    // A resume point past the end of a set is never an answer.
+    pairs.push(PairToVerify {
+        x: 0,
+        y: 1,
+        alpha: 0,
+        overlap: 0,
+        from_x: sets[0].len() as u32 + 1,
+        from_y: 0,
+    });
+    expected.push(VERIFY_NONE);
+
+    let (exact, t) = gpu::verify_pairs(&device, &pairs, true).expect("verify");
+    assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
+    assert!(t.h2d_bytes >= 24 * pairs.len() as u64, "{t:?}");
+    assert_eq!(t.d2h_bytes, 4 * pairs.len() as u64);
+    let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
+    assert_eq!(wrong, 0, "exact answers differ from the merge");
+
+    let (lower, _) = gpu::verify_pairs(&device, &pairs, false).expect("verify");
+    for (i, (&l, &e)) in lower.iter().zip(&expected).enumerate() {
+        if e == VERIFY_NONE {
+            assert_eq!(l, VERIFY_NONE, "pair {i}: {:?}", pairs[i]);
+        } else {
+            assert!(l >= pairs[i].alpha && l <= e, "pair {i}: {l} for {e}");
+        }
+    }
+    // Out-of-range sets are refused, not read.
+    let bad = [PairToVerify {
+        x: sets.len() as u32,
+        ..PairToVerify::default()
+    }];
+    assert!(gpu::verify_pairs(&device, &bad, true).is_err());
+    assert!(gpu::verify_pairs(&device, &[], true).unwrap().0.is_empty());
+}
+
+/// One row: id and token list (`None`: NULL).
+type Row = (i64, Option<Vec<i64>>);
+
+/// Random collections: most sets short over a small domain (many candidates, so many chunks),
+/// a few long ones (the block-per-pair layout), some empty, some NULL, near-duplicates.
+fn collection(rng: &mut StdRng, n: usize, id_base: i64) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = id_base + i as i64;
+        let r = rng.random_range(0..100);
+        let set: Option<Vec<i64>> = if r < 2 {
+            None
+        } else if r < 4 {
+            Some(Vec::new())
+        } else if r < 8 {
+            let len = rng.random_range(800..2500);
+            Some(
+                random_set(rng, len, 3000)
+                    .into_iter()
+                    .map(i64::from)
+                    .collect(),
+            )
+        } else if r < 30 && !rows.is_empty() {
+            // A near-duplicate of an earlier set: one token changed.
+            let j = rng.random_range(0..rows.len());
+            rows[j].1.clone().map(|mut s| {
+                if !s.is_empty() {
+                    let k = rng.random_range(0..s.len());
+                    s[k] = rng.random_range(0..3000);
+                }
+                s
+            })
+        } else {
+            let len = rng.random_range(1..40);
+            Some(
+                random_set(rng, len, 120)
+                    .into_iter()
+                    .map(i64::from)
+                    .collect(),
+            )
+        };
+        rows.push((id, set));
+    }
+    rows
+}
+
+fn table(rows: &[Row]) -> Arc<MemTable> {
+    let ids = Int64Array::from(rows.iter().map(|r| r.0).collect::<Vec<_>>());
+    let lists = ListArray::from_iter_primitive::<Int64Type, _, _>(rows.iter().map(|r| {
+        r.1.as_ref()
+            .map(|s| s.iter().map(|&v| Some(v)).collect::<Vec<_>>())
+    }));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("tokens", lists.data_type().clone(), true),
+    ]));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ids), Arc::new(lists)])
+        .expect("batch");
+    let n = batch.num_rows();
+    let parts = vec![
+        vec![batch.slice(0, n / 2)],
+        vec![batch.slice(n / 2, n - n / 2)],
+    ];
+    Arc::new(MemTable::try_new(schema, parts).expect("table"))
+}
+
+fn session(partitions: usize, backend: &str, rt: &tokio::runtime::Runtime) -> SessionContext {
+    let ctx = common::sets_session(SessionConfig::new().with_target_partitions(partitions));
+    rt.block_on(async {
+        ctx.sql(&format!("SET sets.backend = '{backend}'"))
+            .await?
+            .collect()
+            .await
+    })
+    .expect("SET sets.backend");
+    ctx
+}
+
+/// `(left id, right id, similarity bits)` of every row, sorted.
+fn pairs_of(batches: &[RecordBatch]) -> Vec<(i64, i64, u64)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let l = b.column(0).as_primitive::<Int64Type>();
+        let r = b.column(1).as_primitive::<Int64Type>();
+        let s = b.column(2);
+        for i in 0..b.num_rows() {
+            let bits = match s.as_any().downcast_ref::<Float64Array>() {
+                Some(f) => f.value(i).to_bits(),
+                None => s
+                    .as_any()
+                    .downcast_ref::<UInt64Array>()
+                    .map_or(u64::MAX, |u| u.value(i)),
+            };
+            out.push((l.value(i), r.value(i), bits));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The nested loop: every pair of non-NULL sets (self-join: `l.id < r.id`) whose measure
+/// passes `>= t`, with the measure's own f64 formula.
+fn brute_force(left: &[Row], right: Option<&[Row]>, m: Measure, t: f64) -> Vec<(i64, i64, u64)> {
+    let dedup = |s: &Vec<i64>| {
+        let mut v: Vec<u32> = s.iter().map(|&x| x as u32).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let l: Vec<(i64, Vec<u32>)> = left
+        .iter()
+        .filter_map(|r| r.1.as_ref().map(|s| (r.0, dedup(s))))
+        .collect();
+    let r: Vec<(i64, Vec<u32>)> = match right {
+        Some(rows) => rows
+            .iter()
+            .filter_map(|r| r.1.as_ref().map(|s| (r.0, dedup(s))))
+            .collect(),
+        None => l.clone(),
+    };
+    let mut out = Vec::new();
+    for (a, x) in &l {
+        for (b, y) in &r {
+            if right.is_none() && a >= b {
+                continue;
+            }
+            let o = u64::from(common_count(x, y));
+            let score = m.score(o, x.len() as u64, y.len() as u64);
+            if score >= t {
+                let bits = if m == Measure::Overlap {
+                    o
+                } else {
+                    score.to_bits()
+                };
+                out.push((*a, *b, bits));
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn sql_gpu_equals_cpu_and_nested_loop() {
+    if !gpu_or_skip("sql_gpu_equals_cpu_and_nested_loop") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let mut rng = StdRng::seed_from_u64(11);
+    let left = collection(&mut rng, 2500, 0);
+    let right = collection(&mut rng, 1500, 100_000);
+    let chunks_before = gpu::simjoin_chunks_run();
+    let cases: &[(Measure, f64, bool, usize)] = &[
+        (Measure::Jaccard, 0.3, true, 1),
+        (Measure::Jaccard, 0.5, true, 4),
+        (Measure::Cosine, 0.6, false, 4),
+        (Measure::Dice, 0.5, true, 2),
+        (Measure::Overlap, 6.0, false, 3),
+        (Measure::Jaccard, 0.9, false, 1),
+    ];
+    for &(m, t, self_join, partitions) in cases {
+        let call = if self_join {
+            format!("similarity_join('l', 'id', 'tokens', '{}', {t})", m.name())
+        } else {
+            format!(
+                "similarity_join('l', 'id', 'tokens', 'r', 'id', 'tokens', '{}', {t})",
+                m.name()
+            )
+        };
+        let expected = brute_force(&left, (!self_join).then_some(&right[..]), m, t);
+        let mut answers = Vec::new();
+        for backend in ["cpu", "gpu"] {
+            let ctx = session(partitions, backend, &rt);
+            ctx.register_table("l", table(&left)).unwrap();
+            ctx.register_table("r", table(&right)).unwrap();
+            let (rows, count) = rt
+                .block_on(async {
+                    let rows = ctx
+                        .sql(&format!("SELECT * FROM {call}"))
+                        .await?
+                        .collect()
+                        .await?;
+                    let count = ctx
+                        .sql(&format!("SELECT count(*) FROM {call}"))
+                        .await?
+                        .collect()
+                        .await?;
+                    Ok::<_, datafusion::common::DataFusionError>((rows, count))
+                })
+                .unwrap_or_else(|e| panic!("{call} on {backend}: {e}"));
+            let pairs = pairs_of(&rows);
+            let counted = count[0].column(0).as_primitive::<Int64Type>().value(0);
+            assert_eq!(
+                counted as usize,
+                pairs.len(),
+                "{call} on {backend}: count(*)"
+            );
+            answers.push(pairs);
+        }
+        assert_eq!(answers[0], expected, "{call}: cpu vs nested loop");
+        assert_eq!(answers[1], expected, "{call}: gpu vs nested loop");
+        eprintln!(
+            "{call}: {} pairs, cpu == gpu == nested loop",
+            expected.len()
+        );
+    }
+    let chunks = gpu::simjoin_chunks_run() - chunks_before;
+    eprintln!("{chunks} chunks verified on the GPU");
+    assert!(
+        chunks >= 2 * cases.len() as u64,
+        "every join (rows and count) verified at least one chunk on the GPU"
+    );
+}
+
+#[test]
+fn explain_analyze_shows_device_counters() {
+    if !gpu_or_skip("explain_analyze_shows_device_counters") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let mut rng = StdRng::seed_from_u64(5);
+    let rows = collection(&mut rng, 1500, 0);
+    let ctx = session(2, "gpu", &rt);
+    ctx.register_table("l", table(&rows)).unwrap();
+    let text = rt
+        .block_on(async {
+            let b = ctx
+                .sql("EXPLAIN ANALYZE SELECT count(*) FROM similarity_join('l', 'id', 'tokens', 'jaccard', 0.4)")
+                .await?
+                .collect()
+                .await?;
+            Ok::<_, datafusion::common::DataFusionError>(
+                datafusion::arrow::util::pretty::pretty_format_batches(&b)?.to_string(),
+            )
+        })
+        .expect("explain analyze");
+    let line = text
+        .lines()
+        .find(|l| l.contains("SimilarityJoinExec"))
+        .expect("the join in the plan");
+    assert!(line.contains("backend=gpu"), "{line}");
+    let metric = |name: &str| -> u64 {
+        let at = line
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name} missing: {line}"));
+        line[at + name.len() + 1..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect::<String>()
+            .parse()
+            .unwrap_or(0)
+    };
+    assert!(metric("gpu_chunks") > 0, "{line}");
+    assert!(metric("gpu_pairs") > 0, "{line}");
+    assert!(line.contains("bytes_to_device="), "{line}");
+    assert!(line.contains("gpu_kernel_time="), "{line}");
+}
+
+/// The issue's verification-bound cases on `gcide_words`, through SQL (`count(*)`: no pair
+/// is built), side by side in one process: the CPU on one core and on all cores, the filter
+/// alone (`DFSETS_SJ_FILTER_ONLY=1`), and the join with GPU verification. Writes a table to
+/// `DFSETS_BENCH_OUT` when set. Data: `DFSETS_BENCH_DATA` (default `bench-data`).
+#[test]
+#[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
+fn bench_gpu_simjoin() {
+    if !gpu_or_skip("bench_gpu_simjoin") {
+        return;
+    }
+    let dir = std::env::var("DFSETS_BENCH_DATA").unwrap_or_else(|_| "bench-data".into());
+    let path = format!("{dir}/gcide_words/sets.parquet");
+    assert!(std::path::Path::new(&path).exists(), "{path} missing");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let reps: usize = std::env::var("DFSETS_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let run = |cores_used: usize, backend: &str, filter_only: bool, sql: &str| -> (f64, i64) {
+        let rt = if cores_used == 1 {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cores_used)
+                .enable_all()
+                .build()
+        }
+        .expect("tokio");
+        let ctx = session(cores_used, backend, &rt);
+        rt.block_on(async {
+            ctx.sql(&format!(
+                "CREATE EXTERNAL TABLE sets STORED AS PARQUET LOCATION '{path}'"
+            ))
+            .await?
+            .collect()
+            .await
+        })
+        .expect("register");
+        // SAFETY: set while no other thread of this test reads the environment (the
+        // runtimes of earlier runs are dropped; this one is idle until block_on below).
+        unsafe {
+            if filter_only {
+                std::env::set_var("DFSETS_SJ_FILTER_ONLY", "1");
+            } else {
+                std::env::remove_var("DFSETS_SJ_FILTER_ONLY");
+            }
+        }
+        let t0 = Instant::now();
+        let b = rt
+            .block_on(async { ctx.sql(sql).await?.collect().await })
+            .expect("query");
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: as above (the query is done).
+        unsafe { std::env::remove_var("DFSETS_SJ_FILTER_ONLY") };
+        (ms, b[0].column(0).as_primitive::<Int64Type>().value(0))
+    };
+    let mut report = format!(
+        "similarity_join on gcide_words (126,240 sets), count(*), {cores} cores; best of {reps} (ms)\n\
+         | case | CPU 1 core | CPU {cores} cores | filter only, {cores} cores | GPU verify, {cores} cores | GPU / filter | 1 core / GPU | filter only, 1 core | GPU verify, 1 core |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    for (name, measure) in [("Jaccard >= 0.5", "jaccard"), ("Dice >= 0.5", "dice")] {
+        let sql = format!(
+            "SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', '{measure}', 0.5)"
+        );
+        let best = |cores_used: usize, backend: &str, filter_only: bool, reps: usize| {
+            let mut ms = f64::INFINITY;
+            let mut count = 0;
+            for _ in 0..reps {
+                let (t, c) = run(cores_used, backend, filter_only, &sql);
+                eprintln!(
+                    "{name}: {cores_used} cores, {backend}, filter_only={filter_only}: {t:.0} ms, {c}"
+                );
+                ms = ms.min(t);
+                count = c;
+            }
+            (ms, count)
+        };
+        let (gpu_all, pairs_gpu) = best(cores, "gpu", false, reps);
+        let (filter_all, candidates) = best(cores, "cpu", true, reps);
+        let (cpu_all, pairs_cpu) = best(cores, "cpu", false, reps);
+        let (gpu_one, pairs_gpu1) = best(1, "gpu", false, 1);
+        let (filter_one, _) = best(1, "cpu", true, 1);
+        let (cpu_one, pairs_one) = best(1, "cpu", false, 1);
+        assert_eq!(pairs_gpu, pairs_cpu, "{name}: GPU and CPU pair counts");
+        assert_eq!(
+            pairs_gpu1, pairs_one,
+            "{name}: GPU and CPU pair counts (1 core)"
+        );
+        assert_eq!(pairs_one, pairs_cpu, "{name}: 1 core and all cores");
+        eprintln!("{name}: {pairs_cpu} pairs, {candidates} candidates");
+        report.push_str(&format!(
+            "| {name} ({pairs_cpu} pairs, {candidates} candidates) | {cpu_one:.0} | {cpu_all:.0} | {filter_all:.0} | {gpu_all:.0} | {:.2}× | {:.1}× | {filter_one:.0} | {gpu_one:.0} |\n",
+            gpu_all / filter_all,
+            cpu_one / gpu_all,
+        ));
+    }
+    println!("{report}");
+    if let Ok(out) = std::env::var("DFSETS_BENCH_OUT") {
+        std::fs::write(out, report).expect("write the report");
+    }
+}
