@@ -60,20 +60,18 @@ enum Verifier {
     Gpu(Box<GpuVerify>),
 }
 
-/// `DFSETS_SJ_FILTER_ONLY=1` (benchmarks only): candidates are counted as pairs without
-/// verification, to time the filter alone. Logged as a warning; never for real answers.
+/// `DFSETS_SJ_FILTER_ONLY=1` (benchmarks only; read when a partition starts): candidates
+/// are counted as pairs without verification, to time the filter alone. Logged as a
+/// warning; never for real answers.
 fn filter_only() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        let on = std::env::var("DFSETS_SJ_FILTER_ONLY").is_ok_and(|v| v == "1");
-        if on {
-            log::warn!(
-                "datafusion-sets: DFSETS_SJ_FILTER_ONLY=1: similarity joins skip verification \
-                 (benchmarking only; the results are candidates, not answers)"
-            );
-        }
-        on
-    })
+    let on = std::env::var("DFSETS_SJ_FILTER_ONLY").is_ok_and(|v| v == "1");
+    if on {
+        log::warn!(
+            "datafusion-sets: DFSETS_SJ_FILTER_ONLY=1: similarity joins skip verification \
+             (benchmarking only; the results are candidates, not answers)"
+        );
+    }
+    on
 }
 
 type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
