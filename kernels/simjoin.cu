@@ -56,16 +56,22 @@ __device__ __forceinline__ u32 verify_merge(const u32* a, u32 na, const u32* __r
     return o >= need ? counted + o : NONE;
 }
 
-// One block per group: pairs[group_start[g] .. group_start[g + 1]] share their probe set.
+// The merge-path layout's share: what is left to merge of the pair reaches large_from.
+__device__ __forceinline__ bool is_large(u32 nx, u32 ny, const Pair& p, u32 large_from) {
+    u64 left = (u64)(nx > p.from_x ? nx - p.from_x : 0) + (u64)(ny > p.from_y ? ny - p.from_y : 0);
+    return left >= large_from;
+}
+
+// One block per group: pairs[group_start[g] .. group_start[g + 1]] share their probe set; the
+// block verifies those not large (verify_large takes the others).
 extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
 verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
-              const Pair* __restrict__ pairs, const u32* __restrict__ group_pairs,
-              const u32* __restrict__ group_start, u32 groups, int exact,
-              u32* __restrict__ out) {
+              const Pair* __restrict__ pairs, const u32* __restrict__ group_start, u32 groups,
+              u32 large_from, int exact, u32* __restrict__ out) {
     __shared__ u32 xs[SHARED_TOKENS];
     for (u32 g = blockIdx.x; g < groups; g += gridDim.x) {
         u32 p0 = group_start[g], p1 = group_start[g + 1];
-        u32 x = pairs[group_pairs[p0]].x;
+        u32 x = pairs[p0].x;
         u64 xb = starts[x];
         u32 nx = (u32)(starts[x + 1] - xb);
         const u32* a = tokens + xb;
@@ -75,11 +81,11 @@ verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
             __syncthreads();
             a = xs;
         }
-        for (u32 k = p0 + threadIdx.x; k < p1; k += blockDim.x) {
-            u32 idx = group_pairs[k];
+        for (u32 idx = p0 + threadIdx.x; idx < p1; idx += blockDim.x) {
             Pair p = pairs[idx];
             u64 yb = starts[p.y];
             u32 ny = (u32)(starts[p.y + 1] - yb);
+            if (is_large(nx, ny, p, large_from)) continue;
             u32 r = NONE;
             if (p.from_x <= nx && p.from_y <= ny) {
                 r = verify_merge(a + p.from_x, nx - p.from_x, tokens + yb + p.from_y,

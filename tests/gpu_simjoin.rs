@@ -462,6 +462,25 @@ fn bench_gpu_simjoin() {
             .block_on(async { ctx.sql(sql).await?.collect().await })
             .expect("query");
         let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if std::env::var("DFSETS_BENCH_EXPLAIN").is_ok_and(|v| v == "1") {
+            // Where the time went (a second run, not timed above).
+            let text = rt
+                .block_on(async {
+                    let b = ctx
+                        .sql(&format!("EXPLAIN ANALYZE {sql}"))
+                        .await?
+                        .collect()
+                        .await?;
+                    Ok::<_, datafusion::common::DataFusionError>(
+                        datafusion::arrow::util::pretty::pretty_format_batches(&b)?.to_string(),
+                    )
+                })
+                .expect("explain analyze");
+            for line in text.lines().filter(|l| l.contains("SimilarityJoinExec")) {
+                let at = line.find("metrics=").unwrap_or(0);
+                eprintln!("  {}", line[at..].trim_end_matches([' ', '|']));
+            }
+        }
         // SAFETY: as above (the query is done).
         unsafe { std::env::remove_var("DFSETS_SJ_FILTER_ONLY") };
         (ms, b[0].column(0).as_primitive::<Int64Type>().value(0))

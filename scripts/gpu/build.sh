@@ -19,6 +19,8 @@ features="--no-default-features --features cuda"
 tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin}
 args=""
 for t in $tests; do args="$args --test $t"; done
+# RELEASE=1 builds them optimised, dependencies included (for the benchmarks' numbers).
+[ "${RELEASE:-0}" = 1 ] && args="$args --release"
 cargo test $features $lib $args --no-run \
     --message-format=json 2>/dev/null \
   | python3 -c '

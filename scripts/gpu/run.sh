@@ -56,7 +56,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; t
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$carry/bench-data/gcide_words/sets.parquet" ] && have gpu_simjoin; then
     echo "== benchmark: similarity_join (gcide_words, Jaccard and Dice 0.5)"
-    DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin.txt" \
+    DFSETS_BENCH_EXPLAIN=1 DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin.txt" \
         /tmp/gpubin/gpu_simjoin --ignored --nocapture bench 2>&1 | tee "$out/bench_simjoin.log" || status=1
 fi
 # Kernel variants A/B: BM25_ENVS="TILE=1024 TILE=512" runs the BM25 tests and benchmark

@@ -251,11 +251,16 @@ impl SimilarityJoinStream {
         self.filter_time.add_duration(t1 - t0);
         let work = 1 + met + self.scratch.candidates.len();
         if self.filter_only {
-            let c = std::mem::take(&mut self.scratch.candidates);
-            for c in &c {
-                self.record(built, p as u32, c.set, u64::from(c.overlap));
+            if self.materialize {
+                let c = std::mem::take(&mut self.scratch.candidates);
+                for c in &c {
+                    self.record(built, p as u32, c.set, u64::from(c.overlap));
+                }
+                self.scratch.candidates = c;
+            } else {
+                // Counting: every candidate is a pair (the self-join's id check skipped too).
+                self.pending += self.scratch.candidates.len();
             }
-            self.scratch.candidates = c;
             return work;
         }
         if let Verifier::Gpu(gv) = &mut self.verifier {

@@ -6,17 +6,22 @@
 //! - [`verify_pairs`] verifies one chunk of candidate pairs: the chunk goes up in one copy
 //!   (pairs, then the two layouts' work lists, built here), two launches (a block per probe
 //!   set for short remainders, a block per pair, merge-path partitioned, for long ones), and
-//!   one copy back of an overlap per pair ([`VERIFY_NONE`]: below its minimum overlap).
+//!   one copy back of an overlap per pair ([`super::VERIFY_NONE`]: below its minimum overlap).
+//!   Calls from several threads (the join's partitions) run at once on [`LANES`] lanes, each
+//!   with its own stream and pooled pinned and device buffers, so one chunk's staging and
+//!   copies overlap another's kernels.
 //!
 //! The answers equal the CPU's `join::filter::verify` (same counts; with `exact = false` a
 //! passing pair's count may be any value from `alpha` up to its overlap, as on the CPU).
 
+use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use cudarc::driver::result;
-use cudarc::driver::{CudaEvent, CudaFunction};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 
 use super::cuda::{
     DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
@@ -27,6 +32,9 @@ const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
 const GROUP_THREADS: u32 = 128;
 const LARGE_THREADS: u32 = 256;
+/// Lanes: chunks from different partitions are staged, copied and verified at once, each
+/// lane on its own stream with its own pooled buffers.
+const LANES: usize = 4;
 /// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
 /// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
 const LARGE_FROM: u64 = 1024;
@@ -66,6 +74,19 @@ fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
         .as_ref()
         .map_err(Clone::clone)
 }
+
+/// One lane: a stream and the pooled device and pinned buffers of the chunks it runs.
+struct Lane {
+    stream: Arc<CudaStream>,
+    ws: Workspace,
+}
+
+// SAFETY: the stream handle and the workspace's raw allocations are only touched under the
+// lane's mutex.
+unsafe impl Send for Lane {}
+
+static LANE_SLOTS: [Mutex<Option<Lane>>; LANES] = [const { Mutex::new(None) }; LANES];
+static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
 
 fn large_from() -> u64 {
     static V: OnceLock<u64> = OnceLock::new();
@@ -194,18 +215,25 @@ pub fn verify_pairs(
     }
     let g = gpu()?;
     let started = Instant::now();
-    let mut ws = match g.workspace.lock() {
-        Ok(ws) => ws,
-        Err(poisoned) => {
-            let mut ws = poisoned.into_inner();
-            ws.clear();
-            ws
+    let slot = &LANE_SLOTS[NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES];
+    let mut lane = slot.lock().unwrap_or_else(|p| {
+        let mut lane = p.into_inner();
+        if let Some(l) = lane.as_mut() {
+            l.ws.clear();
         }
-    };
+        lane
+    });
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let k = kernels(g)?;
+    if lane.is_none() {
+        *lane = Some(Lane {
+            stream: g.ctx.new_stream().map_err(drv("stream creation"))?,
+            ws: Workspace::default(),
+        });
+    }
+    let lane = lane.as_mut().expect("set above");
     let res = catch_unwind(AssertUnwindSafe(|| {
-        run(g, k, &mut ws, sets, pairs, exact, &mut t)
+        run(g, k, lane, sets, pairs, exact, &mut t)
     }))
     .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
     match res {
@@ -221,18 +249,43 @@ pub fn verify_pairs(
                 g.mark_broken(&e);
             }
             if matches!(e, GpuError::OutOfMemory(_)) {
-                let _ = g.sync();
-                ws.clear();
+                let _ = lane.stream.synchronize();
+                lane.ws.clear();
             }
             Err(e)
         }
     }
 }
 
+/// Launch `f` on `stream`.
+///
+/// # Safety
+/// As [`Gpu::launch`]: `params` match the kernel, and its device pointers are valid.
+unsafe fn launch_on(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    grid: u32,
+    block: u32,
+    params: &mut [*mut c_void],
+) -> Result<(), GpuError> {
+    // SAFETY: forwarded to the caller's contract.
+    unsafe {
+        result::launch_kernel(
+            f.cu_function(),
+            (grid.max(1), 1, 1),
+            (block, 1, 1),
+            0,
+            stream.cu_stream(),
+            params,
+        )
+    }
+    .map_err(drv("kernel launch"))
+}
+
 fn run(
     g: &Gpu,
     k: &Kernels,
-    ws: &mut Workspace,
+    lane: &mut Lane,
     sets: &DeviceSets,
     pairs: &[PairToVerify],
     exact: bool,
@@ -240,50 +293,48 @@ fn run(
 ) -> Result<Vec<u32>, GpuError> {
     let m = pairs.len();
     let large_from = large_from();
-    // The two work lists: small pairs grouped by probe set (runs of equal `x`), large pairs.
-    let mut group_pairs: Vec<u32> = Vec::with_capacity(m);
+    // The two work lists: runs of pairs with the same probe set (the kernel skips their
+    // large pairs), and the large pairs.
     let mut group_start: Vec<u32> = Vec::new();
     let mut large: Vec<u32> = Vec::new();
     let mut last_x = u32::MAX;
     for (i, p) in pairs.iter().enumerate() {
+        if p.x != last_x || group_start.is_empty() {
+            group_start.push(i as u32);
+            last_x = p.x;
+        }
         let nx = u64::from(sets.sizes[p.x as usize]);
         let ny = u64::from(sets.sizes[p.y as usize]);
         let left = nx.saturating_sub(u64::from(p.from_x)) + ny.saturating_sub(u64::from(p.from_y));
         if left >= large_from {
             large.push(i as u32);
-        } else {
-            if p.x != last_x || group_start.is_empty() {
-                group_start.push(group_pairs.len() as u32);
-                last_x = p.x;
-            }
-            group_pairs.push(i as u32);
         }
     }
     let groups = group_start.len();
-    group_start.push(group_pairs.len() as u32);
+    group_start.push(m as u32);
     t.groups = groups as u64;
     t.large_pairs = large.len() as u64;
 
-    // Input region: pairs | group_pairs | group_start | large. Output: one u32 per pair.
+    // Input region: pairs | group_start | large. Output: one u32 per pair.
     let pairs_at = 0usize;
-    let gp_at = align(m * size_of::<PairToVerify>());
-    let gs_at = gp_at + align(group_pairs.len() * 4);
+    let gs_at = align(std::mem::size_of_val(pairs));
     let large_at = gs_at + align(group_start.len() * 4);
     let in_bytes = large_at + align(large.len() * 4);
     let out_bytes = m * 4;
+    let ws = &mut lane.ws;
     let d_in = ws.dev("sj_in", in_bytes)?;
     let d_out = ws.dev("sj_out", out_bytes)?;
     {
         let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
         let mut put = |at: usize, b: &[u8]| pin[at..at + b.len()].copy_from_slice(b);
         put(pairs_at, bytes_of(pairs));
-        put(gp_at, bytes_of(&group_pairs));
         put(gs_at, bytes_of(&group_start));
         put(large_at, bytes_of(&large));
     }
     t.h2d_bytes = in_bytes as u64;
     t.d2h_bytes = out_bytes as u64;
-    let cs = g.stream.cu_stream();
+    let stream = &lane.stream;
+    let cs = stream.cu_stream();
     let ev = |g: &Gpu| -> Result<CudaEvent, GpuError> { g.event() };
     let (e1, e2) = (ev(g)?, ev(g)?);
     {
@@ -296,23 +347,24 @@ fn run(
         unsafe { result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], cs) }
             .map_err(drv("host-to-device copy"))?;
     }
-    g.record(&e1)?;
+    e1.record(stream).map_err(drv("event record"))?;
     let p_tokens = sets.tokens.as_ref().map_or(0, |b| b.ptr);
     let p_starts = sets.starts.as_ref().map_or(0, |b| b.ptr);
     let p_pairs = d_in + pairs_at as u64;
-    let p_gp = d_in + gp_at as u64;
     let p_gs = d_in + gs_at as u64;
     let p_large = d_in + large_at as u64;
     let groups32 = groups as u32;
     let n_large = large.len() as u32;
     let exact32 = i32::from(exact);
+    let large_from32 = large_from.min(u64::from(u32::MAX)) as u32;
     // SAFETY: the parameters match `verify_groups` and `verify_large` in
     // kernels/simjoin.cu; the input region holds m pairs whose sets are < sets.len() (checked
-    // by the caller), group_pairs / group_start / large as built above (indexes < m), the
-    // output region m u32; the sets' buffers hold every set's tokens and len + 1 starts.
+    // by the caller), group_start / large as built above (indexes <= m), the output region
+    // m u32; the sets' buffers hold every set's tokens and len + 1 starts.
     unsafe {
         if groups32 > 0 {
-            g.launch(
+            launch_on(
+                stream,
                 &k.groups,
                 groups32.min(k.groups_grid * 4),
                 GROUP_THREADS,
@@ -320,16 +372,17 @@ fn run(
                     arg(&p_tokens),
                     arg(&p_starts),
                     arg(&p_pairs),
-                    arg(&p_gp),
                     arg(&p_gs),
                     arg(&groups32),
+                    arg(&large_from32),
                     arg(&exact32),
                     arg(&d_out),
                 ],
             )?;
         }
         if n_large > 0 {
-            g.launch(
+            launch_on(
+                stream,
                 &k.large,
                 n_large.min(k.large_grid * 4),
                 LARGE_THREADS,
@@ -344,7 +397,7 @@ fn run(
             )?;
         }
     }
-    g.record(&e2)?;
+    e2.record(stream).map_err(drv("event record"))?;
     {
         let pin = Workspace::pinned(&mut ws.pin_out, out_bytes)?;
         // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
@@ -352,7 +405,7 @@ fn run(
         unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..out_bytes], d_out, cs) }
             .map_err(drv("device-to-host copy"))?;
     }
-    g.sync()?;
+    stream.synchronize().map_err(drv("stream synchronize"))?;
     t.kernel_ms = f64::from(e1.elapsed_ms(&e2).map_err(drv("event timing"))?);
     let pin = &ws
         .pin_out
