@@ -25,7 +25,9 @@ use futures::Stream;
 use super::exec::{Built, JoinColumn};
 use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
-use crate::backend::gpu::{self, DeviceSets, GpuError, PairToVerify, VERIFY_NONE, VerifyTimings};
+use crate::backend::gpu::{
+    self, DeviceSets, GpuError, PairBuffer, PairToVerify, VERIFY_NONE, VerifyTimings,
+};
 use crate::config::BackendChoice;
 use crate::functions::set_similarity::Measure;
 
@@ -41,17 +43,20 @@ const AUTO_GPU_MIN_TOKENS: usize = 1 << 20;
 
 /// A chunk's device answer (with the chunk, so a failed call can be verified on the CPU).
 type ChunkResult = (
-    Arc<Vec<PairToVerify>>,
+    Arc<PairBuffer>,
     std::result::Result<(Vec<u32>, VerifyTimings), GpuError>,
 );
 
 /// GPU verification of one partition: the chunk being filled and the one in flight.
 struct GpuVerify {
     sets: Arc<DeviceSets>,
-    chunk: Vec<PairToVerify>,
+    /// The chunk being filled (page-locked when possible: copied to the device as it is).
+    chunk: PairBuffer,
+    /// A chunk buffer back from the device, reused for the next chunk.
+    spare: Option<PairBuffer>,
     capacity: usize,
     inflight: Option<tokio::task::JoinHandle<ChunkResult>>,
-    inflight_chunk: Option<Arc<Vec<PairToVerify>>>,
+    inflight_chunk: Option<Arc<PairBuffer>>,
     _reservation: MemoryReservation,
 }
 
@@ -231,7 +236,8 @@ impl SimilarityJoinStream {
         self.bytes_to_device.add(sets.bytes() as usize);
         Verifier::Gpu(Box::new(GpuVerify {
             sets,
-            chunk: Vec::with_capacity(capacity),
+            chunk: PairBuffer::new(capacity, true),
+            spare: None,
             capacity,
             inflight: None,
             inflight_chunk: None,
@@ -264,15 +270,16 @@ impl SimilarityJoinStream {
             return work;
         }
         if let Verifier::Gpu(gv) = &mut self.verifier {
-            gv.chunk
-                .extend(self.scratch.candidates.iter().map(|c| PairToVerify {
+            for c in &self.scratch.candidates {
+                gv.chunk.push(PairToVerify {
                     x: p as u32,
                     y: c.set,
                     alpha: c.alpha,
                     overlap: c.overlap,
                     from_x: c.from_x,
                     from_y: c.from_y,
-                }));
+                });
+            }
             return work;
         }
         let x = coll.set(p);
@@ -342,10 +349,17 @@ impl SimilarityJoinStream {
                     .add_duration(std::time::Duration::from_secs_f64(t.kernel_ms / 1e3));
                 self.gpu_call_time
                     .add_duration(std::time::Duration::from_secs_f64(t.total_ms / 1e3));
-                for (pair, &o) in chunk.iter().zip(&overlaps) {
+                for (pair, &o) in chunk.as_slice().iter().zip(&overlaps) {
                     if o != VERIFY_NONE {
                         self.record(built, pair.x, pair.y, u64::from(o));
                     }
+                }
+                // The buffer goes back to the pool of this partition.
+                if let (Ok(mut buffer), Verifier::Gpu(gv)) =
+                    (Arc::try_unwrap(chunk), &mut self.verifier)
+                {
+                    buffer.clear();
+                    gv.spare = Some(buffer);
                 }
             }
             other => {
@@ -357,11 +371,11 @@ impl SimilarityJoinStream {
                     "datafusion-sets: similarity_join GPU verification failed ({why}); the CPU \
                      verifies the rest"
                 );
-                self.verify_on_cpu(built, &chunk);
+                self.verify_on_cpu(built, chunk.as_slice());
                 if let Verifier::Gpu(gv) = &mut self.verifier {
-                    let rest = std::mem::take(&mut gv.chunk);
+                    let rest = std::mem::replace(&mut gv.chunk, PairBuffer::new(0, false));
                     self.verifier = Verifier::Cpu;
-                    self.verify_on_cpu(built, &rest);
+                    self.verify_on_cpu(built, rest.as_slice());
                 }
             }
         }
@@ -398,7 +412,7 @@ impl SimilarityJoinStream {
         let Verifier::Gpu(gv) = &mut self.verifier else {
             return Poll::Ready(());
         };
-        let full = gv.chunk.len() >= gv.capacity;
+        let full = gv.chunk.is_full();
         if let Some(handle) = gv.inflight.as_mut() {
             if !(full || flush || handle.is_finished()) {
                 return Poll::Ready(());
@@ -408,7 +422,10 @@ impl SimilarityJoinStream {
                 Poll::Ready(r) => r,
             };
             gv.inflight = None;
-            let chunk = gv.inflight_chunk.take().unwrap_or_default();
+            let chunk = gv
+                .inflight_chunk
+                .take()
+                .unwrap_or_else(|| Arc::new(PairBuffer::new(0, false)));
             let result = joined.unwrap_or_else(|e| {
                 (
                     chunk,
@@ -420,16 +437,16 @@ impl SimilarityJoinStream {
         let Verifier::Gpu(gv) = &mut self.verifier else {
             return Poll::Ready(());
         };
-        if gv.inflight.is_none() && !gv.chunk.is_empty() && (gv.chunk.len() >= gv.capacity || flush)
-        {
-            let chunk = Arc::new(std::mem::replace(
-                &mut gv.chunk,
-                Vec::with_capacity(gv.capacity),
-            ));
+        if gv.inflight.is_none() && !gv.chunk.is_empty() && (gv.chunk.is_full() || flush) {
+            let next = gv
+                .spare
+                .take()
+                .unwrap_or_else(|| PairBuffer::new(gv.capacity, true));
+            let chunk = Arc::new(std::mem::replace(&mut gv.chunk, next));
             let (sets, sent, exact) = (Arc::clone(&gv.sets), Arc::clone(&chunk), self.exact);
             gv.inflight_chunk = Some(chunk);
             gv.inflight = Some(tokio::task::spawn_blocking(move || {
-                let answer = gpu::verify_pairs(&sets, &sent, exact);
+                let answer = gpu::verify_pairs(&sets, sent.as_slice(), exact);
                 (sent, answer)
             }));
         }
@@ -443,7 +460,7 @@ impl SimilarityJoinStream {
 
     /// Whether the chunk being filled is full (filtering waits for the device).
     fn chunk_full(&self) -> bool {
-        matches!(&self.verifier, Verifier::Gpu(gv) if gv.chunk.len() >= gv.capacity)
+        matches!(&self.verifier, Verifier::Gpu(gv) if gv.chunk.is_full())
     }
 
     /// The next `k` pending pairs as a batch.

@@ -136,6 +136,26 @@ impl Drop for DevBuf {
     }
 }
 
+/// `bytes` of page-locked host memory (the context bound to this thread), or `None` when
+/// the backend is unavailable or the allocation fails. Free with [`free_pinned`].
+pub(super) fn alloc_pinned(bytes: usize) -> Option<*mut u8> {
+    let g = gpu().ok()?;
+    g.ctx.bind_to_thread().ok()?;
+    // SAFETY: plain page-locked allocation with the context bound.
+    unsafe { result::malloc_host(bytes.max(1), 0) }
+        .ok()
+        .map(|p| p.cast())
+}
+
+/// Free memory from [`alloc_pinned`].
+pub(super) fn free_pinned(ptr: *mut u8) {
+    if let Ok(g) = gpu_any() {
+        let _ = g.ctx.bind_to_thread();
+    }
+    // SAFETY: `ptr` came from `malloc_host` and is freed once.
+    let _ = unsafe { result::free_host(ptr.cast()) };
+}
+
 /// A page-locked host allocation owned by the workspace.
 pub(super) struct Pinned {
     ptr: *mut u8,
@@ -241,6 +261,14 @@ pub(super) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The process's GPU even after a fault turned the backend off (to free what it holds).
+fn gpu_any() -> Result<&'static Gpu, GpuError> {
+    GPU.get()
+        .ok_or(GpuError::NoDevice)?
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 pub(super) fn gpu() -> Result<&'static Gpu, GpuError> {

@@ -17,9 +17,11 @@
 //! Without the `cuda` feature a stub with the same names answers [`GpuError::NotCompiled`].
 
 mod error;
+mod pair_buffer;
 pub(crate) mod rows;
 
 pub use error::GpuError;
+pub use pair_buffer::PairBuffer;
 
 #[cfg(feature = "cuda")]
 mod bm25;

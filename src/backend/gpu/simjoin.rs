@@ -315,23 +315,26 @@ fn run(
     t.groups = groups as u64;
     t.large_pairs = large.len() as u64;
 
-    // Input region: pairs | group_start | large. Output: one u32 per pair.
+    // Input region: pairs | group_start | large. Output: one u32 per pair. The pairs are
+    // copied straight from the caller's memory (page-locked when it is a pinned
+    // `PairBuffer`), the two lists through the lane's pinned staging buffer.
     let pairs_at = 0usize;
     let gs_at = align(std::mem::size_of_val(pairs));
     let large_at = gs_at + align(group_start.len() * 4);
     let in_bytes = large_at + align(large.len() * 4);
+    let lists_bytes = in_bytes - gs_at;
     let out_bytes = m * 4;
     let ws = &mut lane.ws;
     let d_in = ws.dev("sj_in", in_bytes)?;
     let d_out = ws.dev("sj_out", out_bytes)?;
     {
-        let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
+        let pin =
+            &mut Workspace::pinned(&mut ws.pin_in, lists_bytes)?.as_mut_slice()[..lists_bytes];
         let mut put = |at: usize, b: &[u8]| pin[at..at + b.len()].copy_from_slice(b);
-        put(pairs_at, bytes_of(pairs));
-        put(gs_at, bytes_of(&group_start));
-        put(large_at, bytes_of(&large));
+        put(0, bytes_of(&group_start));
+        put(large_at - gs_at, bytes_of(&large));
     }
-    t.h2d_bytes = in_bytes as u64;
+    t.h2d_bytes = (std::mem::size_of_val(pairs) + lists_bytes) as u64;
     t.d2h_bytes = out_bytes as u64;
     let stream = &lane.stream;
     let cs = stream.cu_stream();
@@ -342,10 +345,15 @@ fn run(
             .pin_in
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        // SAFETY: `d_in` holds at least `in_bytes`; the pinned source is owned by the
-        // workspace and not touched until the stream is synchronized below.
-        unsafe { result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], cs) }
-            .map_err(drv("host-to-device copy"))?;
+        // SAFETY: `d_in` holds `in_bytes`: the pairs at 0, the lists from `gs_at`; both
+        // sources (the caller's pairs, borrowed for this whole call, and the lane's pinned
+        // buffer) stay untouched until the stream is synchronized below.
+        unsafe {
+            result::memcpy_htod_async(d_in + pairs_at as u64, bytes_of(pairs), cs)
+                .map_err(drv("host-to-device copy"))?;
+            result::memcpy_htod_async(d_in + gs_at as u64, &pin.as_slice()[..lists_bytes], cs)
+                .map_err(drv("host-to-device copy"))?;
+        }
     }
     e1.record(stream).map_err(drv("event record"))?;
     let p_tokens = sets.tokens.as_ref().map_or(0, |b| b.ptr);
