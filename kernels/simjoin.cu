@@ -5,10 +5,11 @@
 // (ascending, distinct), set s is tokens[starts[s] .. starts[s + 1]]. A chunk of candidate
 // pairs comes from the CPU's filter (the Bellas & Gounaris layout: the pairs of one probe
 // set are contiguous), each with what the filter already counted: the overlap of the
-// prefixes and where to resume the merge. The answer per pair is its overlap, or NONE when
-// it cannot reach `alpha` (the pair's minimum overlap for the threshold).
+// prefixes and where to resume the merge. The answer is compacted on the device: the index
+// and overlap of each pair that reaches `alpha` (the pair's minimum overlap for the
+// threshold), in no particular order (the host sorts them).
 //
-// Two layouts, as in the paper, chosen per pair by the host from what is left to merge:
+// Two layouts, as in the paper, chosen per pair on the device from what is left to merge:
 // - verify_groups: one block per probe set; the probe set is read into shared memory once
 //   and each thread verifies one candidate against it with the early-terminating merge
 //   (the CPU's `verify`: the same branch-free steps and stops);
@@ -62,36 +63,55 @@ __device__ __forceinline__ bool is_large(u32 nx, u32 ny, const Pair& p, u32 larg
     return left >= large_from;
 }
 
-// One block per group: pairs[group_start[g] .. group_start[g + 1]] share their probe set; the
-// block verifies those not large (verify_large takes the others).
+// counters[0]: large pairs listed; counters[1]: passing pairs written.
+#define LARGE_COUNT 0
+#define PASS_COUNT 1
+
+// Record a passing pair (index and overlap) in the compacted answer.
+__device__ __forceinline__ void pass(u32* counters, u32* pass_idx, u32* pass_ovl, u32 idx,
+                                     u32 overlap) {
+    u32 k = atomicAdd(&counters[PASS_COUNT], 1u);
+    pass_idx[k] = idx;
+    pass_ovl[k] = overlap;
+}
+
+// One block per group: pairs[group_start[g] .. group_start[g + 1]] (normally one probe set,
+// read into shared memory once). Pairs whose remainders are large are listed for
+// verify_large; the others are verified here. Passing pairs go to the compacted answer.
 extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
 verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
               const Pair* __restrict__ pairs, const u32* __restrict__ group_start, u32 groups,
-              u32 large_from, int exact, u32* __restrict__ out) {
+              u32 large_from, int exact, u32* __restrict__ counters, u32* __restrict__ large,
+              u32* __restrict__ pass_idx, u32* __restrict__ pass_ovl) {
     __shared__ u32 xs[SHARED_TOKENS];
     for (u32 g = blockIdx.x; g < groups; g += gridDim.x) {
         u32 p0 = group_start[g], p1 = group_start[g + 1];
         u32 x = pairs[p0].x;
         u64 xb = starts[x];
         u32 nx = (u32)(starts[x + 1] - xb);
-        const u32* a = tokens + xb;
+        const u32* shared_x = tokens + xb;
         if (nx <= SHARED_TOKENS) {
             __syncthreads();
-            for (u32 t = threadIdx.x; t < nx; t += blockDim.x) xs[t] = a[t];
+            for (u32 t = threadIdx.x; t < nx; t += blockDim.x) xs[t] = shared_x[t];
             __syncthreads();
-            a = xs;
+            shared_x = xs;
         }
         for (u32 idx = p0 + threadIdx.x; idx < p1; idx += blockDim.x) {
             Pair p = pairs[idx];
+            // A pair of another probe set (a group that is not one run) reads its own set.
+            const u32* a = p.x == x ? shared_x : tokens + starts[p.x];
+            u32 na = (u32)(starts[p.x + 1] - starts[p.x]);
             u64 yb = starts[p.y];
             u32 ny = (u32)(starts[p.y + 1] - yb);
-            if (is_large(nx, ny, p, large_from)) continue;
-            u32 r = NONE;
-            if (p.from_x <= nx && p.from_y <= ny) {
-                r = verify_merge(a + p.from_x, nx - p.from_x, tokens + yb + p.from_y,
-                                 ny - p.from_y, p.alpha, p.overlap, exact);
+            if (is_large(na, ny, p, large_from)) {
+                large[atomicAdd(&counters[LARGE_COUNT], 1u)] = idx;
+                continue;
             }
-            out[idx] = r;
+            if (p.from_x <= na && p.from_y <= ny) {
+                u32 r = verify_merge(a + p.from_x, na - p.from_x, tokens + yb + p.from_y,
+                                     ny - p.from_y, p.alpha, p.overlap, exact);
+                if (r != NONE) pass(counters, pass_idx, pass_ovl, idx, r);
+            }
         }
     }
 }
@@ -109,12 +129,14 @@ __device__ __forceinline__ u32 merge_split(const u32* __restrict__ a, u32 na,
     return lo;
 }
 
-// One block per pair (large remainders): pairs[large[i]] for i in 0..n_large.
+// One block per pair listed by verify_groups (long remainders).
 extern "C" __global__ void __launch_bounds__(LARGE_THREADS)
 verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
-             const Pair* __restrict__ pairs, const u32* __restrict__ large, u32 n_large,
-             u32* __restrict__ out) {
+             const Pair* __restrict__ pairs, const u32* __restrict__ large,
+             u32* __restrict__ counters, u32* __restrict__ pass_idx,
+             u32* __restrict__ pass_ovl) {
     __shared__ u32 warp_sums[LARGE_THREADS / 32];
+    u32 n_large = counters[LARGE_COUNT];
     for (u32 l = blockIdx.x; l < n_large; l += gridDim.x) {
         u32 idx = large[l];
         Pair p = pairs[idx];
@@ -148,7 +170,7 @@ verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
             u32 sum = 0;
             for (u32 w = 0; w < blockDim.x / 32; ++w) sum += warp_sums[w];
             u32 all = p.overlap + sum;
-            out[idx] = (ok && all >= p.alpha) ? all : NONE;
+            if (ok && all >= p.alpha) pass(counters, pass_idx, pass_ovl, idx, all);
         }
     }
 }

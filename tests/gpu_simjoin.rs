@@ -20,7 +20,10 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_sets::backend::gpu::{self, PairToVerify, VERIFY_NONE};
+use datafusion_sets::backend::gpu::{self, PairToVerify};
+
+/// The expected answer of a pair below its minimum overlap.
+const NONE: u32 = u32::MAX;
 use datafusion_sets::functions::set_similarity::Measure;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -104,7 +107,7 @@ fn engine_verify_pairs_equals_merge() {
                 from_x: fx,
                 from_y: fy,
             });
-            expected.push(if total >= alpha { total } else { VERIFY_NONE });
+            expected.push(if total >= alpha { total } else { NONE });
         }
     }
     // A resume point past the end of a set is never an answer.
@@ -116,30 +119,65 @@ fn engine_verify_pairs_equals_merge() {
         from_x: sets[0].len() as u32 + 1,
         from_y: 0,
     });
-    expected.push(VERIFY_NONE);
+    expected.push(NONE);
 
-    let (exact, t) = gpu::verify_pairs(&device, &pairs, true).expect("verify");
-    assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
-    assert!(t.h2d_bytes >= 24 * pairs.len() as u64, "{t:?}");
-    assert_eq!(t.d2h_bytes, 4 * pairs.len() as u64);
-    let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
-    assert_eq!(wrong, 0, "exact answers differ from the merge");
-
-    let (lower, _) = gpu::verify_pairs(&device, &pairs, false).expect("verify");
-    for (i, (&l, &e)) in lower.iter().zip(&expected).enumerate() {
-        if e == VERIFY_NONE {
-            assert_eq!(l, VERIFY_NONE, "pair {i}: {:?}", pairs[i]);
-        } else {
-            assert!(l >= pairs[i].alpha && l <= e, "pair {i}: {l} for {e}");
+    // The answers as one value per pair (NONE: not passing).
+    let spread = |passed: &[(u32, u32)]| -> Vec<u32> {
+        let mut v = vec![NONE; pairs.len()];
+        for w in passed.windows(2) {
+            assert!(w[0].0 < w[1].0, "answers by ascending index, each once");
+        }
+        for &(i, o) in passed {
+            v[i as usize] = o;
+        }
+        v
+    };
+    // With the groups the join would send (runs of equal probe sets) and without.
+    let mut groups = vec![0u32];
+    for i in 1..pairs.len() {
+        if pairs[i].x != pairs[i - 1].x {
+            groups.push(i as u32);
         }
     }
+    for g in [Some(&groups[..]), None] {
+        let (passed, t) = gpu::verify_pairs(&device, &pairs, g, true).expect("verify");
+        assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
+        assert!(t.h2d_bytes >= 24 * pairs.len() as u64, "{t:?}");
+        assert_eq!(t.d2h_bytes, 8 + 8 * passed.len() as u64);
+        let exact = spread(&passed);
+        let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
+        assert_eq!(wrong, 0, "exact answers differ from the merge");
+
+        let (passed, _) = gpu::verify_pairs(&device, &pairs, g, false).expect("verify");
+        let lower = spread(&passed);
+        for (i, (&l, &e)) in lower.iter().zip(&expected).enumerate() {
+            if e == NONE {
+                assert_eq!(l, NONE, "pair {i}: {:?}", pairs[i]);
+            } else {
+                assert!(l >= pairs[i].alpha && l <= e, "pair {i}: {l} for {e}");
+            }
+        }
+    }
+    // Groups that are not runs of one probe set still give the exact answers (a group's
+    // pairs of other probe sets read their own set).
+    let coarse: Vec<u32> = (0..pairs.len() as u32).step_by(1000).collect();
+    let (passed, _) = gpu::verify_pairs(&device, &pairs, Some(&coarse), true).expect("verify");
+    assert_eq!(spread(&passed), expected, "coarse groups");
+    // Malformed groups are refused.
+    assert!(gpu::verify_pairs(&device, &pairs, Some(&[1, 5]), true).is_err());
+    assert!(gpu::verify_pairs(&device, &pairs, Some(&[0, 5, 5]), true).is_err());
     // Out-of-range sets are refused, not read.
     let bad = [PairToVerify {
         x: sets.len() as u32,
         ..PairToVerify::default()
     }];
-    assert!(gpu::verify_pairs(&device, &bad, true).is_err());
-    assert!(gpu::verify_pairs(&device, &[], true).unwrap().0.is_empty());
+    assert!(gpu::verify_pairs(&device, &bad, None, true).is_err());
+    assert!(
+        gpu::verify_pairs(&device, &[], None, true)
+            .unwrap()
+            .0
+            .is_empty()
+    );
 }
 
 /// One row: id and token list (`None`: NULL).

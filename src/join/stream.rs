@@ -25,9 +25,7 @@ use futures::Stream;
 use super::exec::{Built, JoinColumn};
 use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
-use crate::backend::gpu::{
-    self, DeviceSets, GpuError, PairBuffer, PairToVerify, VERIFY_NONE, VerifyTimings,
-};
+use crate::backend::gpu::{self, DeviceSets, GpuError, PairBuffer, PairToVerify, VerifyTimings};
 use crate::config::BackendChoice;
 use crate::functions::set_similarity::Measure;
 
@@ -44,7 +42,7 @@ const AUTO_GPU_MIN_TOKENS: usize = 1 << 20;
 /// A chunk's device answer (with the chunk, so a failed call can be verified on the CPU).
 type ChunkResult = (
     Arc<PairBuffer>,
-    std::result::Result<(Vec<u32>, VerifyTimings), GpuError>,
+    std::result::Result<(Vec<(u32, u32)>, VerifyTimings), GpuError>,
 );
 
 /// GPU verification of one partition: the chunk being filled and the one in flight.
@@ -270,6 +268,9 @@ impl SimilarityJoinStream {
             return work;
         }
         if let Verifier::Gpu(gv) = &mut self.verifier {
+            if !self.scratch.candidates.is_empty() {
+                gv.chunk.start_group();
+            }
             for c in &self.scratch.candidates {
                 gv.chunk.push(PairToVerify {
                     x: p as u32,
@@ -339,7 +340,7 @@ impl SimilarityJoinStream {
     fn take_chunk(&mut self, built: &Built, result: ChunkResult) {
         let (chunk, answer) = result;
         match answer {
-            Ok((overlaps, t)) if overlaps.len() == chunk.len() => {
+            Ok((passed, t)) => {
                 gpu::count_simjoin_chunk();
                 self.gpu_chunks.add(1);
                 self.gpu_pairs.add(chunk.len());
@@ -349,10 +350,10 @@ impl SimilarityJoinStream {
                     .add_duration(std::time::Duration::from_secs_f64(t.kernel_ms / 1e3));
                 self.gpu_call_time
                     .add_duration(std::time::Duration::from_secs_f64(t.total_ms / 1e3));
-                for (pair, &o) in chunk.as_slice().iter().zip(&overlaps) {
-                    if o != VERIFY_NONE {
-                        self.record(built, pair.x, pair.y, u64::from(o));
-                    }
+                let pairs = chunk.as_slice();
+                for &(i, o) in &passed {
+                    let pair = pairs[i as usize];
+                    self.record(built, pair.x, pair.y, u64::from(o));
                 }
                 // The buffer goes back to the pool of this partition.
                 if let (Ok(mut buffer), Verifier::Gpu(gv)) =
@@ -362,11 +363,8 @@ impl SimilarityJoinStream {
                     gv.spare = Some(buffer);
                 }
             }
-            other => {
-                let why = match other {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "the device answered a wrong number of pairs".to_string(),
-                };
+            Err(e) => {
+                let why = e.to_string();
                 log::debug!(
                     "datafusion-sets: similarity_join GPU verification failed ({why}); the CPU \
                      verifies the rest"
@@ -446,7 +444,7 @@ impl SimilarityJoinStream {
             let (sets, sent, exact) = (Arc::clone(&gv.sets), Arc::clone(&chunk), self.exact);
             gv.inflight_chunk = Some(chunk);
             gv.inflight = Some(tokio::task::spawn_blocking(move || {
-                let answer = gpu::verify_pairs(&sets, sent.as_slice(), exact);
+                let answer = gpu::verify_pairs(&sets, sent.as_slice(), sent.groups(), exact);
                 (sent, answer)
             }));
         }

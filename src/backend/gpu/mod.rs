@@ -163,9 +163,6 @@ pub struct PairToVerify {
     pub from_y: u32,
 }
 
-/// [`verify_pairs`]'s answer for a pair below its minimum overlap.
-pub const VERIFY_NONE: u32 = u32::MAX;
-
 /// What one [`verify_pairs`] call did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VerifyTimings {

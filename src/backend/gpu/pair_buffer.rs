@@ -19,6 +19,8 @@ pub struct PairBuffer {
     storage: Storage,
     len: usize,
     capacity: usize,
+    /// Where each group (the pairs of one probe set) starts.
+    groups: Vec<u32>,
 }
 
 // SAFETY: the pinned pointer is an allocation owned by the buffer alone.
@@ -49,6 +51,7 @@ impl PairBuffer {
                 storage: Storage::Pinned(ptr.cast()),
                 len: 0,
                 capacity,
+                groups: Vec::new(),
             };
         }
         let _ = pinned;
@@ -56,6 +59,7 @@ impl PairBuffer {
             storage: Storage::Heap(Vec::with_capacity(capacity)),
             len: 0,
             capacity,
+            groups: Vec::new(),
         }
     }
 
@@ -81,8 +85,24 @@ impl PairBuffer {
         self.len >= self.capacity
     }
 
+    /// Start a group: the pairs pushed next (until the next group) share their probe set.
+    pub fn start_group(&mut self) {
+        if self.groups.last() != Some(&(self.len as u32)) {
+            self.groups.push(self.len as u32);
+        }
+    }
+
+    /// Where each group starts (for [`super::verify_pairs`]), when every pair is in one:
+    /// pushed after a [`Self::start_group`], and no group empty.
+    pub fn groups(&self) -> Option<&[u32]> {
+        let valid = self.groups.first() == Some(&0)
+            && self.groups.last().is_some_and(|&l| (l as usize) < self.len);
+        valid.then_some(&self.groups[..])
+    }
+
     pub fn clear(&mut self) {
         self.len = 0;
+        self.groups.clear();
         if let Storage::Heap(v) = &mut self.storage {
             v.clear();
         }
@@ -169,5 +189,24 @@ mod tests {
             b.push(pair(9));
             assert_eq!(b.as_slice(), &[pair(9)]);
         }
+    }
+
+    #[test]
+    fn groups_mark_each_probe_sets_pairs() {
+        let mut b = PairBuffer::new(8, false);
+        assert_eq!(b.groups(), None);
+        b.start_group();
+        b.push(pair(0));
+        b.push(pair(0));
+        b.start_group();
+        b.start_group();
+        b.push(pair(1));
+        assert_eq!(b.groups(), Some(&[0, 2][..]));
+        // A trailing group with no pair yet is not a valid grouping.
+        b.start_group();
+        assert_eq!(b.groups(), None);
+        b.clear();
+        b.push(pair(2));
+        assert_eq!(b.groups(), None, "pairs before any group");
     }
 }

@@ -6,7 +6,7 @@
 //! - [`verify_pairs`] verifies one chunk of candidate pairs: the chunk goes up in one copy
 //!   (pairs, then the two layouts' work lists, built here), two launches (a block per probe
 //!   set for short remainders, a block per pair, merge-path partitioned, for long ones), and
-//!   one copy back of an overlap per pair ([`super::VERIFY_NONE`]: below its minimum overlap).
+//!   one copy back of the passing pairs (index and overlap), compacted on the device.
 //!   Calls from several threads (the join's partitions) run at once on [`LANES`] lanes, each
 //!   with its own stream and pooled pinned and device buffers, so one chunk's staging and
 //!   copies overlap another's kernels.
@@ -192,14 +192,17 @@ pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuEr
     res
 }
 
-/// Verify a chunk of candidate pairs against sets on the device: `out[i]` is pair `i`'s
-/// overlap (the filter's count included) or [`super::VERIFY_NONE`]. `exact = false` lets a
-/// passing pair stop counting at its `alpha`.
+/// Verify a chunk of candidate pairs against sets on the device. The answer lists the pairs
+/// that reach their `alpha`, as (index in `pairs`, overlap with the filter's count
+/// included), by ascending index. `groups`: where each run of pairs with the same probe set
+/// starts (ascending, from 0), as the join knows it; `None`: found here. `exact = false`
+/// lets a passing pair stop counting at its `alpha`.
 pub fn verify_pairs(
     sets: &DeviceSets,
     pairs: &[PairToVerify],
+    groups: Option<&[u32]>,
     exact: bool,
-) -> Result<(Vec<u32>, VerifyTimings), GpuError> {
+) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
     let n = sets.sizes.len() as u32;
     if pairs.iter().any(|p| p.x >= n || p.y >= n) {
         return Err(GpuError::Unsupported(
@@ -212,6 +215,13 @@ pub fn verify_pairs(
     }
     if pairs.len() >= u32::MAX as usize {
         return Err(GpuError::Unsupported("too many pairs in one chunk".into()));
+    }
+    if let Some(gs) = groups
+        && (gs.first() != Some(&0)
+            || gs.windows(2).any(|w| w[0] >= w[1])
+            || gs.last().is_some_and(|&l| l as usize >= pairs.len()))
+    {
+        return Err(GpuError::Unsupported("malformed pair groups".into()));
     }
     let g = gpu()?;
     let started = Instant::now();
@@ -233,7 +243,7 @@ pub fn verify_pairs(
     }
     let lane = lane.as_mut().expect("set above");
     let res = catch_unwind(AssertUnwindSafe(|| {
-        run(g, k, lane, sets, pairs, exact, &mut t)
+        run(g, k, lane, sets, pairs, groups, exact, &mut t)
     }))
     .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
     match res {
@@ -282,60 +292,59 @@ unsafe fn launch_on(
     .map_err(drv("kernel launch"))
 }
 
+#[expect(clippy::too_many_arguments, reason = "one private helper, called once")]
 fn run(
     g: &Gpu,
     k: &Kernels,
     lane: &mut Lane,
     sets: &DeviceSets,
     pairs: &[PairToVerify],
+    groups: Option<&[u32]>,
     exact: bool,
     t: &mut VerifyTimings,
-) -> Result<Vec<u32>, GpuError> {
+) -> Result<Vec<(u32, u32)>, GpuError> {
     let m = pairs.len();
-    let large_from = large_from();
-    // The two work lists: runs of pairs with the same probe set (the kernel skips their
-    // large pairs), and the large pairs.
-    let mut group_start: Vec<u32> = Vec::new();
-    let mut large: Vec<u32> = Vec::new();
-    let mut last_x = u32::MAX;
-    for (i, p) in pairs.iter().enumerate() {
-        if p.x != last_x || group_start.is_empty() {
-            group_start.push(i as u32);
-            last_x = p.x;
+    // Where each run of pairs with the same probe set starts, then the end.
+    let mut group_start: Vec<u32> = match groups {
+        Some(gs) => gs.to_vec(),
+        None => {
+            let mut gs = Vec::new();
+            let mut last_x = u32::MAX;
+            for (i, p) in pairs.iter().enumerate() {
+                if p.x != last_x || gs.is_empty() {
+                    gs.push(i as u32);
+                    last_x = p.x;
+                }
+            }
+            gs
         }
-        let nx = u64::from(sets.sizes[p.x as usize]);
-        let ny = u64::from(sets.sizes[p.y as usize]);
-        let left = nx.saturating_sub(u64::from(p.from_x)) + ny.saturating_sub(u64::from(p.from_y));
-        if left >= large_from {
-            large.push(i as u32);
-        }
-    }
-    let groups = group_start.len();
+    };
+    let n_groups = group_start.len();
     group_start.push(m as u32);
-    t.groups = groups as u64;
-    t.large_pairs = large.len() as u64;
+    t.groups = n_groups as u64;
 
-    // Input region: pairs | group_start | large. Output: one u32 per pair. The pairs are
-    // copied straight from the caller's memory (page-locked when it is a pinned
-    // `PairBuffer`), the two lists through the lane's pinned staging buffer.
-    let pairs_at = 0usize;
+    // Input: pairs | group_start | counters (2 u32, zero). The pairs are copied straight
+    // from the caller's memory (page-locked when it is a pinned `PairBuffer`), the rest
+    // through the lane's pinned staging buffer. Device output: large list | pass_idx |
+    // pass_ovl (m u32 each), filled by the kernels; only the counters and the passing pairs
+    // come back.
     let gs_at = align(std::mem::size_of_val(pairs));
-    let large_at = gs_at + align(group_start.len() * 4);
-    let in_bytes = large_at + align(large.len() * 4);
+    let cnt_at = gs_at + align(group_start.len() * 4);
+    let in_bytes = cnt_at + align(8);
     let lists_bytes = in_bytes - gs_at;
-    let out_bytes = m * 4;
+    let large_at = 0usize;
+    let pidx_at = align(m * 4);
+    let povl_at = pidx_at + align(m * 4);
+    let out_bytes = povl_at + align(m * 4);
     let ws = &mut lane.ws;
     let d_in = ws.dev("sj_in", in_bytes)?;
     let d_out = ws.dev("sj_out", out_bytes)?;
     {
         let pin =
             &mut Workspace::pinned(&mut ws.pin_in, lists_bytes)?.as_mut_slice()[..lists_bytes];
-        let mut put = |at: usize, b: &[u8]| pin[at..at + b.len()].copy_from_slice(b);
-        put(0, bytes_of(&group_start));
-        put(large_at - gs_at, bytes_of(&large));
+        pin.fill(0);
+        pin[..group_start.len() * 4].copy_from_slice(bytes_of(&group_start));
     }
-    t.h2d_bytes = (std::mem::size_of_val(pairs) + lists_bytes) as u64;
-    t.d2h_bytes = out_bytes as u64;
     let stream = &lane.stream;
     let cs = stream.cu_stream();
     let ev = |g: &Gpu| -> Result<CudaEvent, GpuError> { g.event() };
@@ -345,84 +354,123 @@ fn run(
             .pin_in
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        // SAFETY: `d_in` holds `in_bytes`: the pairs at 0, the lists from `gs_at`; both
+        // SAFETY: `d_in` holds `in_bytes`: the pairs at 0, the rest from `gs_at`; both
         // sources (the caller's pairs, borrowed for this whole call, and the lane's pinned
         // buffer) stay untouched until the stream is synchronized below.
         unsafe {
-            result::memcpy_htod_async(d_in + pairs_at as u64, bytes_of(pairs), cs)
+            result::memcpy_htod_async(d_in, bytes_of(pairs), cs)
                 .map_err(drv("host-to-device copy"))?;
             result::memcpy_htod_async(d_in + gs_at as u64, &pin.as_slice()[..lists_bytes], cs)
                 .map_err(drv("host-to-device copy"))?;
         }
     }
+    t.h2d_bytes = (std::mem::size_of_val(pairs) + lists_bytes) as u64;
     e1.record(stream).map_err(drv("event record"))?;
     let p_tokens = sets.tokens.as_ref().map_or(0, |b| b.ptr);
     let p_starts = sets.starts.as_ref().map_or(0, |b| b.ptr);
-    let p_pairs = d_in + pairs_at as u64;
+    let p_pairs = d_in;
     let p_gs = d_in + gs_at as u64;
-    let p_large = d_in + large_at as u64;
-    let groups32 = groups as u32;
-    let n_large = large.len() as u32;
+    let p_cnt = d_in + cnt_at as u64;
+    let p_large = d_out + large_at as u64;
+    let p_pidx = d_out + pidx_at as u64;
+    let p_povl = d_out + povl_at as u64;
+    let groups32 = n_groups as u32;
     let exact32 = i32::from(exact);
-    let large_from32 = large_from.min(u64::from(u32::MAX)) as u32;
+    let large_from32 = large_from().min(u64::from(u32::MAX)) as u32;
     // SAFETY: the parameters match `verify_groups` and `verify_large` in
     // kernels/simjoin.cu; the input region holds m pairs whose sets are < sets.len() (checked
-    // by the caller), group_start / large as built above (indexes <= m), the output region
-    // m u32; the sets' buffers hold every set's tokens and len + 1 starts.
+    // by the caller), n_groups + 1 group starts (ascending, within 0..=m) and two zeroed
+    // counters; the output region holds three lists of m u32 (each kernel writes at most m
+    // entries: one per pair); the sets' buffers hold every set's tokens and len + 1 starts.
     unsafe {
-        if groups32 > 0 {
-            launch_on(
-                stream,
-                &k.groups,
-                groups32.min(k.groups_grid * 4),
-                GROUP_THREADS,
-                &mut [
-                    arg(&p_tokens),
-                    arg(&p_starts),
-                    arg(&p_pairs),
-                    arg(&p_gs),
-                    arg(&groups32),
-                    arg(&large_from32),
-                    arg(&exact32),
-                    arg(&d_out),
-                ],
-            )?;
-        }
-        if n_large > 0 {
-            launch_on(
-                stream,
-                &k.large,
-                n_large.min(k.large_grid * 4),
-                LARGE_THREADS,
-                &mut [
-                    arg(&p_tokens),
-                    arg(&p_starts),
-                    arg(&p_pairs),
-                    arg(&p_large),
-                    arg(&n_large),
-                    arg(&d_out),
-                ],
-            )?;
-        }
+        launch_on(
+            stream,
+            &k.groups,
+            groups32.min(k.groups_grid * 4),
+            GROUP_THREADS,
+            &mut [
+                arg(&p_tokens),
+                arg(&p_starts),
+                arg(&p_pairs),
+                arg(&p_gs),
+                arg(&groups32),
+                arg(&large_from32),
+                arg(&exact32),
+                arg(&p_cnt),
+                arg(&p_large),
+                arg(&p_pidx),
+                arg(&p_povl),
+            ],
+        )?;
+        launch_on(
+            stream,
+            &k.large,
+            k.large_grid,
+            LARGE_THREADS,
+            &mut [
+                arg(&p_tokens),
+                arg(&p_starts),
+                arg(&p_pairs),
+                arg(&p_large),
+                arg(&p_cnt),
+                arg(&p_pidx),
+                arg(&p_povl),
+            ],
+        )?;
     }
     e2.record(stream).map_err(drv("event record"))?;
+    // The counters, then exactly the passing pairs.
+    let mut counters = [0u32; 2];
     {
-        let pin = Workspace::pinned(&mut ws.pin_out, out_bytes)?;
-        // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
-        // synchronize below.
-        unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..out_bytes], d_out, cs) }
+        let pin = Workspace::pinned(&mut ws.pin_out, 8)?;
+        // SAFETY: 8 bytes from the counters into the pinned buffer, read after the sync.
+        unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..8], p_cnt, cs) }
             .map_err(drv("device-to-host copy"))?;
+        stream.synchronize().map_err(drv("stream synchronize"))?;
+        bytes_of_mut(&mut counters).copy_from_slice(&pin.as_slice()[..8]);
     }
-    stream.synchronize().map_err(drv("stream synchronize"))?;
+    let (n_large, n_pass) = (counters[0] as usize, counters[1] as usize);
+    if n_large > m || n_pass > m {
+        return Err(GpuError::Kernel(format!(
+            "similarity-join verification counted {n_large} large and {n_pass} passing pairs of {m}"
+        )));
+    }
+    t.large_pairs = n_large as u64;
+    let back = align(n_pass * 4) + n_pass * 4;
+    {
+        let pin = Workspace::pinned(&mut ws.pin_out, back.max(8))?;
+        let dst = pin.as_mut_slice();
+        // SAFETY: n_pass u32 from each of the two passing lists (within the output region)
+        // into the pinned buffer (`back` bytes), read after the sync.
+        unsafe {
+            result::memcpy_dtoh_async(&mut dst[..n_pass * 4], p_pidx, cs)
+                .map_err(drv("device-to-host copy"))?;
+            result::memcpy_dtoh_async(&mut dst[align(n_pass * 4)..back], p_povl, cs)
+                .map_err(drv("device-to-host copy"))?;
+        }
+        stream.synchronize().map_err(drv("stream synchronize"))?;
+    }
+    t.d2h_bytes = (8 + 2 * n_pass * 4) as u64;
     t.kernel_ms = f64::from(e1.elapsed_ms(&e2).map_err(drv("event timing"))?);
-    let pin = &ws
+    let pin = ws
         .pin_out
         .as_ref()
         .ok_or(GpuError::OutOfMemory("pinned allocation"))?
-        .as_slice()[..out_bytes];
-    let mut out = vec![0u32; m];
-    bytes_of_mut(&mut out).copy_from_slice(pin);
-    Ok(out)
+        .as_slice();
+    let mut idx = vec![0u32; n_pass];
+    let mut ovl = vec![0u32; n_pass];
+    bytes_of_mut(&mut idx).copy_from_slice(&pin[..n_pass * 4]);
+    bytes_of_mut(&mut ovl).copy_from_slice(&pin[align(n_pass * 4)..back]);
+    let mut passed: Vec<(u32, u32)> = idx.into_iter().zip(ovl).collect();
+    passed.sort_unstable_by_key(|p| p.0);
+    if passed.windows(2).any(|w| w[0].0 == w[1].0)
+        || passed.last().is_some_and(|p| p.0 as usize >= m)
+    {
+        return Err(GpuError::Kernel(
+            "similarity-join verification answered a pair twice or out of range".into(),
+        ));
+    }
+    Ok(passed)
 }
 
 fn bytes_of_mut(s: &mut [u32]) -> &mut [u8] {

@@ -75,7 +75,8 @@ pub fn upload_sets(_tokens: &[u32], _starts: &[usize]) -> Result<DeviceSets, Gpu
 pub fn verify_pairs(
     _sets: &DeviceSets,
     _pairs: &[PairToVerify],
+    _groups: Option<&[u32]>,
     _exact: bool,
-) -> Result<(Vec<u32>, VerifyTimings), GpuError> {
+) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
     Err(GpuError::NotCompiled)
 }
