@@ -548,9 +548,23 @@ fn bench_gpu_simjoin() {
         let (gpu_all, pairs_gpu) = best(cores, "gpu", false, reps);
         let (filter_all, candidates) = best(cores, "cpu", true, reps);
         let (cpu_all, pairs_cpu) = best(cores, "cpu", false, reps);
-        let (gpu_one, pairs_gpu1) = best(1, "gpu", false, 1);
-        let (filter_one, _) = best(1, "cpu", true, 1);
-        let (cpu_one, pairs_one) = best(1, "cpu", false, 1);
+        // DFSETS_BENCH_ONE_CORE=0 skips the one-core runs (variants of the GPU path).
+        let one_core = !std::env::var("DFSETS_BENCH_ONE_CORE").is_ok_and(|v| v == "0");
+        let (gpu_one, pairs_gpu1) = if one_core {
+            best(1, "gpu", false, 1)
+        } else {
+            (f64::NAN, pairs_cpu)
+        };
+        let (filter_one, _) = if one_core {
+            best(1, "cpu", true, 1)
+        } else {
+            (f64::NAN, 0)
+        };
+        let (cpu_one, pairs_one) = if one_core {
+            best(1, "cpu", false, 1)
+        } else {
+            (f64::NAN, pairs_cpu)
+        };
         assert_eq!(pairs_gpu, pairs_cpu, "{name}: GPU and CPU pair counts");
         assert_eq!(
             pairs_gpu1, pairs_one,

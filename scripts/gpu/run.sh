@@ -58,6 +58,14 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$carry/bench-data/gcide_words/sets.parqu
     echo "== benchmark: similarity_join (gcide_words, Jaccard and Dice 0.5)"
     DFSETS_BENCH_EXPLAIN=1 DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin.txt" \
         /tmp/gpubin/gpu_simjoin --ignored --nocapture bench 2>&1 | tee "$out/bench_simjoin.log" || status=1
+    # SJ_ENVS="LANES=4 LARGE_FROM=512": the benchmark again once per entry, DFSETS_SJ_<entry> set.
+    for v in ${SJ_ENVS:-}; do
+        tag=$(echo "$v" | tr '=' '_')
+        echo "== benchmark: similarity_join with DFSETS_SJ_$v"
+        env "DFSETS_SJ_$v" DFSETS_BENCH_ONE_CORE=0 DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin_$tag.txt" \
+            /tmp/gpubin/gpu_simjoin --ignored --nocapture bench >"$out/bench_simjoin_$tag.log" 2>&1 || status=1
+        tail -3 "$out/bench_simjoin_$tag.txt" 2>/dev/null
+    done
 fi
 # Kernel variants A/B: BM25_ENVS="TILE=1024 TILE=512" runs the BM25 tests and benchmark
 # again once per entry with DFSETS_BM25_<entry> set (BM25_TILES="1024 512" = TILE=... entries).

@@ -33,8 +33,10 @@ const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
 const GROUP_THREADS: u32 = 128;
 const LARGE_THREADS: u32 = 256;
 /// Lanes: chunks from different partitions are staged, copied and verified at once, each
-/// lane on its own stream with its own pooled buffers.
-const LANES: usize = 4;
+/// lane on its own stream with its own pooled buffers. `DFSETS_SJ_LANES` (1..=32) overrides
+/// the default (a measurement knob).
+const LANES: usize = 16;
+const MAX_LANES: usize = 32;
 /// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
 /// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
 const LARGE_FROM: u64 = 1024;
@@ -85,7 +87,18 @@ struct Lane {
 // lane's mutex.
 unsafe impl Send for Lane {}
 
-static LANE_SLOTS: [Mutex<Option<Lane>>; LANES] = [const { Mutex::new(None) }; LANES];
+static LANE_SLOTS: [Mutex<Option<Lane>>; MAX_LANES] = [const { Mutex::new(None) }; MAX_LANES];
+
+fn lanes() -> usize {
+    static V: OnceLock<usize> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("DFSETS_SJ_LANES")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|n| (1..=MAX_LANES).contains(n))
+            .unwrap_or(LANES)
+    })
+}
 static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
 
 fn large_from() -> u64 {
@@ -225,7 +238,7 @@ pub fn verify_pairs(
     }
     let g = gpu()?;
     let started = Instant::now();
-    let slot = &LANE_SLOTS[NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES];
+    let slot = &LANE_SLOTS[NEXT_LANE.fetch_add(1, Ordering::Relaxed) % lanes()];
     let mut lane = slot.lock().unwrap_or_else(|p| {
         let mut lane = p.into_inner();
         if let Some(l) = lane.as_mut() {
