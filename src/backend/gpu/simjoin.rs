@@ -35,7 +35,7 @@ const LARGE_THREADS: u32 = 256;
 /// Lanes: chunks from different partitions are staged, copied and verified at once, each
 /// lane on its own stream with its own pooled buffers. `DFSETS_SJ_LANES` (1..=32) overrides
 /// the default (a measurement knob).
-const LANES: usize = 16;
+const LANES: usize = 4;
 const MAX_LANES: usize = 32;
 /// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
 /// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
