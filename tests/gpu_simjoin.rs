@@ -38,19 +38,7 @@ fn random_set(rng: &mut StdRng, len: usize, domain: u32) -> Vec<u32> {
 
 /// `|a ∩ b|` of two ascending lists.
 fn common_count(a: &[u32], b: &[u32]) -> u32 {
-    let (mut i, mut j, mut o) = (0, 0, 0);
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                o += 1;
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    o
+    common::common_count(a, b) as u32
 }
 
 #[test]
@@ -246,6 +234,15 @@ fn table(rows: &[Row]) -> Arc<MemTable> {
     Arc::new(MemTable::try_new(schema, parts).expect("table"))
 }
 
+/// A multi-threaded tokio runtime with `workers` threads.
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio")
+}
+
 fn session(partitions: usize, backend: &str, rt: &tokio::runtime::Runtime) -> SessionContext {
     let ctx = common::sets_session(SessionConfig::new().with_target_partitions(partitions));
     rt.block_on(async {
@@ -327,11 +324,7 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
     if !gpu_or_skip("sql_gpu_equals_cpu_and_nested_loop") {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("tokio");
+    let rt = runtime(4);
     let mut rng = StdRng::seed_from_u64(11);
     let left = collection(&mut rng, 2500, 0);
     let right = collection(&mut rng, 1500, 100_000);
@@ -403,11 +396,7 @@ fn explain_analyze_shows_device_counters() {
     if !gpu_or_skip("explain_analyze_shows_device_counters") {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio");
+    let rt = runtime(2);
     let mut rng = StdRng::seed_from_u64(5);
     let rows = collection(&mut rng, 1500, 0);
     let ctx = session(2, "gpu", &rt);

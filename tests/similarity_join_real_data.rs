@@ -134,22 +134,6 @@ fn read_sets(path: &Path) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn overlap(x: &[u32], y: &[u32]) -> usize {
-    let (mut i, mut j, mut o) = (0, 0, 0);
-    while i < x.len() && j < y.len() {
-        match x[i].cmp(&y[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                o += 1;
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    o
-}
-
 /// The independent oracle (module docs): every pair of distinct ids with score `>= t`.
 fn oracle(sets: &[Vec<u32>], measure: Measure, t: f64) -> Pairs {
     let mut order: Vec<usize> = (0..sets.len()).filter(|&i| !sets[i].is_empty()).collect();
@@ -178,7 +162,7 @@ fn oracle(sets: &[Vec<u32>], measure: Measure, t: f64) -> Pairs {
             if (sets[y].len() as f64) < bound {
                 continue;
             }
-            let o = overlap(set, &sets[y]);
+            let o = common::common_count(set, &sets[y]);
             let score = measure.score(o, n, sets[y].len());
             if score >= t {
                 out.insert((x.min(y) as u32, x.max(y) as u32), score);
@@ -408,7 +392,7 @@ fn oracle_equals_all_pairs_on_small_sets() {
                 let mut want = Pairs::new();
                 for x in 0..sets.len() {
                     for y in x + 1..sets.len() {
-                        let o = overlap(&sets[x], &sets[y]);
+                        let o = common::common_count(&sets[x], &sets[y]);
                         let s = measure.score(o, sets[x].len(), sets[y].len());
                         if s >= t {
                             want.insert((x as u32, y as u32), s);

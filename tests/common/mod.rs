@@ -47,6 +47,23 @@ async fn prepare(ctx: &SessionContext, setup: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// `|x ∩ y|` of two ascending lists of distinct values (a plain merge: the tests' oracle).
+pub fn common_count(x: &[u32], y: &[u32]) -> usize {
+    let (mut i, mut j, mut o) = (0, 0, 0);
+    while i < x.len() && j < y.len() {
+        match x[i].cmp(&y[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                o += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    o
+}
+
 /// Whether a GPU test runs: a GPU is there (named on stderr); else skip with a note, or fail
 /// under `DFSETS_REQUIRE_GPU=1` (the device script sets it).
 pub fn gpu_or_skip(test: &str) -> bool {
