@@ -303,6 +303,7 @@ impl SimilarityJoinStream {
     }
 
     /// Record the verified pair of sets `p` (the probe) and `q` with overlap `o`.
+    #[inline]
     fn record(&mut self, built: &Built, p: u32, q: u32, o: u64) {
         let coll = &built.collections;
         let (rp, rq) = (coll.row(p as usize), coll.row(q as usize));
