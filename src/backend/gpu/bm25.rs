@@ -215,19 +215,7 @@ impl Resident {
         } else {
             (&ord, &imp)
         };
-        let up = |v: &[u8]| -> Result<DevBuf, GpuError> {
-            let bytes = v.len().max(256);
-            // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v`
-            // into it (the context is bound by the caller).
-            unsafe {
-                let ptr = result::malloc_sync(bytes).map_err(drv("index allocation"))?;
-                let buf = DevBuf { ptr, bytes };
-                if !v.is_empty() {
-                    result::memcpy_htod_sync(ptr, v).map_err(drv("index upload"))?;
-                }
-                Ok(buf)
-            }
-        };
+        let up = |v: &[u8]| DevBuf::upload(v, "index allocation", "index upload");
         self.ord = Some(up(bytes_of(ord_s))?);
         self.imp = Some(up(bytes_of(imp_s))?);
         self.doc = Some(up(bytes_of(&self.ord_doc))?);

@@ -128,6 +128,28 @@ pub(super) struct DevBuf {
     pub(super) bytes: usize,
 }
 
+impl DevBuf {
+    /// A new device buffer holding a copy of `v` (at least 256 bytes), copied synchronously;
+    /// `alloc` and `copy` name the two steps in errors. The context must be bound.
+    pub(super) fn upload(
+        v: &[u8],
+        alloc: &'static str,
+        copy: &'static str,
+    ) -> Result<Self, GpuError> {
+        let bytes = v.len().max(256);
+        // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v` into
+        // it (the context is bound by the caller).
+        unsafe {
+            let ptr = result::malloc_sync(bytes).map_err(drv(alloc))?;
+            let buf = DevBuf { ptr, bytes };
+            if !v.is_empty() {
+                result::memcpy_htod_sync(ptr, v).map_err(drv(copy))?;
+            }
+            Ok(buf)
+        }
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `malloc_sync` and is freed once; the workspace is only

@@ -115,15 +115,15 @@ fn large_from() -> u64 {
 pub struct DeviceSets {
     tokens: Option<DevBuf>,
     starts: Option<DevBuf>,
-    /// Size of every set (host copy: the layout choice reads it).
-    sizes: Vec<u32>,
+    /// Number of sets.
+    sets: usize,
     bytes: u64,
 }
 
 impl std::fmt::Debug for DeviceSets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceSets")
-            .field("sets", &self.sizes.len())
+            .field("sets", &self.sets)
             .field("bytes", &self.bytes)
             .finish()
     }
@@ -137,12 +137,12 @@ impl DeviceSets {
 
     /// Number of sets.
     pub fn len(&self) -> usize {
-        self.sizes.len()
+        self.sets
     }
 
     /// Whether there are no sets.
     pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
+        self.sets == 0
     }
 }
 
@@ -177,24 +177,12 @@ pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuEr
     let _ws = g.workspace.lock().unwrap_or_else(|p| p.into_inner());
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let starts64: Vec<u64> = starts.iter().map(|&s| s as u64).collect();
-    let up = |v: &[u8]| -> Result<DevBuf, GpuError> {
-        let bytes = v.len().max(256);
-        // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v` into
-        // it (the context is bound above).
-        unsafe {
-            let ptr = result::malloc_sync(bytes).map_err(drv("set allocation"))?;
-            let buf = DevBuf { ptr, bytes };
-            if !v.is_empty() {
-                result::memcpy_htod_sync(ptr, v).map_err(drv("set upload"))?;
-            }
-            Ok(buf)
-        }
-    };
+    let up = |v: &[u8]| DevBuf::upload(v, "set allocation", "set upload");
     let res = catch_unwind(AssertUnwindSafe(|| -> Result<DeviceSets, GpuError> {
         Ok(DeviceSets {
             tokens: Some(up(bytes_of(tokens))?),
             starts: Some(up(bytes_of(&starts64))?),
-            sizes: starts.windows(2).map(|w| (w[1] - w[0]) as u32).collect(),
+            sets: starts.len() - 1,
             bytes: (tokens.len() * 4 + starts64.len() * 8) as u64,
         })
     }))
@@ -216,7 +204,7 @@ pub fn verify_pairs(
     groups: Option<&[u32]>,
     exact: bool,
 ) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
-    let n = sets.sizes.len() as u32;
+    let n = sets.sets as u32;
     if pairs.iter().any(|p| p.x >= n || p.y >= n) {
         return Err(GpuError::Unsupported(
             "candidate pair names a set out of range".into(),
