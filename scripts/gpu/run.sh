@@ -55,6 +55,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; t
         /tmp/gpubin/gpu_bm25 --ignored --nocapture bench 2>&1 | tee "$out/bench_bm25.log" || status=1
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$carry/bench-data/gcide_words/sets.parquet" ] && have gpu_simjoin; then
+    # BASE=carry/gpuB (a folder built the same way from an earlier commit, gpu_simjoin only):
+    # its benchmark runs first, on the same data, for a side-by-side comparison.
+    if [ -n "${BASE:-}" ] && [ -f "$BASE/gpu_simjoin.xz" ]; then
+        echo "== benchmark: similarity_join, the base binary ($BASE)"
+        mkdir -p /tmp/gpubin-base
+        xz -dc "$BASE/gpu_simjoin.xz" >/tmp/gpubin-base/gpu_simjoin && chmod +x /tmp/gpubin-base/gpu_simjoin
+        DFSETS_BENCH_EXPLAIN=1 DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin_base.txt" \
+            /tmp/gpubin-base/gpu_simjoin --ignored --nocapture bench 2>&1 | tee "$out/bench_simjoin_base.log" || status=1
+    fi
     echo "== benchmark: similarity_join (gcide_words, Jaccard and Dice 0.5)"
     DFSETS_BENCH_EXPLAIN=1 DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin.txt" \
         /tmp/gpubin/gpu_simjoin --ignored --nocapture bench 2>&1 | tee "$out/bench_simjoin.log" || status=1
@@ -101,5 +110,5 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 echo "== summary"
 grep -E "^test result|passed|FAIL" "$out"/*.log | tail -14
-cat "$out/bench.txt" "$out/bench_bm25.txt" "$out/bench_simjoin.txt" 2>/dev/null
+cat "$out/bench.txt" "$out/bench_bm25.txt" "$out/bench_simjoin_base.txt" "$out/bench_simjoin.txt" 2>/dev/null
 exit $status

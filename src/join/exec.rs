@@ -31,8 +31,9 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, DynComparator, make_comparator, new_empty_array};
 use datafusion::arrow::compute::{SortOptions, cast, concat};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, internal_err, plan_err};
+use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
@@ -136,7 +137,7 @@ pub(crate) struct Built {
     /// Self-join: orders ids to orient (and filter) pairs.
     pub(crate) id_order: Option<(ArrayRef, DynComparator)>,
     /// Keeps the memory of `collections` and the columns accounted.
-    pub(crate) _reservation: MemoryReservation,
+    pub(crate) _reservation: Arc<MemoryReservation>,
     /// The sets on the device, uploaded by the first partition that verifies on the GPU
     /// (an error: the GPU could not take them, every partition verifies on the CPU).
     pub(crate) device_sets: std::sync::OnceLock<
@@ -645,28 +646,40 @@ async fn build_collections(
     build_time: Time,
 ) -> Result<Arc<Built>> {
     let reservation =
-        MemoryConsumer::new("SimilarityJoinExec[build]").register(context.memory_pool());
+        Arc::new(MemoryConsumer::new("SimilarityJoinExec[build]").register(context.memory_pool()));
     let self_join = inputs.len() == 1;
     let mut tokens = Vec::with_capacity(inputs.len());
     let mut columns = Vec::with_capacity(inputs.len());
+    // Every partition of every input is read (and decoded) by its own task, all at once.
+    let mut reads = Vec::with_capacity(inputs.len());
     for (input, keep) in inputs.iter().zip(&gathered) {
+        let tasks = (0..input.plan.output_partitioning().partition_count())
+            .map(|part| {
+                let stream = input.plan.execute(part, Arc::clone(&context))?;
+                Ok(SpawnedTask::spawn(read_partition(
+                    stream,
+                    Arc::clone(&reservation),
+                    keep.clone(),
+                    input.tokens,
+                    token_type.clone(),
+                )))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        reads.push(tasks);
+    }
+    for ((input, keep), tasks) in inputs.iter().zip(&gathered).zip(reads) {
         let schema = input.plan.schema();
         let mut side_tokens = Vec::new();
         let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
-        for part in 0..input.plan.output_partitioning().partition_count() {
-            let mut stream = input.plan.execute(part, Arc::clone(&context))?;
-            while let Some(batch) = stream.next().await {
-                let batch = batch?;
-                reserve(
-                    &reservation,
-                    batch.get_array_memory_size(),
-                    "the input batches",
-                )?;
-                for (k, &i) in keep.iter().enumerate() {
-                    side_columns[k].push(Arc::clone(batch.column(i)));
-                }
-                side_tokens.push(cast(batch.column(input.tokens), &token_type)?);
+        for task in tasks {
+            let (part_columns, part_tokens) = task
+                .join_unwind()
+                .await
+                .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+            for (all, part) in side_columns.iter_mut().zip(part_columns) {
+                all.extend(part);
             }
+            side_tokens.extend(part_tokens);
         }
         let mut side = vec![None; schema.fields().len()];
         for (k, &i) in keep.iter().enumerate() {
@@ -692,7 +705,12 @@ async fn build_collections(
         tokens.push(side_tokens);
     }
     let _timer = build_time.timer();
-    let collections = Collections::build(&tokens, &threshold, &reservation)?;
+    let collections = Collections::build(
+        &tokens,
+        &threshold,
+        &reservation,
+        context.session_config().target_partitions(),
+    )?;
     drop(tokens);
     let id_order = match (self_join, inputs[0].id) {
         (true, Some(id)) => match columns[0].get(id) {
@@ -715,4 +733,30 @@ async fn build_collections(
         _reservation: reservation,
         device_sets: std::sync::OnceLock::new(),
     }))
+}
+
+/// The batches of one input partition: the kept columns (`keep`'s order) and the token
+/// column cast to `token_type`, each batch's memory reserved.
+async fn read_partition(
+    mut stream: SendableRecordBatchStream,
+    reservation: Arc<MemoryReservation>,
+    keep: Vec<usize>,
+    tokens: usize,
+    token_type: DataType,
+) -> Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>)> {
+    let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
+    let mut token_columns = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        reserve(
+            &reservation,
+            batch.get_array_memory_size(),
+            "the input batches",
+        )?;
+        for (k, &i) in keep.iter().enumerate() {
+            columns[k].push(Arc::clone(batch.column(i)));
+        }
+        token_columns.push(cast(batch.column(tokens), &token_type)?);
+    }
+    Ok((columns, token_columns))
 }

@@ -1,14 +1,10 @@
 //! The filter phase of the similarity join (AllPairs + PPJoin) and its verification.
 //!
-//! Build ([`Collections::build`]), once per query:
-//! 1. every non-NULL, non-empty list becomes a set (sorted, deduplicated, NULL elements
-//!    dropped); empty sets are dropped, as they are similar to nothing;
-//! 2. tokens are renamed to ranks by increasing global frequency (over both inputs; ties by
-//!    value), so every set starts with its rarest tokens;
-//! 3. all sets of both sides are put in one global order by `(size, side, row)`;
-//! 4. each side gets an inverted index over its sets' *index prefixes* (the first
-//!    `n - min_overlap(n, n) + 1` tokens, enough against partners at least as large), with
-//!    posting lists in global order, hence sorted by size.
+//! [`Collections`] holds both inputs after the build (`build.rs`): sets deduplicated, tokens
+//! renamed to ranks by increasing global frequency (every set starts with its rarest tokens),
+//! all sets in one global order by `(size, side, row)`, and per side an inverted index over
+//! the sets' *index prefixes* (the first `n - min_overlap(n, n) + 1` tokens, enough against
+//! partners at least as large), posting lists in global order, hence sorted by size.
 //!
 //! Probe ([`Collections::filter`]): set `x` (size `n`) at global position `p` looks up its
 //! *probe prefix* (`n - min_overlap(n, lo) + 1` tokens, `lo` the smallest admissible
@@ -25,17 +21,12 @@
 
 use std::collections::HashMap;
 
-use datafusion::arrow::array::{Array, ArrayRef, ArrowPrimitiveType, AsArray, OffsetSizeTrait};
-use datafusion::common::{Result, internal_err};
+use datafusion::common::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::threshold::Threshold;
-use crate::backend::cpu::SetElem;
-use crate::dispatch_integer;
-use crate::functions::common::IntLists;
-use crate::functions::set_similarity::set_of;
 
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Grow `reservation` by `bytes` or fail with an error naming the operator and the purpose.
 pub(crate) fn reserve(reservation: &MemoryReservation, bytes: usize, what: &str) -> Result<()> {
@@ -48,19 +39,19 @@ pub(crate) fn reserve(reservation: &MemoryReservation, bytes: usize, what: &str)
 
 /// One posting: a set (global position), the position of the token in it and the set's
 /// size (read by the length and positional filters without another memory access).
-#[derive(Clone, Copy, Debug)]
-struct Posting {
-    set: u32,
-    pos: u32,
-    size: u32,
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Posting {
+    pub(super) set: u32,
+    pub(super) pos: u32,
+    pub(super) size: u32,
 }
 
 /// An inverted index over index prefixes, in CSR form: token `w`'s postings are
 /// `postings[offsets[w]..offsets[w + 1]]`, in global order.
-#[derive(Debug, Default)]
-struct Index {
-    offsets: Vec<usize>,
-    postings: Vec<Posting>,
+#[derive(Debug, PartialEq, Default)]
+pub(super) struct Index {
+    pub(super) offsets: Vec<usize>,
+    pub(super) postings: Vec<Posting>,
 }
 
 impl Index {
@@ -72,27 +63,20 @@ impl Index {
 }
 
 /// Both inputs after token reordering, in the global order, with their prefix indexes.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct Collections {
     /// Token ranks of every set (ascending within a set), sets in global order.
-    tokens: Vec<u32>,
+    pub(super) tokens: Vec<u32>,
     /// `tokens[starts[p]..starts[p + 1]]` is set `p`.
-    starts: Vec<usize>,
+    pub(super) starts: Vec<usize>,
     /// Size of set `p`.
-    sizes: Vec<u32>,
+    pub(super) sizes: Vec<u32>,
     /// Side of set `p`: 0 = left, 1 = right.
-    sides: Vec<u8>,
+    pub(super) sides: Vec<u8>,
     /// Row of set `p` in its side's input (batches concatenated).
-    rows: Vec<u32>,
+    pub(super) rows: Vec<u32>,
     /// One index per side (one in all for a self-join).
-    indexes: Vec<Index>,
-}
-
-/// The sets of one side before reordering: values of every set back to back.
-struct RawSide<T> {
-    values: Vec<T>,
-    starts: Vec<usize>,
-    rows: Vec<u32>,
+    pub(super) indexes: Vec<Index>,
 }
 
 /// A candidate of the last probe of set `x`: a set `y` met in the index that passed the
@@ -175,224 +159,6 @@ impl Scratch {
 }
 
 impl Collections {
-    /// Build from each side's token columns (batches of one list type of integers, after
-    /// coercion). `self_join`: one side, one index. Rows are numbered across batches.
-    pub fn build(
-        sides: &[Vec<ArrayRef>],
-        threshold: &Threshold,
-        reservation: &MemoryReservation,
-    ) -> Result<Self> {
-        let Some(first) = sides.iter().flatten().next() else {
-            return Ok(Self::empty(sides.len()));
-        };
-        let (list_type, element) = match first.data_type() {
-            dt @ (datafusion::arrow::datatypes::DataType::List(f)
-            | datafusion::arrow::datatypes::DataType::LargeList(f)) => {
-                (dt.clone(), f.data_type().clone())
-            }
-            other => {
-                return internal_err!("SimilarityJoinExec: token column is {other}, not a list");
-            }
-        };
-        if let Some(bad) = sides.iter().flatten().find(|a| *a.data_type() != list_type) {
-            return internal_err!(
-                "SimilarityJoinExec: token columns differ in type: {list_type} and {}",
-                bad.data_type()
-            );
-        }
-        if element.is_null() {
-            // Lists of NULL elements only: every set is empty.
-            return Ok(Self::empty(sides.len()));
-        }
-        let large = matches!(
-            list_type,
-            datafusion::arrow::datatypes::DataType::LargeList(_)
-        );
-        dispatch_integer!(&element, P => {
-            if large {
-                Self::build_typed::<i64, P>(sides, threshold, reservation)
-            } else {
-                Self::build_typed::<i32, P>(sides, threshold, reservation)
-            }
-        }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
-    }
-
-    fn empty(sides: usize) -> Self {
-        Self {
-            tokens: Vec::new(),
-            starts: vec![0],
-            sizes: Vec::new(),
-            sides: Vec::new(),
-            rows: Vec::new(),
-            indexes: (0..sides)
-                .map(|_| Index {
-                    offsets: vec![0],
-                    postings: Vec::new(),
-                })
-                .collect(),
-        }
-    }
-
-    fn build_typed<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
-        sides: &[Vec<ArrayRef>],
-        threshold: &Threshold,
-        reservation: &MemoryReservation,
-    ) -> Result<Self>
-    where
-        P::Native: SetElem,
-    {
-        // 1. Sets, deduplicated.
-        let mut raw: Vec<RawSide<P::Native>> = Vec::with_capacity(sides.len());
-        for batches in sides {
-            let total: usize = batches
-                .iter()
-                .map(|a| a.as_list::<O>().values().len())
-                .sum();
-            let rows: usize = batches.iter().map(|a| a.len()).sum();
-            reserve(
-                reservation,
-                total * size_of::<P::Native>() + rows * (size_of::<usize>() + size_of::<u32>()),
-                "the deduplicated sets",
-            )?;
-            let mut side = RawSide {
-                values: Vec::with_capacity(total),
-                starts: vec![0],
-                rows: Vec::new(),
-            };
-            let mut base = 0usize;
-            let mut buf = Vec::new();
-            for array in batches {
-                let list = array.as_list::<O>();
-                let view = IntLists::new::<P>(list);
-                for i in 0..view.len() {
-                    if view.is_null(i) {
-                        continue;
-                    }
-                    let set = set_of(&view, i, &mut buf);
-                    if set.is_empty() {
-                        continue;
-                    }
-                    side.values.extend_from_slice(set);
-                    side.starts.push(side.values.len());
-                    side.rows.push(u32::try_from(base + i).map_err(|_| {
-                        datafusion::common::DataFusionError::NotImplemented(
-                            "SimilarityJoinExec: more than 2^32 rows on one side".into(),
-                        )
-                    })?);
-                }
-                base += view.len();
-            }
-            raw.push(side);
-        }
-
-        // 2. Ranks by increasing frequency (ties by value).
-        let rank = Ranks::new(&raw, reservation)?;
-        let distinct = rank.distinct;
-
-        // 3. Global order by (size, side, row).
-        let sets: usize = raw.iter().map(|s| s.rows.len()).sum();
-        let total: usize = raw.iter().map(|s| s.values.len()).sum();
-        if u32::try_from(sets).is_err() {
-            return datafusion::common::not_impl_err!("SimilarityJoinExec: more than 2^32 sets");
-        }
-        reserve(
-            reservation,
-            total * size_of::<u32>() + sets * (size_of::<usize>() * 2 + 16),
-            "the reordered sets",
-        )?;
-        let mut items: Vec<(u32, u8, u32, usize)> = Vec::with_capacity(sets);
-        for (s, side) in raw.iter().enumerate() {
-            for (k, &row) in side.rows.iter().enumerate() {
-                let len = side.starts[k + 1] - side.starts[k];
-                items.push((len as u32, s as u8, row, k));
-            }
-        }
-        items.sort_unstable();
-        let mut tokens = Vec::with_capacity(total);
-        let mut starts = Vec::with_capacity(sets + 1);
-        starts.push(0);
-        let mut sizes = Vec::with_capacity(sets);
-        let mut side_of = Vec::with_capacity(sets);
-        let mut rows = Vec::with_capacity(sets);
-        for &(_, s, row, k) in &items {
-            let side = &raw[s as usize];
-            let from = tokens.len();
-            tokens.extend(
-                side.values[side.starts[k]..side.starts[k + 1]]
-                    .iter()
-                    .map(|&v| rank.get(v)),
-            );
-            // Often already in order (data whose values are ranked alike): check first.
-            if !tokens[from..].is_sorted() {
-                tokens[from..].sort_unstable();
-            }
-            sizes.push((tokens.len() - from) as u32);
-            starts.push(tokens.len());
-            side_of.push(s);
-            rows.push(row);
-        }
-        drop(items);
-        drop(raw);
-        drop(rank);
-
-        // 4. Index prefixes, one index per side.
-        let mut indexes = Vec::with_capacity(sides.len());
-        for s in 0..sides.len() as u8 {
-            let prefix = |p: usize| -> usize {
-                let n = (starts[p + 1] - starts[p]) as u64;
-                match threshold.min_overlap(n, n) {
-                    Some(a) => (n - a.max(1) + 1) as usize,
-                    None => 0,
-                }
-            };
-            let mut offsets = vec![0usize; distinct + 1];
-            let mut count = 0usize;
-            for p in (0..sets).filter(|&p| side_of[p] == s) {
-                for &w in &tokens[starts[p]..starts[p] + prefix(p)] {
-                    offsets[w as usize + 1] += 1;
-                }
-                count += prefix(p);
-            }
-            reserve(
-                reservation,
-                count * size_of::<Posting>() + offsets.len() * size_of::<usize>(),
-                "the prefix index",
-            )?;
-            for w in 0..distinct {
-                offsets[w + 1] += offsets[w];
-            }
-            let mut fill = offsets.clone();
-            let mut postings = vec![
-                Posting {
-                    set: 0,
-                    pos: 0,
-                    size: 0
-                };
-                count
-            ];
-            for p in (0..sets).filter(|&p| side_of[p] == s) {
-                for (pos, &w) in tokens[starts[p]..starts[p] + prefix(p)].iter().enumerate() {
-                    let slot = &mut fill[w as usize];
-                    postings[*slot] = Posting {
-                        set: p as u32,
-                        pos: pos as u32,
-                        size: (starts[p + 1] - starts[p]) as u32,
-                    };
-                    *slot += 1;
-                }
-            }
-            indexes.push(Index { offsets, postings });
-        }
-        Ok(Self {
-            tokens,
-            starts,
-            sizes,
-            sides: side_of,
-            rows,
-            indexes,
-        })
-    }
-
     /// Number of sets (both sides).
     pub fn len(&self) -> usize {
         self.sides.len()
@@ -554,84 +320,6 @@ pub fn verify<const EXACT: bool>(x: &[u32], y: &[u32], alpha: u64, counted: u64)
         }
     }
     (o >= need).then_some(counted + o)
-}
-
-/// Token ranks by increasing global frequency, ties by value: a dense table when the values
-/// span a range not much larger than their count, else a hash map.
-struct Ranks<T> {
-    /// Dense: rank of value `v` at `v.order_bits() - base`.
-    base: u64,
-    dense: Vec<u32>,
-    map: FastMap<T, u32>,
-    distinct: usize,
-}
-
-impl<T: SetElem> Ranks<T> {
-    fn new(raw: &[RawSide<T>], reservation: &MemoryReservation) -> Result<Self> {
-        let total: usize = raw.iter().map(|s| s.values.len()).sum();
-        let values = || raw.iter().flat_map(|s| s.values.iter().copied());
-        let (lo, hi) = values().fold((u64::MAX, 0u64), |(lo, hi), v| {
-            (lo.min(v.order_bits()), hi.max(v.order_bits()))
-        });
-        if total > 0 && hi - lo < (1 << 32) && (hi - lo) as usize <= 4 * total + 65_536 {
-            let range = (hi - lo) as usize + 1;
-            reserve(
-                reservation,
-                range * size_of::<u32>() * 2,
-                "the token frequencies",
-            )?;
-            let mut dense = vec![0u32; range];
-            for v in values() {
-                dense[(v.order_bits() - lo) as usize] += 1;
-            }
-            let mut order: Vec<(u32, u32)> = dense
-                .iter()
-                .enumerate()
-                .filter(|&(_, &f)| f > 0)
-                .map(|(k, &f)| (f, k as u32))
-                .collect();
-            order.sort_unstable();
-            for (rank, &(_, k)) in order.iter().enumerate() {
-                dense[k as usize] = rank as u32;
-            }
-            return Ok(Self {
-                base: lo,
-                dense,
-                map: FastMap::default(),
-                distinct: order.len(),
-            });
-        }
-        let mut freq: FastMap<T, u32> = FastMap::default();
-        for v in values() {
-            *freq.entry(v).or_insert(0) += 1;
-        }
-        let distinct = freq.len();
-        reserve(
-            reservation,
-            distinct * 3 * (size_of::<T>() + 8),
-            "the token frequencies",
-        )?;
-        let mut order: Vec<(u32, T)> = freq.iter().map(|(&v, &f)| (f, v)).collect();
-        order.sort_unstable();
-        for (rank, (_, v)) in order.iter().enumerate() {
-            freq.insert(*v, rank as u32);
-        }
-        Ok(Self {
-            base: 0,
-            dense: Vec::new(),
-            map: freq,
-            distinct,
-        })
-    }
-
-    #[inline]
-    fn get(&self, v: T) -> u32 {
-        if self.dense.is_empty() {
-            self.map.get(&v).copied().unwrap_or(u32::MAX)
-        } else {
-            self.dense[(v.order_bits() - self.base) as usize]
-        }
-    }
 }
 
 #[cfg(test)]

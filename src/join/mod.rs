@@ -3,6 +3,7 @@
 //! arithmetic ([`threshold`]), the `similarity_join(...)` table function and the optimizer
 //! rule that plans `JOIN ... ON jaccard(r.tokens, s.tokens) >= t` with it ([`rewrite`]).
 
+mod build;
 pub mod exec;
 mod filter;
 pub mod rewrite;

@@ -456,6 +456,19 @@ impl Gpu {
             .map_err(drv("event"))
     }
 
+    /// Wait until everything queued on `stream` is done, asleep: an event with blocking
+    /// sync, where a stream synchronize spins the calling thread's core at full load (the
+    /// driver's default with one context on a many-core host). For waits that overlap the
+    /// host's own work (the similarity join filters the next chunks meanwhile).
+    pub(super) fn wait_asleep(&self, stream: &CudaStream) -> Result<(), GpuError> {
+        let e = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(drv("event"))?;
+        e.record(stream).map_err(drv("event record"))?;
+        e.synchronize().map_err(drv("event synchronize"))
+    }
+
     pub(super) fn record(&self, e: &CudaEvent) -> Result<(), GpuError> {
         e.record(&self.stream).map_err(drv("event record"))
     }

@@ -427,7 +427,7 @@ fn run(
         // SAFETY: 8 bytes from the counters into the pinned buffer, read after the sync.
         unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..8], p_cnt, cs) }
             .map_err(drv("device-to-host copy"))?;
-        stream.synchronize().map_err(drv("stream synchronize"))?;
+        g.wait_asleep(stream)?;
         bytes_of_mut(&mut counters).copy_from_slice(&pin.as_slice()[..8]);
     }
     let (n_large, n_pass) = (counters[0] as usize, counters[1] as usize);
@@ -449,7 +449,7 @@ fn run(
             result::memcpy_dtoh_async(&mut dst[align(n_pass * 4)..back], p_povl, cs)
                 .map_err(drv("device-to-host copy"))?;
         }
-        stream.synchronize().map_err(drv("stream synchronize"))?;
+        g.wait_asleep(stream)?;
     }
     t.d2h_bytes = (8 + 2 * n_pass * 4) as u64;
     t.kernel_ms = f64::from(e1.elapsed_ms(&e2).map_err(drv("event timing"))?);

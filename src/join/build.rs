@@ -1,0 +1,623 @@
+//! The build of the similarity join ([`Collections::build`]), once per query, on up to
+//! `threads` cores (the session's `target_partitions`, so `target_partitions = 1` builds on
+//! one core):
+//! 1. every non-NULL, non-empty list becomes a set (sorted, deduplicated, NULL elements
+//!    dropped), in pieces of [`PIECE_ROWS`] rows built in parallel; empty sets are dropped;
+//! 2. tokens are renamed to ranks by increasing global frequency (over both inputs; ties by
+//!    value): per-thread histograms summed (or one shared atomic histogram when per-thread
+//!    ones would outweigh the data), a parallel sort of the distinct tokens;
+//! 3. all sets of both sides are put in one global order by `(size, side, row)` (a parallel
+//!    sort), each set's tokens renamed into its slot of one buffer in parallel;
+//! 4. each side gets an inverted index over its sets' index prefixes, posting lists in
+//!    global order: the sets are cut into contiguous ranges, one per thread; each range
+//!    counts its tokens, the counts give every (range, token) pair its first slot, and each
+//!    range then writes its postings there, so a list holds the ranges' postings in range
+//!    order, i.e. in global order, with no sort.
+//!
+//! Every step's result is the same for any number of threads.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use datafusion::arrow::array::{Array, ArrayRef, ArrowPrimitiveType, AsArray, OffsetSizeTrait};
+use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::execution::memory_pool::MemoryReservation;
+use rayon::prelude::*;
+
+use super::filter::{Collections, FastMap, Index, Posting, reserve};
+use super::threshold::Threshold;
+use crate::backend::cpu::SetElem;
+use crate::dispatch_integer;
+use crate::functions::common::IntLists;
+use crate::functions::set_similarity::set_of;
+
+/// Rows per piece of step 1 (the unit of parallel work).
+const PIECE_ROWS: usize = 4096;
+
+/// The sets of some consecutive rows of one side before reordering: values of every set
+/// back to back.
+struct RawPiece<T> {
+    values: Vec<T>,
+    starts: Vec<usize>,
+    rows: Vec<u32>,
+}
+
+impl<T> RawPiece<T> {
+    fn set(&self, k: usize) -> &[T] {
+        &self.values[self.starts[k]..self.starts[k + 1]]
+    }
+}
+
+/// A thread pool of `threads` threads, made once per process for each size asked for.
+fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>> {
+    static POOLS: OnceLock<Mutex<Vec<Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    let mut pools = POOLS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = pools.iter().find(|p| p.current_num_threads() == threads) {
+        return Ok(Arc::clone(p));
+    }
+    let p = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("dfsets-join-build-{i}"))
+        .build()
+        .map_err(|e| {
+            DataFusionError::External(Box::new(e))
+                .context("SimilarityJoinExec: could not start the build's threads")
+        })?;
+    let p = Arc::new(p);
+    pools.push(Arc::clone(&p));
+    Ok(p)
+}
+
+/// A pointer that many threads write through, each to slots no other thread writes.
+#[derive(Clone, Copy)]
+struct Slots(*mut Posting);
+// SAFETY: only used in step 4, where every slot is written by exactly one thread (the
+// ranges' slot intervals are disjoint by construction) and read after all threads joined.
+unsafe impl Send for Slots {}
+unsafe impl Sync for Slots {}
+
+impl Collections {
+    /// Build from each side's token columns (batches of one list type of integers, after
+    /// coercion) on up to `threads` cores. `self_join`: one side, one index. Rows are
+    /// numbered across batches.
+    pub fn build(
+        sides: &[Vec<ArrayRef>],
+        threshold: &Threshold,
+        reservation: &MemoryReservation,
+        threads: usize,
+    ) -> Result<Self> {
+        let Some(first) = sides.iter().flatten().next() else {
+            return Ok(Self::empty(sides.len()));
+        };
+        let (list_type, element) = match first.data_type() {
+            dt @ (datafusion::arrow::datatypes::DataType::List(f)
+            | datafusion::arrow::datatypes::DataType::LargeList(f)) => {
+                (dt.clone(), f.data_type().clone())
+            }
+            other => {
+                return internal_err!("SimilarityJoinExec: token column is {other}, not a list");
+            }
+        };
+        if let Some(bad) = sides.iter().flatten().find(|a| *a.data_type() != list_type) {
+            return internal_err!(
+                "SimilarityJoinExec: token columns differ in type: {list_type} and {}",
+                bad.data_type()
+            );
+        }
+        if element.is_null() {
+            // Lists of NULL elements only: every set is empty.
+            return Ok(Self::empty(sides.len()));
+        }
+        let large = matches!(
+            list_type,
+            datafusion::arrow::datatypes::DataType::LargeList(_)
+        );
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::build_on(
+            sides,
+            threshold,
+            reservation,
+            threads.clamp(1, cores),
+            large,
+            &element,
+        )
+    }
+
+    /// [`Self::build`] on exactly `threads` threads.
+    fn build_on(
+        sides: &[Vec<ArrayRef>],
+        threshold: &Threshold,
+        reservation: &MemoryReservation,
+        threads: usize,
+        large: bool,
+        element: &datafusion::arrow::datatypes::DataType,
+    ) -> Result<Self> {
+        pool(threads)?.install(|| {
+            dispatch_integer!(element, P => {
+                if large {
+                    Self::build_typed::<i64, P>(sides, threshold, reservation)
+                } else {
+                    Self::build_typed::<i32, P>(sides, threshold, reservation)
+                }
+            }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
+        })
+    }
+
+    fn empty(sides: usize) -> Self {
+        Self {
+            tokens: Vec::new(),
+            starts: vec![0],
+            sizes: Vec::new(),
+            sides: Vec::new(),
+            rows: Vec::new(),
+            indexes: (0..sides)
+                .map(|_| Index {
+                    offsets: vec![0],
+                    postings: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Runs inside the build's thread pool.
+    fn build_typed<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
+        sides: &[Vec<ArrayRef>],
+        threshold: &Threshold,
+        reservation: &MemoryReservation,
+    ) -> Result<Self>
+    where
+        P::Native: SetElem,
+    {
+        let threads = rayon::current_num_threads();
+
+        // 1. Sets, deduplicated, in pieces of consecutive rows.
+        let mut raw: Vec<Vec<RawPiece<P::Native>>> = Vec::with_capacity(sides.len());
+        for batches in sides {
+            let total: usize = batches
+                .iter()
+                .map(|a| a.as_list::<O>().values().len())
+                .sum();
+            let rows: usize = batches.iter().map(|a| a.len()).sum();
+            reserve(
+                reservation,
+                total * size_of::<P::Native>() + rows * (size_of::<usize>() + size_of::<u32>()),
+                "the deduplicated sets",
+            )?;
+            // (batch, first row, end row, the batch's first row number)
+            let mut units = Vec::new();
+            let mut base = 0usize;
+            for (b, array) in batches.iter().enumerate() {
+                let n = array.len();
+                units.extend((0..n).step_by(PIECE_ROWS).map(|from| {
+                    let to = (from + PIECE_ROWS).min(n);
+                    (b, from, to, base)
+                }));
+                base += n;
+            }
+            let pieces = units
+                .into_par_iter()
+                .map(|(b, from, to, base)| {
+                    let view = IntLists::new::<P>(batches[b].as_list::<O>());
+                    let mut piece = RawPiece {
+                        values: Vec::new(),
+                        starts: vec![0],
+                        rows: Vec::new(),
+                    };
+                    let mut buf = Vec::new();
+                    for i in from..to {
+                        if view.is_null(i) {
+                            continue;
+                        }
+                        let set = set_of(&view, i, &mut buf);
+                        if set.is_empty() {
+                            continue;
+                        }
+                        piece.values.extend_from_slice(set);
+                        piece.starts.push(piece.values.len());
+                        piece.rows.push(u32::try_from(base + i).map_err(|_| {
+                            DataFusionError::NotImplemented(
+                                "SimilarityJoinExec: more than 2^32 rows on one side".into(),
+                            )
+                        })?);
+                    }
+                    Ok(piece)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            raw.push(pieces);
+        }
+
+        // 2. Ranks by increasing frequency (ties by value).
+        let rank = Ranks::new(&raw, reservation, threads)?;
+        let distinct = rank.distinct;
+
+        // 3. Global order by (size, side, row).
+        let sets: usize = raw.iter().flatten().map(|p| p.rows.len()).sum();
+        let total: usize = raw.iter().flatten().map(|p| p.values.len()).sum();
+        if u32::try_from(sets).is_err() {
+            return datafusion::common::not_impl_err!("SimilarityJoinExec: more than 2^32 sets");
+        }
+        reserve(
+            reservation,
+            total * size_of::<u32>() + sets * (size_of::<usize>() * 2 + 24),
+            "the reordered sets",
+        )?;
+        // (size, side, row, piece, set within the piece)
+        let mut items: Vec<(u32, u8, u32, u32, u32)> = Vec::with_capacity(sets);
+        for (s, pieces) in raw.iter().enumerate() {
+            for (i, piece) in pieces.iter().enumerate() {
+                for (k, &row) in piece.rows.iter().enumerate() {
+                    let len = piece.starts[k + 1] - piece.starts[k];
+                    items.push((len as u32, s as u8, row, i as u32, k as u32));
+                }
+            }
+        }
+        items.par_sort_unstable();
+        let mut starts = Vec::with_capacity(sets + 1);
+        starts.push(0);
+        let mut sizes = Vec::with_capacity(sets);
+        let mut side_of = Vec::with_capacity(sets);
+        let mut rows = Vec::with_capacity(sets);
+        for &(len, s, row, _, _) in &items {
+            starts.push(starts[starts.len() - 1] + len as usize);
+            sizes.push(len);
+            side_of.push(s);
+            rows.push(row);
+        }
+        let mut tokens = vec![0u32; total];
+        let mut slots: Vec<&mut [u32]> = Vec::with_capacity(sets);
+        let mut rest = tokens.as_mut_slice();
+        for &len in &sizes {
+            let (slot, tail) = rest.split_at_mut(len as usize);
+            slots.push(slot);
+            rest = tail;
+        }
+        items
+            .par_iter()
+            .zip(slots.into_par_iter())
+            .with_min_len(256)
+            .for_each(|(&(_, s, _, i, k), out)| {
+                let set = raw[s as usize][i as usize].set(k as usize);
+                for (o, &v) in out.iter_mut().zip(set) {
+                    *o = rank.get(v);
+                }
+                // Often already in order (data whose values are ranked alike): check first.
+                if !out.is_sorted() {
+                    out.sort_unstable();
+                }
+            });
+        drop(items);
+        drop(raw);
+        drop(rank);
+
+        // 4. Index prefixes, one index per side.
+        let prefixes: Vec<u32> = (0..sets)
+            .into_par_iter()
+            .with_min_len(1024)
+            .map(|p| {
+                let n = u64::from(sizes[p]);
+                match threshold.min_overlap(n, n) {
+                    Some(a) => (n - a.max(1) + 1) as u32,
+                    None => 0,
+                }
+            })
+            .collect();
+        let mut indexes = Vec::with_capacity(sides.len());
+        for s in 0..sides.len() as u8 {
+            let members: Vec<u32> = (0..sets as u32)
+                .filter(|&p| side_of[p as usize] == s)
+                .collect();
+            let count: usize = members.iter().map(|&p| prefixes[p as usize] as usize).sum();
+            reserve(
+                reservation,
+                count * size_of::<Posting>() + (distinct + 1) * size_of::<usize>(),
+                "the prefix index",
+            )?;
+            if u32::try_from(count).is_err() {
+                return datafusion::common::not_impl_err!(
+                    "SimilarityJoinExec: more than 2^32 prefix tokens on one side"
+                );
+            }
+            // One range of members per thread while their per-token counters (4 bytes per
+            // distinct token each) stay small next to the postings.
+            let ranges = threads
+                .min((count * size_of::<Posting>()).div_ceil(4 * distinct.max(1)))
+                .max(1);
+            reserve(
+                reservation,
+                ranges * distinct * size_of::<u32>(),
+                "the prefix index's counters",
+            )?;
+            let chunk = members.len().div_ceil(ranges).max(1);
+            let tokens_of = |p: u32| {
+                let from = starts[p as usize];
+                &tokens[from..from + prefixes[p as usize] as usize]
+            };
+            // Per range: how many postings each token gets from it.
+            let mut counters: Vec<Vec<u32>> = members
+                .par_chunks(chunk)
+                .map(|range| {
+                    let mut c = vec![0u32; distinct];
+                    for &p in range {
+                        for &w in tokens_of(p) {
+                            c[w as usize] += 1;
+                        }
+                    }
+                    c
+                })
+                .collect();
+            // Offsets of the lists, then the counters become each range's next slot per token.
+            let mut offsets = vec![0usize; distinct + 1];
+            for w in 0..distinct {
+                let n: usize = counters.iter().map(|c| c[w] as usize).sum();
+                offsets[w + 1] = offsets[w] + n;
+            }
+            for w in 0..distinct {
+                let mut next = offsets[w] as u32;
+                for c in counters.iter_mut() {
+                    let n = c[w];
+                    c[w] = next;
+                    next += n;
+                }
+            }
+            let mut postings: Vec<Posting> = Vec::with_capacity(count);
+            let out = Slots(postings.as_mut_ptr());
+            members
+                .par_chunks(chunk)
+                .zip(counters.par_iter_mut())
+                .for_each(|(range, next)| {
+                    let out = out;
+                    for &p in range {
+                        let size = sizes[p as usize];
+                        for (pos, &w) in tokens_of(p).iter().enumerate() {
+                            let slot = &mut next[w as usize];
+                            // SAFETY: `*slot` lies in token `w`'s list, in the part of it
+                            // that belongs to this range (the counts above), and is below
+                            // `count`, the capacity.
+                            unsafe {
+                                out.0.add(*slot as usize).write(Posting {
+                                    set: p,
+                                    pos: pos as u32,
+                                    size,
+                                });
+                            }
+                            *slot += 1;
+                        }
+                    }
+                });
+            // SAFETY: the ranges wrote every slot below `count` exactly once (their counts sum
+            // to `count` and each slot interval was filled to its end).
+            unsafe { postings.set_len(count) };
+            drop(counters);
+            reservation.shrink(ranges * distinct * size_of::<u32>());
+            indexes.push(Index { offsets, postings });
+        }
+        Ok(Self {
+            tokens,
+            starts,
+            sizes,
+            sides: side_of,
+            rows,
+            indexes,
+        })
+    }
+}
+
+/// Token ranks by increasing global frequency, ties by value: a dense table when the values
+/// span a range not much larger than their count, else a hash map.
+struct Ranks<T> {
+    /// Dense: rank of value `v` at `v.order_bits() - base`.
+    base: u64,
+    dense: Vec<u32>,
+    map: FastMap<T, u32>,
+    distinct: usize,
+}
+
+impl<T: SetElem> Ranks<T> {
+    fn new(
+        raw: &[Vec<RawPiece<T>>],
+        reservation: &MemoryReservation,
+        threads: usize,
+    ) -> Result<Self> {
+        let pieces: Vec<&RawPiece<T>> = raw.iter().flatten().collect();
+        let total: usize = pieces.iter().map(|p| p.values.len()).sum();
+        let (lo, hi) = pieces
+            .par_iter()
+            .map(|p| {
+                p.values.iter().fold((u64::MAX, 0u64), |(lo, hi), v| {
+                    (lo.min(v.order_bits()), hi.max(v.order_bits()))
+                })
+            })
+            .reduce(|| (u64::MAX, 0), |(a, b), (c, d)| (a.min(c), b.max(d)));
+        if total > 0 && hi - lo < (1 << 32) && (hi - lo) as usize <= 4 * total + 65_536 {
+            let range = (hi - lo) as usize + 1;
+            reserve(
+                reservation,
+                range * size_of::<u32>() * 2,
+                "the token frequencies",
+            )?;
+            let slot = |v: T| (v.order_bits() - lo) as usize;
+            let mut dense = if threads > 1 && threads * range <= total {
+                // Per-thread histograms, summed.
+                let chunk = pieces.len().div_ceil(threads).max(1);
+                reserve(
+                    reservation,
+                    threads * range * size_of::<u32>(),
+                    "the token frequencies",
+                )?;
+                let dense = pieces
+                    .par_chunks(chunk)
+                    .map(|group| {
+                        let mut h = vec![0u32; range];
+                        for p in group {
+                            for &v in &p.values {
+                                h[slot(v)] += 1;
+                            }
+                        }
+                        h
+                    })
+                    .reduce_with(|mut a, b| {
+                        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                        a
+                    })
+                    .unwrap_or_else(|| vec![0; range]);
+                reservation.shrink(threads * range * size_of::<u32>());
+                dense
+            } else if threads > 1 {
+                let h: Vec<AtomicU32> = (0..range).map(|_| AtomicU32::new(0)).collect();
+                pieces.par_iter().for_each(|p| {
+                    for &v in &p.values {
+                        h[slot(v)].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                h.into_iter().map(AtomicU32::into_inner).collect()
+            } else {
+                let mut h = vec![0u32; range];
+                for p in &pieces {
+                    for &v in &p.values {
+                        h[slot(v)] += 1;
+                    }
+                }
+                h
+            };
+            let mut order: Vec<(u32, u32)> = dense
+                .iter()
+                .enumerate()
+                .filter(|&(_, &f)| f > 0)
+                .map(|(k, &f)| (f, k as u32))
+                .collect();
+            order.par_sort_unstable();
+            for (rank, &(_, k)) in order.iter().enumerate() {
+                dense[k as usize] = rank as u32;
+            }
+            return Ok(Self {
+                base: lo,
+                dense,
+                map: FastMap::default(),
+                distinct: order.len(),
+            });
+        }
+        let mut freq: FastMap<T, u32> = FastMap::default();
+        for p in &pieces {
+            for &v in &p.values {
+                *freq.entry(v).or_insert(0) += 1;
+            }
+        }
+        let distinct = freq.len();
+        reserve(
+            reservation,
+            distinct * 3 * (size_of::<T>() + 8),
+            "the token frequencies",
+        )?;
+        let mut order: Vec<(u32, T)> = freq.iter().map(|(&v, &f)| (f, v)).collect();
+        order.par_sort_unstable();
+        for (rank, (_, v)) in order.iter().enumerate() {
+            freq.insert(*v, rank as u32);
+        }
+        Ok(Self {
+            base: 0,
+            dense: Vec::new(),
+            map: freq,
+            distinct,
+        })
+    }
+
+    #[inline]
+    fn get(&self, v: T) -> u32 {
+        if self.dense.is_empty() {
+            self.map.get(&v).copied().unwrap_or(u32::MAX)
+        } else {
+            self.dense[(v.order_bits() - self.base) as usize]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{ArrayRef, ListArray};
+    use datafusion::arrow::datatypes::{DataType, Int64Type};
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
+
+    use super::*;
+    use crate::functions::set_similarity::Measure;
+    use crate::join::threshold::Comparison;
+
+    /// Batches of random lists: `rows` rows in batches of up to 5,000 (so pieces and
+    /// ranges cut sets of one batch), values `v * spread` for `v` below `distinct`, some
+    /// NULL lists, NULL elements, duplicates and empty lists.
+    fn batches(seed: u64, rows: usize, distinct: u64, spread: i64) -> Vec<ArrayRef> {
+        let mut state = seed | 1;
+        let mut next = move |k: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % k
+        };
+        let mut out = Vec::new();
+        let mut left = rows;
+        while left > 0 {
+            let n = left.min(5_000);
+            left -= n;
+            let lists: Vec<Option<Vec<Option<i64>>>> = (0..n)
+                .map(|_| {
+                    (next(20) != 0).then(|| {
+                        let len = next(12);
+                        (0..len)
+                            .map(|_| {
+                                // Skewed: small values are frequent.
+                                let v = next(distinct).min(next(distinct)) as i64;
+                                (next(50) != 0).then_some(v * spread - 1000)
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            out.push(
+                Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(lists)) as ArrayRef,
+            );
+        }
+        out
+    }
+
+    /// The build is the same on any number of threads, whichever frequency table it uses.
+    #[test]
+    fn same_on_any_number_of_threads() {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let threshold =
+            Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "test").unwrap();
+        // (distinct values, spread): per-thread histograms, the shared atomic histogram (values
+        // spread over a range larger than threads x values), the hash map (sparser still).
+        for (case, (distinct, spread)) in [(300u64, 1i64), (40_000, 3), (5_000, 1 << 40)]
+            .into_iter()
+            .enumerate()
+        {
+            let r = batches(7 + case as u64, 23_000, distinct, spread);
+            let s = batches(11 + case as u64, 9_000, distinct, spread);
+            for sides in [vec![r.clone()], vec![r, s]] {
+                let build = |threads| {
+                    let reservation = MemoryConsumer::new("test").register(&pool);
+                    let element = DataType::Int64;
+                    Collections::build_on(
+                        &sides,
+                        &threshold,
+                        &reservation,
+                        threads,
+                        false,
+                        &element,
+                    )
+                    .unwrap()
+                };
+                let one = build(1);
+                assert!(one.len() > 15_000, "{}", one.len());
+                assert!(one.indexes.iter().all(|i| !i.postings.is_empty()));
+                for threads in [2, 3, 8] {
+                    assert!(build(threads) == one, "case {case}, {threads} threads");
+                }
+            }
+        }
+    }
+}
