@@ -20,7 +20,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_sets::backend::gpu::{self, PairToVerify};
+use datafusion_sets::backend::gpu::{self, PairBuffer, PairToVerify};
 
 /// The expected answer of a pair below its minimum overlap.
 const NONE: u32 = u32::MAX;
@@ -39,6 +39,47 @@ fn random_set(rng: &mut StdRng, len: usize, domain: u32) -> Vec<u32> {
 /// `|a ∩ b|` of two ascending lists.
 fn common_count(a: &[u32], b: &[u32]) -> u32 {
     common::common_count(a, b) as u32
+}
+
+/// A chunk pushed past its nominal size (the join pushes a whole probe's candidates at a
+/// time) stays in page-locked memory, so its copy to the device stays asynchronous.
+#[test]
+fn engine_chunk_stays_pinned_past_its_size() {
+    if !gpu_or_skip("engine_chunk_stays_pinned_past_its_size") {
+        return;
+    }
+    let pair = |i: u32| PairToVerify {
+        x: i,
+        y: i,
+        alpha: 1,
+        overlap: 0,
+        from_x: 0,
+        from_y: 0,
+    };
+    let mut b = PairBuffer::new(1 << 10, true);
+    assert!(b.is_pinned(), "a GPU is there: the chunk is page-locked");
+    let first = b.as_slice().as_ptr();
+    for i in 0..5000 {
+        b.push(pair(i));
+    }
+    assert!(
+        b.is_full() && b.is_pinned(),
+        "still page-locked after overshooting"
+    );
+    assert!(b.as_slice().iter().map(|p| p.x).eq(0..5000));
+    b.clear();
+    assert!(b.is_pinned() && b.is_empty());
+    // Page-locked memory given up (the first allocation, when the chunk grew; the last one,
+    // when it is dropped) is pooled: the next chunk of the first size reuses the first one,
+    // the smallest that fits.
+    drop(b);
+    let c = PairBuffer::new(1 << 10, true);
+    assert!(c.is_pinned());
+    assert_eq!(
+        c.as_slice().as_ptr(),
+        first,
+        "the pooled allocation is reused"
+    );
 }
 
 #[test]

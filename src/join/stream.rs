@@ -77,6 +77,14 @@ fn filter_only() -> bool {
     on
 }
 
+/// `DFSETS_SJ_ASYNC=1` (a measurement knob, read when a partition starts): a full chunk is
+/// verified by a blocking task while the partition filters on, instead of by the partition
+/// itself (the default: a chunk's call takes about a millisecond, and a second thread per
+/// partition competes with the filtering partitions for the host's cores).
+fn gpu_async() -> bool {
+    std::env::var("DFSETS_SJ_ASYNC").is_ok_and(|v| v == "1")
+}
+
 type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
 
 enum State {
@@ -106,6 +114,8 @@ pub(crate) struct SimilarityJoinStream {
     verifier: Verifier,
     /// `DFSETS_SJ_FILTER_ONLY` (see [`filter_only`]).
     filter_only: bool,
+    /// `DFSETS_SJ_ASYNC` (see [`gpu_async`]).
+    gpu_async: bool,
     // Pairs found and not yet emitted.
     left_rows: Vec<u32>,
     right_rows: Vec<u32>,
@@ -158,6 +168,7 @@ impl SimilarityJoinStream {
             backend,
             verifier: Verifier::Cpu,
             filter_only: filter_only(),
+            gpu_async: gpu_async(),
             left_rows: Vec::new(),
             right_rows: Vec::new(),
             scores: Vec::new(),
@@ -221,7 +232,10 @@ impl SimilarityJoinStream {
         // Two chunks live at a time (one filling, one in flight) plus the device's answers.
         let per_pair = 2 * size_of::<PairToVerify>() + size_of::<u32>();
         let mut capacity = CHUNK_PAIRS;
-        while reservation.try_grow(capacity * per_pair).is_err() {
+        while reservation
+            .try_grow(PairBuffer::allocation_for(capacity) * per_pair)
+            .is_err()
+        {
             capacity /= 4;
             if capacity < MIN_CHUNK_PAIRS {
                 log::debug!(
@@ -442,6 +456,12 @@ impl SimilarityJoinStream {
                 .take()
                 .unwrap_or_else(|| PairBuffer::new(gv.capacity, true));
             let chunk = Arc::new(std::mem::replace(&mut gv.chunk, next));
+            if !self.gpu_async {
+                let answer =
+                    gpu::verify_pairs(&gv.sets, chunk.as_slice(), chunk.groups(), self.exact);
+                self.take_chunk(built, (chunk, answer));
+                return Poll::Ready(());
+            }
             let (sets, sent, exact) = (Arc::clone(&gv.sets), Arc::clone(&chunk), self.exact);
             gv.inflight_chunk = Some(chunk);
             gv.inflight = Some(tokio::task::spawn_blocking(move || {

@@ -1,8 +1,29 @@
-//! [`PairBuffer`]: a fixed-capacity buffer of [`PairToVerify`] in page-locked host memory when
-//! the GPU backend can allocate it (so [`super::verify_pairs`] copies it to the device
-//! straight from where the join wrote it, with no staging copy), else in an ordinary vector.
+//! [`PairBuffer`]: a chunk of [`PairToVerify`] in page-locked host memory when the GPU backend
+//! can allocate it (so [`super::verify_pairs`] copies it to the device straight from where
+//! the join wrote it, with no staging copy: a copy from pageable memory goes through the
+//! driver's own staging buffers, serialized across threads), else in an ordinary vector.
+//!
+//! A chunk is *full* at its nominal size, but the join pushes a whole probe's candidates at a
+//! time, so it overshoots: the allocation has room for an eighth more, and grows (page-locked
+//! again, doubled) when a probe overshoots further. It never falls back to pageable memory
+//! while page-locked memory can be had.
+//!
+//! Page-locking is slow (the driver pins every page, under a lock all threads share), so a
+//! dropped buffer's allocation goes to a process-wide pool, up to [`POOL_BYTES`], and the
+//! next join's partitions take their chunks from there.
+
+use std::sync::Mutex;
 
 use super::PairToVerify;
+
+/// Page-locked bytes kept for reuse after the buffers that held them are dropped (enough for
+/// two chunks of 2^18 pairs on each of 16 partitions).
+pub const POOL_BYTES: usize = 256 << 20;
+
+/// Page-locked allocations not in use: (address, pairs it holds).
+struct Pool(Vec<(usize, usize)>);
+
+static POOL: Mutex<Pool> = Mutex::new(Pool(Vec::new()));
 
 enum Storage {
     /// Never made without the `cuda` feature.
@@ -18,7 +39,10 @@ enum Storage {
 pub struct PairBuffer {
     storage: Storage,
     len: usize,
+    /// The nominal size: full from here.
     capacity: usize,
+    /// Pairs the page-locked allocation holds (`capacity` plus room to overshoot).
+    allocated: usize,
     /// Where each group (the pairs of one probe set) starts.
     groups: Vec<u32>,
 }
@@ -42,25 +66,66 @@ impl PairBuffer {
     /// A buffer for `capacity` pairs: page-locked when `pinned` and the GPU backend can
     /// allocate it, else on the heap.
     pub fn new(capacity: usize, pinned: bool) -> Self {
-        #[cfg(feature = "cuda")]
-        if pinned
-            && capacity > 0
-            && let Some(ptr) = super::cuda::alloc_pinned(capacity * size_of::<PairToVerify>())
-        {
+        if pinned && let Some((ptr, allocated)) = Self::alloc(Self::allocation_for(capacity)) {
             return Self {
-                storage: Storage::Pinned(ptr.cast()),
+                storage: Storage::Pinned(ptr),
                 len: 0,
                 capacity,
+                allocated,
                 groups: Vec::new(),
             };
         }
-        let _ = pinned;
         Self {
             storage: Storage::Heap(Vec::with_capacity(capacity)),
             len: 0,
             capacity,
+            allocated: 0,
             groups: Vec::new(),
         }
+    }
+
+    /// Pairs allocated for a chunk of `capacity`: an eighth more, to overshoot into.
+    pub fn allocation_for(capacity: usize) -> usize {
+        capacity + capacity / 8
+    }
+
+    /// Page-locked room for at least `pairs` pairs (from the pool, else new), if the GPU
+    /// backend can allocate it: the address and how many pairs it holds.
+    fn alloc(pairs: usize) -> Option<(*mut PairToVerify, usize)> {
+        if pairs == 0 {
+            return None;
+        }
+        {
+            let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+            // The smallest pooled allocation that is large enough.
+            let best = (pool.0.iter().enumerate())
+                .filter(|&(_, &(_, n))| n >= pairs)
+                .min_by_key(|&(_, &(_, n))| n)
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                let (addr, n) = pool.0.swap_remove(i);
+                return Some((addr as *mut PairToVerify, n));
+            }
+        }
+        #[cfg(feature = "cuda")]
+        return super::cuda::alloc_pinned(pairs * size_of::<PairToVerify>())
+            .map(|p| (p.cast(), pairs));
+        #[cfg(not(feature = "cuda"))]
+        None
+    }
+
+    /// Give a page-locked allocation of `pairs` pairs back: to the pool while it has room,
+    /// else to the driver.
+    fn release(ptr: *mut PairToVerify, pairs: usize) {
+        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let pooled: usize = pool.0.iter().map(|&(_, n)| n).sum();
+        if (pooled + pairs) * size_of::<PairToVerify>() <= POOL_BYTES {
+            pool.0.push((ptr as usize, pairs));
+            return;
+        }
+        drop(pool);
+        #[cfg(feature = "cuda")]
+        super::cuda::free_pinned(ptr.cast());
     }
 
     /// Whether the pairs live in page-locked memory.
@@ -112,21 +177,39 @@ impl PairBuffer {
     /// goes to a heap copy of the whole buffer (pinned storage), so nothing is ever lost.
     #[inline]
     pub fn push(&mut self, pair: PairToVerify) {
+        if let Storage::Pinned(_) = self.storage
+            && self.len == self.allocated
+        {
+            self.grow();
+        }
         match &mut self.storage {
             Storage::Pinned(ptr) => {
-                if self.len < self.capacity {
-                    // SAFETY: `ptr` holds `capacity` pairs and `len < capacity`.
-                    unsafe { ptr.add(self.len).write(pair) };
-                } else {
-                    let mut v = self.as_slice().to_vec();
-                    v.push(pair);
-                    self.unpin();
-                    self.storage = Storage::Heap(v);
-                }
+                // SAFETY: `ptr` holds `allocated` pairs and `len < allocated` (grown above).
+                unsafe { ptr.add(self.len).write(pair) };
             }
             Storage::Heap(v) => v.push(pair),
         }
         self.len += 1;
+    }
+
+    /// Double the page-locked allocation (or, when none can be had, move to the heap).
+    #[cold]
+    fn grow(&mut self) {
+        let want = (self.allocated * 2).max(16);
+        match Self::alloc(want) {
+            Some((ptr, allocated)) => {
+                // SAFETY: both allocations hold at least `len` pairs and do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(self.as_slice().as_ptr(), ptr, self.len) };
+                self.unpin();
+                self.storage = Storage::Pinned(ptr);
+                self.allocated = allocated;
+            }
+            None => {
+                let v = self.as_slice().to_vec();
+                self.unpin();
+                self.storage = Storage::Heap(v);
+            }
+        }
     }
 
     /// The pairs written so far.
@@ -140,11 +223,9 @@ impl PairBuffer {
 
     fn unpin(&mut self) {
         if let Storage::Pinned(ptr) = self.storage {
-            #[cfg(feature = "cuda")]
-            super::cuda::free_pinned(ptr.cast());
-            #[cfg(not(feature = "cuda"))]
-            let _ = ptr;
+            Self::release(ptr, self.allocated);
             self.storage = Storage::Heap(Vec::new());
+            self.allocated = 0;
         }
     }
 }
@@ -189,6 +270,25 @@ mod tests {
             b.push(pair(9));
             assert_eq!(b.as_slice(), &[pair(9)]);
         }
+    }
+
+    /// Overshooting the nominal size, even far past the room allocated for it, keeps the
+    /// pairs page-locked (when a GPU is there) and in order.
+    #[test]
+    fn stays_pinned_when_a_probe_overshoots() {
+        let mut b = PairBuffer::new(64, true);
+        let pinned = b.is_pinned();
+        for i in 0..1000 {
+            b.push(pair(i));
+        }
+        assert!(b.is_full());
+        assert_eq!(b.is_pinned(), pinned);
+        let want: Vec<PairToVerify> = (0..1000).map(pair).collect();
+        assert_eq!(b.as_slice(), &want[..]);
+        b.clear();
+        assert_eq!(b.is_pinned(), pinned);
+        b.push(pair(7));
+        assert_eq!(b.as_slice(), &[pair(7)]);
     }
 
     #[test]

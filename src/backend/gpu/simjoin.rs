@@ -7,8 +7,9 @@
 //!   (pairs, then the two layouts' work lists, built here), two launches (a block per probe
 //!   set for short remainders, a block per pair, merge-path partitioned, for long ones), and
 //!   one copy back of the passing pairs (index and overlap), compacted on the device.
-//!   Calls from several threads (the join's partitions) run at once on [`LANES`] lanes, each
-//!   with its own stream and pooled pinned and device buffers, so one chunk's staging and
+//!   Calls from several threads (the join's partitions) run at once, each on a lane of its
+//!   own (a stream with pooled pinned and device buffers, taken from a pool that grows to
+//!   the number of concurrent callers), so no call waits for another's and one chunk's
 //!   copies overlap another's kernels.
 //!
 //! The answers equal the CPU's `join::filter::verify` (same counts; with `exact = false` a
@@ -16,7 +17,6 @@
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -32,11 +32,6 @@ const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
 const GROUP_THREADS: u32 = 128;
 const LARGE_THREADS: u32 = 256;
-/// Lanes: chunks from different partitions are staged, copied and verified at once, each
-/// lane on its own stream with its own pooled buffers. `DFSETS_SJ_LANES` (1..=32) overrides
-/// the default (a measurement knob).
-const LANES: usize = 4;
-const MAX_LANES: usize = 32;
 /// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
 /// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
 const LARGE_FROM: u64 = 1024;
@@ -83,23 +78,12 @@ struct Lane {
     ws: Workspace,
 }
 
-// SAFETY: the stream handle and the workspace's raw allocations are only touched under the
-// lane's mutex.
+// SAFETY: the stream handle and the workspace's raw allocations are only touched by the one
+// call that took the lane from the pool.
 unsafe impl Send for Lane {}
 
-static LANE_SLOTS: [Mutex<Option<Lane>>; MAX_LANES] = [const { Mutex::new(None) }; MAX_LANES];
-
-fn lanes() -> usize {
-    static V: OnceLock<usize> = OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("DFSETS_SJ_LANES")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|n| (1..=MAX_LANES).contains(n))
-            .unwrap_or(LANES)
-    })
-}
-static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
+/// Lanes not in use. A call takes one (or makes one when none is free) and puts it back.
+static LANE_POOL: Mutex<Vec<Lane>> = Mutex::new(Vec::new());
 
 fn large_from() -> u64 {
     static V: OnceLock<u64> = OnceLock::new();
@@ -226,29 +210,29 @@ pub fn verify_pairs(
     }
     let g = gpu()?;
     let started = Instant::now();
-    let slot = &LANE_SLOTS[NEXT_LANE.fetch_add(1, Ordering::Relaxed) % lanes()];
-    let mut lane = slot.lock().unwrap_or_else(|p| {
-        let mut lane = p.into_inner();
-        if let Some(l) = lane.as_mut() {
-            l.ws.clear();
-        }
-        lane
-    });
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let k = kernels(g)?;
-    if lane.is_none() {
-        *lane = Some(Lane {
+    let free = LANE_POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let mut lane = match free {
+        Some(lane) => lane,
+        None => Lane {
             stream: g.ctx.new_stream().map_err(drv("stream creation"))?,
             ws: Workspace::default(),
-        });
-    }
-    let lane = lane.as_mut().expect("set above");
+        },
+    };
     let res = catch_unwind(AssertUnwindSafe(|| {
-        run(g, k, lane, sets, pairs, groups, exact, &mut t)
+        run(g, k, &mut lane, sets, pairs, groups, exact, &mut t)
     }))
     .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
+    let give_back = |lane: Lane| {
+        LANE_POOL
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(lane)
+    };
     match res {
         Ok(out) => {
+            give_back(lane);
             t.total_ms = started.elapsed().as_secs_f64() * 1e3;
             Ok((out, t))
         }
@@ -262,6 +246,12 @@ pub fn verify_pairs(
             if matches!(e, GpuError::OutOfMemory(_)) {
                 let _ = lane.stream.synchronize();
                 lane.ws.clear();
+                give_back(lane);
+            } else {
+                // The stream may still be busy (or the context gone): its buffers are never
+                // freed under it. The device is marked broken or the call was refused, so
+                // this happens at most a few times per process.
+                std::mem::forget(lane);
             }
             Err(e)
         }
