@@ -31,7 +31,8 @@ use crate::functions::set_similarity::Measure;
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
 const WORK_PER_POLL: usize = 1 << 14;
-/// Candidate pairs per chunk sent to the GPU (one chunk verified while the next is filtered).
+/// Candidate pairs per chunk sent to the GPU (a call takes about a millisecond; filling a
+/// chunk, tens of milliseconds).
 const CHUNK_PAIRS: usize = 1 << 18;
 /// Smallest chunk when the memory pool refuses the default (smaller still: the CPU verifies).
 const MIN_CHUNK_PAIRS: usize = 1 << 14;
@@ -45,7 +46,8 @@ type ChunkResult = (
     std::result::Result<(Vec<(u32, u32)>, VerifyTimings), GpuError>,
 );
 
-/// GPU verification of one partition: the chunk being filled and the one in flight.
+/// GPU verification of one partition: the chunk being filled (and, with `DFSETS_SJ_ASYNC`,
+/// the one in flight).
 struct GpuVerify {
     sets: Arc<DeviceSets>,
     /// The chunk being filled (page-locked when possible: copied to the device as it is).
@@ -229,7 +231,8 @@ impl SimilarityJoinStream {
         let reservation =
             MemoryConsumer::new(format!("SimilarityJoinExec[gpu chunks {}]", self.partition))
                 .register(self.context.memory_pool());
-        // Two chunks live at a time (one filling, one in flight) plus the device's answers.
+        // Two chunks live at a time (one filling, one at the device or spare) plus the
+        // device's answers.
         let per_pair = 2 * size_of::<PairToVerify>() + size_of::<u32>();
         let mut capacity = CHUNK_PAIRS;
         while reservation
