@@ -81,8 +81,9 @@ fn filter_only() -> bool {
 
 /// `DFSETS_SJ_ASYNC=1` (a measurement knob, read when a partition starts): a full chunk is
 /// verified by a blocking task while the partition filters on, instead of by the partition
-/// itself (the default: a chunk's call takes about a millisecond, and a second thread per
-/// partition competes with the filtering partitions for the host's cores).
+/// itself. The default with several partitions is the latter (a chunk's call takes about a
+/// millisecond while the other partitions filter, and a second thread per partition would
+/// compete with them for the host's cores); a join of one partition always hands off.
 fn gpu_async() -> bool {
     std::env::var("DFSETS_SJ_ASYNC").is_ok_and(|v| v == "1")
 }
@@ -170,7 +171,8 @@ impl SimilarityJoinStream {
             backend,
             verifier: Verifier::Cpu,
             filter_only: filter_only(),
-            gpu_async: gpu_async(),
+            // One partition: nothing else filters while it waits, so it hands its chunks off.
+            gpu_async: gpu_async() || partitions == 1,
             left_rows: Vec::new(),
             right_rows: Vec::new(),
             scores: Vec::new(),
