@@ -79,6 +79,17 @@ struct Slots(*mut Posting);
 unsafe impl Send for Slots {}
 unsafe impl Sync for Slots {}
 
+impl Slots {
+    /// Slot `i` (a method, so closures capture the whole `Slots`, not its raw pointer).
+    ///
+    /// # Safety
+    /// `i` lies within the allocation.
+    unsafe fn at(&self, i: usize) -> *mut Posting {
+        // SAFETY: the caller's promise.
+        unsafe { self.0.add(i) }
+    }
+}
+
 impl Collections {
     /// Build from each side's token columns (batches of one list type of integers, after
     /// coercion) on up to `threads` cores. `self_join`: one side, one index. Rows are
@@ -368,7 +379,6 @@ impl Collections {
                 .par_chunks(chunk)
                 .zip(counters.par_iter_mut())
                 .for_each(|(range, next)| {
-                    let out = out;
                     for &p in range {
                         let size = sizes[p as usize];
                         for (pos, &w) in tokens_of(p).iter().enumerate() {
@@ -377,7 +387,7 @@ impl Collections {
                             // that belongs to this range (the counts above), and is below
                             // `count`, the capacity.
                             unsafe {
-                                out.0.add(*slot as usize).write(Posting {
+                                out.at(*slot as usize).write(Posting {
                                     set: p,
                                     pos: pos as u32,
                                     size,
