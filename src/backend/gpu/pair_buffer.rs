@@ -26,11 +26,7 @@ struct Pool(Vec<(usize, usize)>);
 static POOL: Mutex<Pool> = Mutex::new(Pool(Vec::new()));
 
 enum Storage {
-    /// Never made without the `cuda` feature.
-    #[cfg_attr(
-        not(feature = "cuda"),
-        expect(dead_code, reason = "no pinned memory without CUDA")
-    )]
+    /// Never made without the `cuda` feature (no page-locked memory to be had).
     Pinned(*mut PairToVerify),
     Heap(Vec<PairToVerify>),
 }
