@@ -359,12 +359,9 @@ impl Collections {
                     c
                 })
                 .collect();
-            // Offsets of the lists, then the counters become each range's next slot per token.
+            // In one pass: the lists' offsets, and the counters become each range's first
+            // slot per token (`count` < 2^32, checked above).
             let mut offsets = vec![0usize; distinct + 1];
-            for w in 0..distinct {
-                let n: usize = counters.iter().map(|c| c[w] as usize).sum();
-                offsets[w + 1] = offsets[w] + n;
-            }
             for w in 0..distinct {
                 let mut next = offsets[w] as u32;
                 for c in counters.iter_mut() {
@@ -372,6 +369,7 @@ impl Collections {
                     c[w] = next;
                     next += n;
                 }
+                offsets[w + 1] = next as usize;
             }
             let mut postings: Vec<Posting> = Vec::with_capacity(count);
             let out = Slots(postings.as_mut_ptr());

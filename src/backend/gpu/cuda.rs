@@ -458,8 +458,8 @@ impl Gpu {
 
     /// Wait until everything queued on `stream` is done, asleep: an event with blocking
     /// sync, where a stream synchronize spins the calling thread's core at full load (the
-    /// driver's default with one context on a many-core host). For waits that overlap the
-    /// host's own work (the similarity join filters the next chunks meanwhile).
+    /// driver's default with one context on a many-core host). For the similarity join's
+    /// waits, while the other partitions' threads filter on the host's cores.
     pub(super) fn wait_asleep(&self, stream: &CudaStream) -> Result<(), GpuError> {
         let e = self
             .ctx
