@@ -491,3 +491,7 @@ INSTANTIATE_MERGE(u32, u32, false, 16, 6)
 INSTANTIATE_MERGE(i32, u32, true, 16, 6)
 INSTANTIATE_MERGE(u64, u64, false, 8, 6)
 INSTANTIATE_MERGE(i64, u64, true, 8, 6)
+
+// Fault injection (src/backend/gpu/fault.rs, `DFSETS_GPU_FAULT=kernel`): a kernel that
+// faults, queued before a wait so the host's error path meets a real launch failure.
+extern "C" __global__ void fault_trap() { __trap(); }

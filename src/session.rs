@@ -77,7 +77,8 @@ impl SessionStateBuilderExt for SessionStateBuilder {
             .runtime_env()
             .get_or_insert_with(|| Arc::new(RuntimeEnv::default()))
             .clone();
-        let topk = topk_bm25_udf(SessionHandle { catalogs, runtime });
+        let session = SessionHandle { catalogs, runtime };
+        let topk = topk_bm25_udf(session.clone());
         if let Some(scalars) = self.scalar_functions() {
             scalars.push(topk);
         } else {
@@ -87,7 +88,7 @@ impl SessionStateBuilderExt for SessionStateBuilder {
             Some(optimizer) => optimizer.rules,
             None => PhysicalOptimizer::new().rules,
         };
-        let rules = match with_sets_rules(&rules) {
+        let rules = match with_sets_rules(&rules, &session) {
             Some(with_rules) => with_rules,
             None => rules,
         };
@@ -101,8 +102,9 @@ type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
 /// `EnsureRequirements` (so distribution and ordering are enforced around the operator it
 /// plans; before `SanityCheckPlan`, or last, when there is no such rule), and the backend rule
 /// last (it binds the final plan's calls to a device and wraps their projections); `None` when
-/// both are there already.
-fn with_sets_rules(rules: &[PhysicalRule]) -> Option<Vec<PhysicalRule>> {
+/// both are there already. `session` is the handle the session's `topk_bm25` holds (the
+/// backend rule rebuilds its calls around it).
+fn with_sets_rules(rules: &[PhysicalRule], session: &SessionHandle) -> Option<Vec<PhysicalRule>> {
     let has = |name: &str| rules.iter().any(|r| r.name() == name);
     if has(SIMILARITY_JOIN_REWRITE) && has(SETS_BACKEND_RULE) {
         return None;
@@ -116,7 +118,7 @@ fn with_sets_rules(rules: &[PhysicalRule]) -> Option<Vec<PhysicalRule>> {
         rules.insert(at, Arc::new(SimilarityJoinRewrite::new()));
     }
     if !has(SETS_BACKEND_RULE) {
-        rules.push(Arc::new(SetsBackendRule));
+        rules.push(Arc::new(SetsBackendRule::new(session.clone())));
     }
     Some(rules)
 }
@@ -145,7 +147,12 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
         let mut state = state.write();
         // A session's physical optimizer rules can only be replaced by rebuilding its state;
         // this comes first, as rebuilding re-registers the functions (in no defined order).
-        if let Some(rules) = with_sets_rules(state.physical_optimizers()) {
+        // The rebuilt state keeps the catalog list and runtime, which `topk_bm25` reads.
+        let session = SessionHandle {
+            catalogs: Arc::clone(state.catalog_list()),
+            runtime: Arc::clone(state.runtime_env()),
+        };
+        if let Some(rules) = with_sets_rules(state.physical_optimizers(), &session) {
             let session_id = state.session_id().to_string();
             *state = SessionStateBuilder::new_from_existing(state.clone())
                 .with_session_id(session_id)

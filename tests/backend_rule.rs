@@ -73,3 +73,60 @@ async fn explain_analyze_shows_choice_and_counters() {
         }
     }
 }
+
+async fn explain_analyze_topk(backend: &str) -> String {
+    let ctx = new_context();
+    let sql = [
+        &format!("SET sets.backend = '{backend}'"),
+        "CREATE TABLE docs AS SELECT v AS doc_id, concat('w', v % 7, ' x', v % 11) AS body FROM generate_series(1, 2000) AS s(v)",
+        "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')",
+        "CREATE TABLE q AS SELECT v AS qid, concat('w', v % 7, ' x', v % 5) AS text FROM generate_series(1, 300) AS s(v)",
+    ];
+    for s in sql {
+        ctx.sql(s).await.unwrap().collect().await.unwrap();
+    }
+    let out = ctx
+        .sql("EXPLAIN ANALYZE SELECT qid, topk_bm25('idx', text, 10) FROM q")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    pretty_format_batches(&out).unwrap().to_string()
+}
+
+/// `topk_bm25` (an async function: `AsyncFuncExec`) is bound and counted the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_topk_bm25_choice_and_counters() {
+    let plan = explain_analyze_topk("cpu").await;
+    assert!(
+        plan.contains("SetsBackendExec: topk_bm25=cpu (sets.backend = 'cpu')"),
+        "{plan}"
+    );
+    assert!(plan.contains("AsyncFuncExec"), "{plan}");
+    assert_eq!(metric(&plan, "rows"), 300, "{plan}");
+    assert!(metric(&plan, "cpu_batches") >= 1, "{plan}");
+    assert_eq!(metric(&plan, "gpu_batches"), 0, "{plan}");
+
+    let plan = explain_analyze_topk("gpu").await;
+    assert_eq!(metric(&plan, "rows"), 300, "{plan}");
+    match gpu::device() {
+        Err(e) => {
+            assert!(
+                plan.contains(&format!("topk_bm25=cpu (no GPU: {e})")),
+                "{plan}"
+            );
+            assert_eq!(metric(&plan, "gpu_batches"), 0, "{plan}");
+        }
+        Ok(_) => {
+            assert!(
+                plan.contains("topk_bm25=gpu (sets.backend = 'gpu')"),
+                "{plan}"
+            );
+            assert!(metric(&plan, "gpu_batches") >= 1, "{plan}");
+            // The index goes up with the first batch, the queries with every batch.
+            assert!(metric(&plan, "bytes_to_device") > 0, "{plan}");
+            assert!(metric(&plan, "bytes_from_device") > 0, "{plan}");
+        }
+    }
+}

@@ -13,10 +13,10 @@ rm -rf "$out" && mkdir -p "$out/upstream/array"
 # The library's unit tests only with WITH_LIB_TESTS=1 (the carry limit is 64 MiB).
 lib=""
 [ "${WITH_LIB_TESTS:-0}" = 1 ] && lib="--lib"
-# TESTS picks the test binaries (default: all five).
+# TESTS picks the test binaries (default: all six).
 features="--no-default-features --features cuda"
 [ "${FEATURES:-}" = default ] && features=""
-tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin}
+tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin gpu_faults}
 args=""
 for t in $tests; do args="$args --test $t"; done
 # RELEASE=1 builds them optimised, dependencies included (for the benchmarks' numbers).
@@ -28,7 +28,7 @@ import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25", "gpu_simjoin"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25", "gpu_simjoin", "gpu_faults"):
         print(m["target"]["name"], m["executable"])
     elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "datafusion_sets" and m["profile"]["test"]:
         print("lib_tests", m["executable"])

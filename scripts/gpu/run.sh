@@ -32,6 +32,10 @@ if have gpu_simjoin; then
     echo "== similarity_join: GPU verification == CPU == nested loop"
     /tmp/gpubin/gpu_simjoin --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_simjoin.log" || status=1
 fi
+if have gpu_faults; then
+    echo "== injected faults (no driver / NVRTC / device, compile error, out of memory, kernel fault): CPU answers"
+    /tmp/gpubin/gpu_faults --nocapture 2>&1 | tee "$out/gpu_faults.log" || status=1
+fi
 if have gpu_props; then
     echo "== property tests (GPU == CPU)"
     /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1

@@ -5,9 +5,14 @@
 //! `search::loaded`) through the session's catalog, which a plain scalar function cannot
 //! reach. The function therefore carries a handle to the session's catalog and runtime,
 //! given when it is installed with `register(&ctx)` or `SessionStateBuilder::with_sets()`.
+//!
+//! The backend rule (`optimizer::backend_rule`) binds each planned call to a backend choice
+//! ([`TopkBm25::with_plan`]): `EXPLAIN` shows it, and the call counts its batches, queries,
+//! device time and bytes for `EXPLAIN ANALYZE`.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
@@ -29,8 +34,9 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionConfig;
 use datafusion_macros::user_doc;
 
+use crate::functions::backend_plan::{BackendMetrics, BackendPlan, PlanSlot};
 use crate::search::loaded::load_index;
-use crate::search::rank::rank_batch;
+use crate::search::rank::{RankStats, rank_batch};
 use crate::search::topk::Mode;
 use crate::search::topk_function::{TOPK_BM25, check_k, check_mode, params_of};
 
@@ -77,17 +83,19 @@ pub fn hit_fields() -> Fields {
 pub struct TopkBm25 {
     signature: Signature,
     handle: SessionHandle,
+    plan: PlanSlot,
 }
 
 impl PartialEq for TopkBm25 {
     fn eq(&self, o: &Self) -> bool {
-        Arc::ptr_eq(&self.handle.catalogs, &o.handle.catalogs)
+        Arc::ptr_eq(&self.handle.catalogs, &o.handle.catalogs) && self.plan == o.plan
     }
 }
 impl Eq for TopkBm25 {}
 impl Hash for TopkBm25 {
     fn hash<H: Hasher>(&self, state: &mut H) {
         (Arc::as_ptr(&self.handle.catalogs) as *const () as usize).hash(state);
+        self.plan.hash(state);
     }
 }
 
@@ -114,6 +122,42 @@ impl TopkBm25 {
         Self {
             signature: signature(),
             handle,
+            plan: PlanSlot::default(),
+        }
+    }
+
+    /// This function bound to a planning-time backend choice (`Auto`: each batch by its
+    /// size and mode, as `search::rank::wants_gpu` says).
+    pub fn with_plan(handle: SessionHandle, plan: Arc<BackendPlan>) -> Self {
+        Self {
+            plan: PlanSlot(Some(plan)),
+            ..Self::new(handle)
+        }
+    }
+
+    /// The planning-time choice, if any.
+    pub fn plan(&self) -> Option<&Arc<BackendPlan>> {
+        self.plan.0.as_ref()
+    }
+}
+
+/// Counts one ranked batch of `rows` queries into the call's metrics: a batch the GPU took
+/// part in (its copies, kernel and whole-call time; the index upload counts as bytes to the
+/// device), or a CPU batch and its time.
+fn record(m: &BackendMetrics, rows: usize, stats: &RankStats, started: Instant) {
+    BackendMetrics::add(&m.rows, rows as u64);
+    match &stats.timings {
+        Some(t) => {
+            BackendMetrics::add(&m.gpu_batches, 1);
+            BackendMetrics::add(&m.gpu_launches, 1);
+            BackendMetrics::add(&m.h2d_bytes, t.h2d_bytes + t.uploaded_bytes);
+            BackendMetrics::add(&m.d2h_bytes, t.d2h_bytes);
+            BackendMetrics::add(&m.kernel_ns, (t.kernel_ms * 1e6) as u64);
+            BackendMetrics::add(&m.gpu_ns, (t.total_ms * 1e6) as u64);
+        }
+        None => {
+            BackendMetrics::add(&m.cpu_batches, 1);
+            BackendMetrics::add(&m.cpu_ns, started.elapsed().as_nanos() as u64);
         }
     }
 }
@@ -193,7 +237,12 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         // GPU ranks them, with `sets.backend`).
         let config = crate::config::SetsConfig::from_options(&options);
         let budget = (config.gpu_index_budget > 0).then_some(config.gpu_index_budget);
-        let ranked = rank_batch(&loaded, &scored, texts, k, mode, config.backend, budget);
+        let backend = self.plan().map_or(config.backend, |p| p.backend);
+        let started = Instant::now();
+        let (ranked, stats) = rank_batch(&loaded, &scored, texts, k, mode, backend, budget);
+        if let Some(p) = self.plan() {
+            record(&p.metrics, texts.len(), &stats, started);
+        }
         // The flat result is the list's layout: offsets, then the struct's two columns.
         let offsets = ranked
             .offsets

@@ -40,8 +40,11 @@ impl SetsBackendExec {
 }
 
 impl DisplayAs for SetsBackendExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SetsBackendExec: ")?;
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        // The tree view titles the box with the node's name already.
+        if !matches!(t, DisplayFormatType::TreeRender) {
+            write!(f, "SetsBackendExec: ")?;
+        }
         for (i, c) in self.calls.iter().enumerate() {
             if i > 0 {
                 write!(f, ", ")?;

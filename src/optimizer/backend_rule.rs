@@ -16,6 +16,13 @@
 //!    shortest-first galloping skips most values and the GPU lost every measurement (81 vs
 //!    22 ms), so `auto` sends only 2-list calls to the GPU, when the input's size is known
 //!    from statistics and the model predicts the GPU faster. Unknown size → CPU.
+//!
+//! `topk_bm25` calls (evaluated by DataFusion's `AsyncFuncExec`) are bound the same way
+//! ([`choose_topk`]: steps 1, 3 and 4 above; under `auto` an AND call stays on the CPU and
+//! any other mode is decided per batch by its size, `search::rank::wants_gpu`), and their
+//! `AsyncFuncExec` is wrapped in a [`SetsBackendExec`] too. That needs the session's catalog
+//! handle (a `topk_bm25` call is rebuilt around it), which the rule gets when the crate is
+//! installed (`with_sets`, `register`).
 
 use std::sync::Arc;
 
@@ -25,9 +32,13 @@ use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::async_udf::AsyncScalarUDF;
+use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
+use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::async_func::AsyncFuncExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
@@ -38,6 +49,10 @@ use crate::functions::backend_plan::BackendPlan;
 use crate::functions::common::list_element_type;
 use crate::functions::list_intersect::ListIntersect;
 use crate::functions::list_intersect_count::ListIntersectCount;
+use crate::functions::topk_bm25::{SessionHandle, TopkBm25};
+use crate::search::rank::AUTO_MIN_QUERIES;
+use crate::search::topk::Mode;
+use crate::search::topk_function::{TOPK_BM25, check_mode};
 
 /// The rule's name.
 pub const SETS_BACKEND_RULE: &str = "sets_backend";
@@ -49,9 +64,21 @@ pub const GPU_FIXED_NS: f64 = 1.0e6;
 /// CPU, ns per input value on one thread (the H200 machine's Xeon, 16 threads measured).
 pub const CPU_NS_PER_VALUE: f64 = 3.2;
 
-/// See the module docs.
+/// See the module docs. Without a session handle, `topk_bm25` calls are left unbound.
 #[derive(Debug, Default)]
-pub struct SetsBackendRule;
+pub struct SetsBackendRule {
+    session: Option<SessionHandle>,
+}
+
+impl SetsBackendRule {
+    /// The rule for the session whose catalog and runtime `session` names (the handle its
+    /// `topk_bm25` holds).
+    pub fn new(session: SessionHandle) -> Self {
+        Self {
+            session: Some(session),
+        }
+    }
+}
 
 impl PhysicalOptimizerRule for SetsBackendRule {
     fn optimize(
@@ -61,6 +88,13 @@ impl PhysicalOptimizerRule for SetsBackendRule {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let cfg = SetsConfig::from_options(config);
         plan.transform_up(|node| {
+            if let (Some(a), Some(session)) = (node.downcast_ref::<AsyncFuncExec>(), &self.session)
+            {
+                return bind_topk(a, session, &cfg).map(|bound| match bound {
+                    Some(b) => Transformed::yes(b),
+                    None => Transformed::no(node),
+                });
+            }
             let Some(p) = node.downcast_ref::<ProjectionExec>() else {
                 return Ok(Transformed::no(node));
             };
@@ -94,6 +128,104 @@ impl PhysicalOptimizerRule for SetsBackendRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `node` with every unbound `topk_bm25` call bound to a backend, wrapped in a
+/// [`SetsBackendExec`]; `None` when it has none.
+fn bind_topk(
+    node: &AsyncFuncExec,
+    session: &SessionHandle,
+    cfg: &SetsConfig,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let input = node.input();
+    let schema = input.schema();
+    let mut calls = Vec::new();
+    let mut exprs = Vec::new();
+    // `async_exprs` is the only way to read the expressions back (deprecated in 55 for lack
+    // of another user; still public and the field the node is made of).
+    #[allow(deprecated)]
+    let async_exprs = node.async_exprs();
+    for ae in async_exprs {
+        let topk = ae
+            .func
+            .downcast_ref::<ScalarFunctionExpr>()
+            .filter(|sf| sf.name() == TOPK_BM25 && sf.fun().inner().is::<AsyncScalarUDF>());
+        let Some(sf) = topk else {
+            exprs.push(Arc::clone(ae));
+            continue;
+        };
+        // Bound calls are rebuilt with their plan in their equality; an unbound one has none.
+        let unbound = ScalarUDF::from(AsyncScalarUDF::new(Arc::new(TopkBm25::new(
+            session.clone(),
+        ))));
+        if sf.fun() != &unbound {
+            exprs.push(Arc::clone(ae));
+            continue;
+        }
+        let mode = sf
+            .args()
+            .get(3)
+            .and_then(|m| m.downcast_ref::<Literal>())
+            .and_then(|l| l.value().try_as_str().flatten().map(str::to_string));
+        let mode = match mode {
+            Some(m) => check_mode(&m, 4).ok(),
+            None if sf.args().len() == 3 => Some(Mode::Or),
+            None => None,
+        };
+        let plan = Arc::new(choose_topk(cfg, mode));
+        let udf = AsyncScalarUDF::new(Arc::new(TopkBm25::with_plan(
+            session.clone(),
+            Arc::clone(&plan),
+        )))
+        .into_scalar_udf();
+        calls.push(BoundCall {
+            function: TOPK_BM25.to_string(),
+            plan,
+        });
+        let func = ScalarFunctionExpr::new(
+            sf.name(),
+            Arc::new(udf),
+            sf.args().to_vec(),
+            sf.return_field(&schema)?,
+            Arc::new(sf.config_options().clone()),
+        );
+        exprs.push(Arc::new(AsyncFuncExpr::try_new(
+            ae.name(),
+            Arc::new(func),
+            &schema,
+        )?));
+    }
+    if calls.is_empty() {
+        return Ok(None);
+    }
+    let exec = Arc::new(AsyncFuncExec::try_new(exprs, Arc::clone(input))?);
+    Ok(Some(Arc::new(SetsBackendExec::new(exec, calls))))
+}
+
+/// The choice for one `topk_bm25` call in `mode` (`None`: not known at planning time).
+pub fn choose_topk(cfg: &SetsConfig, mode: Option<Mode>) -> BackendPlan {
+    use BackendChoice::{Auto, Cpu, Gpu};
+    if cfg.backend == Cpu {
+        return BackendPlan::new(Cpu, "sets.backend = 'cpu'");
+    }
+    if let Err(e) = gpu::device() {
+        return BackendPlan::new(Cpu, format!("no GPU: {e}"));
+    }
+    if cfg.backend == Gpu {
+        return BackendPlan::new(Gpu, "sets.backend = 'gpu'");
+    }
+    if mode == Some(Mode::And) {
+        return BackendPlan::new(
+            Cpu,
+            "auto: AND ranks on the CPU (block-max pruning; the GPU measured at most 1.4x faster)",
+        );
+    }
+    BackendPlan::new(
+        Auto,
+        format!(
+            "auto: batches of at least {AUTO_MIN_QUERIES} queries on the GPU, smaller ones on the CPU"
+        ),
+    )
 }
 
 /// The input's size in bytes from its statistics, when known (exactly or estimated).

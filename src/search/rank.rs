@@ -287,7 +287,7 @@ pub fn rank_batch(
     mode: Mode,
     backend: BackendChoice,
     gpu_budget: Option<usize>,
-) -> Ranked {
+) -> (Ranked, RankStats) {
     let options = loaded.index.tokenizer();
     let rows = texts.len() - texts.null_count();
     if !wants_gpu(backend, mode, rows) {
@@ -305,7 +305,11 @@ pub fn rank_batch(
                 },
             )
             .collect();
-        return Ranked::from_lists(&lists);
+        let stats = RankStats {
+            on_cpu: texts.len(),
+            ..Default::default()
+        };
+        return (Ranked::from_lists(&lists), stats);
     }
     // NULL rows become queries with no terms (empty results, as wanted).
     let parsed: Vec<QueryTerms> = (0..texts.len())
@@ -325,7 +329,7 @@ pub fn rank_batch(
             },
         )
         .collect();
-    rank_terms(&loaded.index, scored, &parsed, k, mode, backend, gpu_budget).0
+    rank_terms(&loaded.index, scored, &parsed, k, mode, backend, gpu_budget)
 }
 
 #[cfg(test)]

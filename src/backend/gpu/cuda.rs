@@ -18,6 +18,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStrea
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use rayon::prelude::*;
 
+use super::fault::{self, Fault};
 use super::{Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, HostOffsets, Mode, RowValidity};
 use crate::backend::cpu::SetElem;
 
@@ -50,6 +51,13 @@ pub(super) fn compile_module(
 ) -> Result<Arc<CudaModule>, GpuError> {
     let mut options = vec!["--std=c++17".to_string()];
     options.extend(extra);
+    let injected;
+    let source = if fault::armed(Fault::Compile) {
+        injected = format!("#error injected fault (DFSETS_GPU_FAULT=nvrtc)\n{source}");
+        injected.as_str()
+    } else {
+        source
+    };
     let ptx = compile_ptx_with_opts(
         source,
         CompileOptions {
@@ -99,6 +107,8 @@ struct Kernels {
     merge8: [CudaFunction; 4],
     /// Merge kernels with 16 path steps per thread, 32-bit elements (u32, i32).
     merge16: [CudaFunction; 2],
+    /// A kernel that faults ([`Fault::Kernel`]).
+    trap: CudaFunction,
 }
 
 /// Path steps per merge thread: 8 (measured fastest, kernels/NOTES.md); 16 for 32-bit
@@ -137,6 +147,9 @@ impl DevBuf {
         copy: &'static str,
     ) -> Result<Self, GpuError> {
         let bytes = v.len().max(256);
+        if fault::armed(Fault::OutOfMemory) {
+            return Err(GpuError::OutOfMemory(alloc));
+        }
         // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v` into
         // it (the context is bound by the caller).
         unsafe {
@@ -162,6 +175,9 @@ impl Drop for DevBuf {
 /// the backend is unavailable or the allocation fails. Free with [`free_pinned`].
 pub(super) fn alloc_pinned(bytes: usize) -> Option<*mut u8> {
     let g = gpu().ok()?;
+    if fault::armed(Fault::PinnedOutOfMemory) {
+        return None;
+    }
     g.ctx.bind_to_thread().ok()?;
     // SAFETY: plain page-locked allocation with the context bound.
     unsafe { result::malloc_host(bytes.max(1), 0) }
@@ -233,6 +249,9 @@ impl Workspace {
             self.dev.swap_remove(i);
         }
         let grown = bytes + bytes / 4;
+        if fault::armed(Fault::OutOfMemory) {
+            return Err(GpuError::OutOfMemory("device allocation"));
+        }
         // SAFETY: plain allocation; the context is bound by the caller.
         let ptr = unsafe { result::malloc_sync(grown) }.map_err(drv("device allocation"))?;
         self.dev.push((name, DevBuf { ptr, bytes: grown }));
@@ -244,6 +263,9 @@ impl Workspace {
         if slot.as_ref().is_none_or(|p| p.bytes < bytes) {
             *slot = None;
             let grown = bytes + bytes / 4;
+            if fault::armed(Fault::PinnedOutOfMemory) {
+                return Err(GpuError::OutOfMemory("pinned allocation"));
+            }
             // SAFETY: plain page-locked allocation; the context is bound by the caller.
             let ptr = unsafe { result::malloc_host(grown, 0) }.map_err(drv("pinned allocation"))?;
             *slot = Some(Pinned {
@@ -320,16 +342,16 @@ fn init() -> Result<Gpu, GpuError> {
         return Err(GpuError::Disabled);
     }
     // SAFETY: only tries to open the shared libraries.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if fault::armed(Fault::NoDriver) || !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(GpuError::NoDriver);
     }
     // SAFETY: as above.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if fault::armed(Fault::NoNvrtc) || !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(GpuError::NoNvrtc);
     }
     result::init().map_err(drv("cuInit"))?;
     let count = result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
-    if count < 1 {
+    if count < 1 || fault::armed(Fault::NoDevice) {
         return Err(GpuError::NoDevice);
     }
     let ctx = CudaContext::new(0).map_err(drv("context creation"))?;
@@ -363,6 +385,7 @@ fn init() -> Result<Gpu, GpuError> {
             f("merge_i64_8")?,
         ],
         merge16: [f("merge_u32_16")?, f("merge_i32_16")?],
+        trap: f("fault_trap")?,
     };
     let sms = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -461,6 +484,7 @@ impl Gpu {
     /// driver's default with one context on a many-core host). For the similarity join's
     /// waits, while the other partitions' threads filter on the host's cores.
     pub(super) fn wait_asleep(&self, stream: &CudaStream) -> Result<(), GpuError> {
+        self.inject_kernel_fault(stream)?;
         let e = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
@@ -474,7 +498,29 @@ impl Gpu {
     }
 
     pub(super) fn sync(&self) -> Result<(), GpuError> {
+        self.inject_kernel_fault(&self.stream)?;
         self.stream.synchronize().map_err(drv("stream synchronize"))
+    }
+
+    /// With [`Fault::Kernel`] armed, queues a kernel that traps on `stream`: the wait that
+    /// follows sees a real launch failure, and the context is lost for the process.
+    fn inject_kernel_fault(&self, stream: &CudaStream) -> Result<(), GpuError> {
+        if !fault::armed(Fault::Kernel) {
+            return Ok(());
+        }
+        log::debug!("datafusion-sets: injecting a kernel fault (DFSETS_GPU_FAULT=kernel)");
+        // SAFETY: `fault_trap` takes no parameters; the launch is asynchronous on `stream`.
+        unsafe {
+            result::launch_kernel(
+                self.kernels.trap.cu_function(),
+                (1, 1, 1),
+                (1, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut [],
+            )
+        }
+        .map_err(drv("kernel launch"))
     }
 
     /// Exclusive scan of `n` u64 at `input` into `n + 1` u64 at `out`.

@@ -17,6 +17,7 @@
 //! Without the `cuda` feature a stub with the same names answers [`GpuError::NotCompiled`].
 
 mod error;
+pub mod fault;
 mod pair_buffer;
 pub(crate) mod rows;
 
