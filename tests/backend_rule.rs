@@ -21,23 +21,31 @@ fn metric(plan: &str, name: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{name} is not a count in {plan}"))
 }
 
-async fn explain_analyze(backend: &str) -> String {
+/// `EXPLAIN ANALYZE query`, pretty-printed, in a new session with `sets.backend = backend`
+/// after the `setup` statements.
+async fn explain_analyze_of(backend: &str, setup: &[&str], query: &str) -> String {
     let ctx = new_context();
-    let sql = [
-        &format!("SET sets.backend = '{backend}'"),
-        "CREATE TABLE t (a INT[], b INT[]) AS SELECT [1, 2, 3, v], [2, 3, v, 9] FROM generate_series(1, 500) AS s(v)",
-    ];
-    for s in sql {
+    let set = format!("SET sets.backend = '{backend}'");
+    for s in std::iter::once(set.as_str()).chain(setup.iter().copied()) {
         ctx.sql(s).await.unwrap().collect().await.unwrap();
     }
     let out = ctx
-        .sql("EXPLAIN ANALYZE SELECT list_intersect(a, b) FROM t")
+        .sql(&format!("EXPLAIN ANALYZE {query}"))
         .await
         .unwrap()
         .collect()
         .await
         .unwrap();
     pretty_format_batches(&out).unwrap().to_string()
+}
+
+async fn explain_analyze(backend: &str) -> String {
+    explain_analyze_of(
+        backend,
+        &["CREATE TABLE t (a INT[], b INT[]) AS SELECT [1, 2, 3, v], [2, 3, v, 9] FROM generate_series(1, 500) AS s(v)"],
+        "SELECT list_intersect(a, b) FROM t",
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,24 +83,16 @@ async fn explain_analyze_shows_choice_and_counters() {
 }
 
 async fn explain_analyze_topk(backend: &str) -> String {
-    let ctx = new_context();
-    let sql = [
-        &format!("SET sets.backend = '{backend}'"),
-        "CREATE TABLE docs AS SELECT v AS doc_id, concat('w', v % 7, ' x', v % 11) AS body FROM generate_series(1, 2000) AS s(v)",
-        "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')",
-        "CREATE TABLE q AS SELECT v AS qid, concat('w', v % 7, ' x', v % 5) AS text FROM generate_series(1, 300) AS s(v)",
-    ];
-    for s in sql {
-        ctx.sql(s).await.unwrap().collect().await.unwrap();
-    }
-    let out = ctx
-        .sql("EXPLAIN ANALYZE SELECT qid, topk_bm25('idx', text, 10) FROM q")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    pretty_format_batches(&out).unwrap().to_string()
+    explain_analyze_of(
+        backend,
+        &[
+            "CREATE TABLE docs AS SELECT v AS doc_id, concat('w', v % 7, ' x', v % 11) AS body FROM generate_series(1, 2000) AS s(v)",
+            "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')",
+            "CREATE TABLE q AS SELECT v AS qid, concat('w', v % 7, ' x', v % 5) AS text FROM generate_series(1, 300) AS s(v)",
+        ],
+        "SELECT qid, topk_bm25('idx', text, 10) FROM q",
+    )
+    .await
 }
 
 /// `topk_bm25` (an async function: `AsyncFuncExec`) is bound and counted the same way.

@@ -98,7 +98,11 @@ fn every_fault_ends_on_the_cpu_with_the_same_answer() {
         let secs = started.elapsed().as_secs_f64();
         match status {
             Some(s) if s.success() && out.contains("child: done") => {
-                println!("gpu_faults: {label}: ok in {secs:.1} s");
+                let state = out
+                    .lines()
+                    .find_map(|l| l.strip_prefix("child: backend after the workload: "))
+                    .unwrap_or("?");
+                println!("gpu_faults: {label}: ok in {secs:.1} s; backend then: {state}");
             }
             Some(s) => failures.push(format!("{label}: {s}\n{out}\n{err}")),
             None => failures.push(format!(

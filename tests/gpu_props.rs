@@ -455,6 +455,100 @@ fn bench_gpu_intersect() {
     }
 }
 
+/// What coalescing DataFusion's batches before a device call would buy: the same rows given
+/// to the SQL function in slices of `b` rows, one call per slice (a projection gets batches
+/// of `datafusion.execution.batch_size` = 8192 rows by default), GPU and CPU backends, on two
+/// shapes of two `List<UInt32>` columns: the foundation issue's W1 (200,000 rows, lengths
+/// log-uniform in 10..1000) and 100,000 rows of 10..10,000. Median of 3 passes, results
+/// checked equal.
+#[test]
+#[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
+fn bench_batch_rows() {
+    if !gpu_or_skip("bench_batch_rows") {
+        return;
+    }
+    let mut rng = Rng(7);
+    let mut report = Vec::new();
+    for (shape, rows, max_len) in [
+        ("W1", 200_000usize, 1000f64),
+        ("10..10k", 100_000, 10_000.0),
+    ] {
+        let arrays: Vec<ArrayRef> = (0..2)
+            .map(|_| {
+                let mut offs = vec![0i32];
+                let mut vals = Vec::new();
+                for _ in 0..rows {
+                    let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+                    let len = (10f64 * (max_len / 10.0).powf(u)) as usize;
+                    let mut x = 0u32;
+                    for _ in 0..len {
+                        x += 1 + rng.below(4) as u32;
+                        vals.push(x);
+                    }
+                    offs.push(vals.len() as i32);
+                }
+                let field = Arc::new(Field::new_list_field(DataType::UInt32, true));
+                let child: ArrayRef = Arc::new(datafusion::arrow::array::UInt32Array::from(vals));
+                Arc::new(GenericListArray::<i32>::new(
+                    field,
+                    OffsetBuffer::new(offs.into()),
+                    child,
+                    None,
+                )) as ArrayRef
+            })
+            .collect();
+        let values: usize = arrays
+            .iter()
+            .map(|a| {
+                a.as_any()
+                    .downcast_ref::<GenericListArray<i32>>()
+                    .map_or(0, |l| l.values().len())
+            })
+            .sum();
+        let udf = list_intersect_udf();
+        let run = |b: usize, backend: BackendChoice| -> (f64, Vec<ArrayRef>) {
+            let t = Instant::now();
+            let mut out = Vec::new();
+            let mut r0 = 0;
+            while r0 < rows {
+                let n = b.min(rows - r0);
+                let slice: Vec<ArrayRef> = arrays.iter().map(|a| a.slice(r0, n)).collect();
+                out.push(invoke(&udf, &slice, backend));
+                r0 += n;
+            }
+            (t.elapsed().as_secs_f64() * 1e3, out)
+        };
+        for b in [8192usize, 32_768, 131_072, rows] {
+            let (mut g, mut c) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                let (tg, og) = run(b, BackendChoice::Gpu);
+                let (tc, oc) = run(b, BackendChoice::Cpu);
+                assert!(
+                    og.iter().zip(&oc).all(|(x, y)| x.as_ref() == y.as_ref()),
+                    "GPU != CPU"
+                );
+                g.push(tg);
+                c.push(tc);
+            }
+            g.sort_by(f64::total_cmp);
+            c.sort_by(f64::total_cmp);
+            let line = format!(
+                "batch rows {shape:8} {rows} rows, {values} values: slices of {b:>6} rows ({} calls): GPU {:.1} ms, CPU {:.1} ms ({} threads)",
+                rows.div_ceil(b),
+                g[1],
+                c[1],
+                rayon_threads()
+            );
+            println!("{line}");
+            report.push(line);
+        }
+    }
+    if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
+        let path = format!("{path}.batch_rows");
+        let _ = std::fs::write(path, report.join("\n") + "\n");
+    }
+}
+
 fn rayon_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
