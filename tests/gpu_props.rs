@@ -14,8 +14,10 @@ use std::time::Instant;
 use datafusion::arrow::array::{ArrayRef, GenericListArray, Int64Array, OffsetSizeTrait};
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::config::ConfigOptions;
+use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion_sets::SetsConfig;
 use datafusion_sets::backend::gpu::{self, HostList, HostOffsets, Mode};
@@ -538,6 +540,83 @@ fn bench_batch_rows() {
                 g[1],
                 c[1],
                 rayon_threads()
+            );
+            println!("{line}");
+            report.push(line);
+        }
+        // Through SQL: a memory table in batches of 8192 rows, `sets.gpu_batch_rows` set to
+        // 0 (each batch its own device call) and to row targets (SetsCoalesceExec gathers).
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", arrays[0].data_type().clone(), true),
+            Field::new("b", arrays[1].data_type().clone(), true),
+        ]));
+        let batches: Vec<RecordBatch> = (0..rows)
+            .step_by(8192)
+            .map(|r0| {
+                let n = 8192.min(rows - r0);
+                RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![arrays[0].slice(r0, n), arrays[1].slice(r0, n)],
+                )
+                .expect("batch")
+            })
+            .collect();
+        let runtime = tokio::runtime::Runtime::new().expect("tokio");
+        let mut expected = None;
+        for (backend, batch_rows) in [
+            ("cpu", 0usize),
+            ("gpu", 0),
+            ("gpu", 32_768),
+            ("gpu", 65_536),
+            ("gpu", 262_144),
+        ] {
+            let mut times = Vec::new();
+            for _ in 0..3 {
+                let ctx = datafusion_sets::new_context();
+                let table =
+                    MemTable::try_new(Arc::clone(&schema), vec![batches.clone()]).expect("table");
+                ctx.register_table("t", Arc::new(table)).expect("register");
+                let (ms, total) = runtime.block_on(async {
+                    for s in [
+                        format!("SET sets.backend = '{backend}'"),
+                        format!("SET sets.gpu_batch_rows = {batch_rows}"),
+                    ] {
+                        ctx.sql(&s).await.unwrap().collect().await.unwrap();
+                    }
+                    let t = Instant::now();
+                    let out = ctx
+                        .sql("SELECT list_intersect_count(a, b) AS c FROM t")
+                        .await
+                        .unwrap()
+                        .collect()
+                        .await
+                        .unwrap();
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    let total: u64 = out
+                        .iter()
+                        .map(|b| {
+                            let c = cast(b.column(0), &DataType::UInt64).unwrap();
+                            c.as_any()
+                                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                                .unwrap()
+                                .values()
+                                .iter()
+                                .sum::<u64>()
+                        })
+                        .sum();
+                    (ms, total)
+                });
+                assert_eq!(
+                    *expected.get_or_insert(total),
+                    total,
+                    "{backend} {batch_rows}"
+                );
+                times.push(ms);
+            }
+            times.sort_by(f64::total_cmp);
+            let line = format!(
+                "batch rows {shape:8} SQL, table in batches of 8192 rows: sets.backend = '{backend}', sets.gpu_batch_rows = {batch_rows:>6}: {:.1} ms",
+                times[1]
             );
             println!("{line}");
             report.push(line);

@@ -17,6 +17,10 @@
 //!    22 ms), so `auto` sends only 2-list calls to the GPU, when the input's size is known
 //!    from statistics and the model predicts the GPU faster. Unknown size → CPU.
 //!
+//! A projection with a call on the GPU reads its input through a [`SetsCoalesceExec`]
+//! (batches of `sets.gpu_batch_rows` rows), so each device call gets a batch worth its fixed
+//! cost.
+//!
 //! `topk_bm25` calls (evaluated by DataFusion's `AsyncFuncExec`) are bound the same way
 //! ([`choose_topk`]: steps 1, 3 and 4 above; under `auto` an AND call stays on the CPU and
 //! any other mode is decided per batch by its size, `search::rank::wants_gpu`), and their
@@ -43,6 +47,7 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use super::backend_exec::{BoundCall, SetsBackendExec};
+use super::coalesce_exec::SetsCoalesceExec;
 use crate::backend::gpu;
 use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::backend_plan::BackendPlan;
@@ -113,7 +118,14 @@ impl PhysicalOptimizerRule for SetsBackendRule {
             if calls.is_empty() {
                 return Ok(Transformed::no(node));
             }
-            let proj = Arc::new(ProjectionExec::try_new(exprs, Arc::clone(input))?);
+            // Calls on the GPU get batches of `sets.gpu_batch_rows` rows.
+            let on_gpu = calls.iter().any(|c| c.plan.backend == BackendChoice::Gpu);
+            let input = if on_gpu && cfg.gpu_batch_rows > 0 {
+                Arc::new(SetsCoalesceExec::new(Arc::clone(input), cfg.gpu_batch_rows))
+            } else {
+                Arc::clone(input)
+            };
+            let proj = Arc::new(ProjectionExec::try_new(exprs, input)?);
             Ok(Transformed::yes(
                 Arc::new(SetsBackendExec::new(proj, calls)) as Arc<dyn ExecutionPlan>,
             ))
