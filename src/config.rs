@@ -168,13 +168,13 @@ impl ExtensionOptions for SetsConfig {
         match key {
             "backend" => self.backend.set("", value),
             "cpu_kernel" => self.cpu_kernel.set("", value),
-            "parallel_min_values" => self.parallel_min_values.set("", value),
+            "parallel_min_values" => set_usize(&mut self.parallel_min_values, key, value),
             "bm25_k1" => set_f64(&mut self.bm25_k1, key, value, 0.0, f64::MAX),
             "bm25_b" => set_f64(&mut self.bm25_b, key, value, 0.0, 1.0),
             "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
             "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
-            "gpu_index_budget" => self.gpu_index_budget.set("", value),
-            "gpu_batch_rows" => self.gpu_batch_rows.set("", value),
+            "gpu_index_budget" => set_usize(&mut self.gpu_index_budget, key, value),
+            "gpu_batch_rows" => set_usize(&mut self.gpu_batch_rows, key, value),
             other => config_err!(
                 "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget, sets.gpu_batch_rows"
             ),
@@ -214,6 +214,17 @@ impl ExtensionOptions for SetsConfig {
                 GPU_BATCH_ROWS_DOC,
             ),
         ]
+    }
+}
+
+/// Parse a non-negative integer into `field`.
+fn set_usize(field: &mut usize, key: &str, value: &str) -> datafusion::common::Result<()> {
+    match value.trim().parse::<usize>() {
+        Ok(v) => {
+            *field = v;
+            Ok(())
+        }
+        Err(_) => config_err!("sets.{key}: expected a non-negative integer, got '{value}'"),
     }
 }
 
