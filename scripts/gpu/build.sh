@@ -19,6 +19,7 @@ features="--no-default-features --features cuda"
 tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin gpu_faults}
 args=""
 for t in $tests; do args="$args --test $t"; done
+# XZ_LEVEL=-6 compresses faster (default -9e: smallest, minutes per binary on 2 cores).
 # RELEASE=1 builds them optimised, dependencies included (for the benchmarks' numbers).
 [ "${RELEASE:-0}" = 1 ] && args="$args --release"
 cargo test $features $lib $args --no-run \
@@ -34,7 +35,7 @@ for line in sys.stdin:
         print("lib_tests", m["executable"])
 ' | while read -r name exe; do
     strip -o "$out/$name" "$exe"
-    xz -T0 -9e -f "$out/$name"
+    xz -T0 ${XZ_LEVEL:--9e} -f "$out/$name"
 done
 # The SQL suites the binaries were built with.
 cp -r sql-tests "$out/sql-tests"
