@@ -118,10 +118,6 @@ pub struct SetsConfig {
     /// the index does not fit, the terms queries visit most are admitted first and queries
     /// needing the others are ranked on the CPU.
     pub gpu_index_budget: usize,
-    /// Rows a projection whose `list_intersect` / `list_intersect_count` calls run on the GPU
-    /// gathers before each device call (DataFusion's batches of `batch_size` rows are
-    /// coalesced up to this, or 256 MiB; 0: as they come).
-    pub gpu_batch_rows: usize,
 }
 
 impl Default for SetsConfig {
@@ -135,7 +131,6 @@ impl Default for SetsConfig {
             bm25_alpha: 0.3,
             similarity_join_rewrite: true,
             gpu_index_budget: 0,
-            gpu_batch_rows: 65_536,
         }
     }
 }
@@ -148,7 +143,6 @@ const BM25_ALPHA_DOC: &str = "topk_bm25 over an index with static scores: score 
 const PARALLEL_DOC: &str =
     "Split a batch's rows across threads when it holds at least this many list values (0: never).";
 const GPU_INDEX_BUDGET_DOC: &str = "Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.";
-const GPU_BATCH_ROWS_DOC: &str = "Rows a projection with list_intersect / list_intersect_count on the GPU gathers before each device call (batches coalesced up to this, or 256 MiB); 0: as they come.";
 const REWRITE_DOC: &str = "Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.";
 
 impl ExtensionOptions for SetsConfig {
@@ -174,9 +168,8 @@ impl ExtensionOptions for SetsConfig {
             "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
             "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
             "gpu_index_budget" => set_usize(&mut self.gpu_index_budget, key, value),
-            "gpu_batch_rows" => set_usize(&mut self.gpu_batch_rows, key, value),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget, sets.gpu_batch_rows"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget"
             ),
         }
     }
@@ -207,11 +200,6 @@ impl ExtensionOptions for SetsConfig {
                 "gpu_index_budget",
                 self.gpu_index_budget.to_string(),
                 GPU_INDEX_BUDGET_DOC,
-            ),
-            entry(
-                "gpu_batch_rows",
-                self.gpu_batch_rows.to_string(),
-                GPU_BATCH_ROWS_DOC,
             ),
         ]
     }

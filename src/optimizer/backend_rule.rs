@@ -17,12 +17,6 @@
 //!    22 ms), so `auto` sends only 2-list calls to the GPU, when the input's size is known
 //!    from statistics and the model predicts the GPU faster. Unknown size → CPU.
 //!
-//! A projection with a call on the GPU reads its input through a [`SetsCoalesceExec`]
-//! (batches of `sets.gpu_batch_rows` rows), so each device call gets a batch worth its fixed
-//! cost; when the input's partitions promise no distribution or order, they are merged
-//! before the gathering and the projection's output spread round-robin again (measured:
-//! kernels/NOTES.md).
-//!
 //! `topk_bm25` calls (evaluated by DataFusion's `AsyncFuncExec`) are bound the same way
 //! ([`choose_topk`]: steps 1, 3 and 4 above; under `auto` an AND call stays on the CPU and
 //! any other mode is decided per batch by its size, `search::rank::wants_gpu`), and their
@@ -43,16 +37,12 @@ use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::Partitioning;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::async_func::AsyncFuncExec;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::backend_exec::{BoundCall, SetsBackendExec};
-use super::coalesce_exec::SetsCoalesceExec;
 use crate::backend::gpu;
 use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::backend_plan::BackendPlan;
@@ -123,36 +113,7 @@ impl PhysicalOptimizerRule for SetsBackendRule {
             if calls.is_empty() {
                 return Ok(Transformed::no(node));
             }
-            let on_gpu = calls.iter().any(|c| c.plan.backend == BackendChoice::Gpu);
-            if !on_gpu || cfg.gpu_batch_rows == 0 {
-                let proj = Arc::new(ProjectionExec::try_new(exprs, Arc::clone(input))?);
-                return Ok(Transformed::yes(
-                    Arc::new(SetsBackendExec::new(proj, calls)) as Arc<dyn ExecutionPlan>,
-                ));
-            }
-            // Calls on the GPU get batches of `sets.gpu_batch_rows` rows. DataFusion spreads a
-            // table's batches over all partitions (often one or two batches each), so
-            // gathering within a partition would change little: when the input's partitioning
-            // and order promise nothing, its partitions are merged first, gathered, projected
-            // (the device calls are serialized anyway), then spread again round-robin over as
-            // many partitions as before.
-            let partitions = input.output_partitioning().partition_count();
-            let free = matches!(
-                input.output_partitioning(),
-                Partitioning::UnknownPartitioning(_) | Partitioning::RoundRobinBatch(_)
-            ) && input.output_ordering().is_none();
-            let rows = cfg.gpu_batch_rows;
-            if partitions > 1 && free {
-                let merged = Arc::new(CoalescePartitionsExec::new(Arc::clone(input)));
-                let gathered = Arc::new(SetsCoalesceExec::new(merged, rows));
-                let proj = Arc::new(ProjectionExec::try_new(exprs, gathered)?);
-                let bound = Arc::new(SetsBackendExec::new(proj, calls));
-                let spread =
-                    RepartitionExec::try_new(bound, Partitioning::RoundRobinBatch(partitions))?;
-                return Ok(Transformed::yes(Arc::new(spread) as Arc<dyn ExecutionPlan>));
-            }
-            let gathered = Arc::new(SetsCoalesceExec::new(Arc::clone(input), rows));
-            let proj = Arc::new(ProjectionExec::try_new(exprs, gathered)?);
+            let proj = Arc::new(ProjectionExec::try_new(exprs, Arc::clone(input))?);
             Ok(Transformed::yes(
                 Arc::new(SetsBackendExec::new(proj, calls)) as Arc<dyn ExecutionPlan>,
             ))
