@@ -475,7 +475,7 @@ fn bench_batch_rows() {
         ("W1", 200_000usize, 1000f64),
         ("10..10k", 100_000, 10_000.0),
     ] {
-        let arrays: Vec<ArrayRef> = (0..2)
+        let columns: Vec<(Vec<i32>, Vec<u32>)> = (0..2)
             .map(|_| {
                 let mut offs = vec![0i32];
                 let mut vals = Vec::new();
@@ -489,16 +489,64 @@ fn bench_batch_rows() {
                     }
                     offs.push(vals.len() as i32);
                 }
+                (offs, vals)
+            })
+            .collect();
+        let arrays: Vec<ArrayRef> = columns
+            .iter()
+            .map(|(offs, vals)| {
                 let field = Arc::new(Field::new_list_field(DataType::UInt32, true));
-                let child: ArrayRef = Arc::new(datafusion::arrow::array::UInt32Array::from(vals));
+                let child: ArrayRef =
+                    Arc::new(datafusion::arrow::array::UInt32Array::from(vals.clone()));
                 Arc::new(GenericListArray::<i32>::new(
                     field,
-                    OffsetBuffer::new(offs.into()),
+                    OffsetBuffer::new(offs.clone().into()),
                     child,
                     None,
                 )) as ArrayRef
             })
             .collect();
+        // Where an 8192-row call's time goes: the engine itself on every 8192-row slice,
+        // its timings summed (second of two passes).
+        let mut sum = gpu::Timings::default();
+        let mut calls = 0;
+        for _ in 0..2 {
+            sum = gpu::Timings::default();
+            calls = 0;
+            for r0 in (0..rows).step_by(8192) {
+                let n = 8192.min(rows - r0);
+                let lists: Vec<HostList<'_, u32>> = columns
+                    .iter()
+                    .map(|(o, v)| HostList {
+                        offsets: HostOffsets::I32(&o[r0..=r0 + n]),
+                        values: v,
+                    })
+                    .collect();
+                let t = gpu::intersect(&lists, None, Mode::Values)
+                    .expect("GPU batch")
+                    .timings;
+                sum.stage_ms += t.stage_ms;
+                sum.h2d_ms += t.h2d_ms;
+                sum.kernel_ms += t.kernel_ms;
+                sum.d2h_ms += t.d2h_ms;
+                sum.unstage_ms += t.unstage_ms;
+                sum.total_ms += t.total_ms;
+                calls += 1;
+            }
+        }
+        let parts = sum.stage_ms + sum.h2d_ms + sum.kernel_ms + sum.d2h_ms + sum.unstage_ms;
+        let line = format!(
+            "batch rows {shape:8} engine, {calls} calls of 8192 rows, summed: stage {:.1} ms, H2D {:.1}, kernels {:.1}, D2H {:.1}, unstage {:.1}, rest {:.1}; whole calls {:.1} ms",
+            sum.stage_ms,
+            sum.h2d_ms,
+            sum.kernel_ms,
+            sum.d2h_ms,
+            sum.unstage_ms,
+            sum.total_ms - parts,
+            sum.total_ms
+        );
+        println!("{line}");
+        report.push(line);
         let values: usize = arrays
             .iter()
             .map(|a| {
