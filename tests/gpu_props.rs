@@ -417,19 +417,7 @@ fn bench_gpu_intersect() {
             report.push(line);
         }
         // The CPU backend on the same data, through the SQL function (all cores).
-        let arrays: Vec<ArrayRef> = (0..k)
-            .map(|j| {
-                let field = Arc::new(Field::new_list_field(DataType::UInt32, true));
-                let child: ArrayRef =
-                    Arc::new(datafusion::arrow::array::UInt32Array::from(vals[j].clone()));
-                Arc::new(GenericListArray::<i32>::new(
-                    field,
-                    OffsetBuffer::new(offs[j].clone().into()),
-                    child,
-                    None,
-                )) as ArrayRef
-            })
-            .collect();
+        let arrays: Vec<ArrayRef> = (0..k).map(|j| u32_lists(&offs[j], &vals[j])).collect();
         let mut cpu_ms = Vec::new();
         let mut gpu_ms = Vec::new();
         for _ in 0..3 {
@@ -492,20 +480,7 @@ fn bench_batch_rows() {
                 (offs, vals)
             })
             .collect();
-        let arrays: Vec<ArrayRef> = columns
-            .iter()
-            .map(|(offs, vals)| {
-                let field = Arc::new(Field::new_list_field(DataType::UInt32, true));
-                let child: ArrayRef =
-                    Arc::new(datafusion::arrow::array::UInt32Array::from(vals.clone()));
-                Arc::new(GenericListArray::<i32>::new(
-                    field,
-                    OffsetBuffer::new(offs.clone().into()),
-                    child,
-                    None,
-                )) as ArrayRef
-            })
-            .collect();
+        let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
         // Where an 8192-row call's time goes: the engine itself on every 8192-row slice,
         // its timings summed (second of two passes).
         let mut sum = gpu::Timings::default();
@@ -547,14 +522,7 @@ fn bench_batch_rows() {
         );
         println!("{line}");
         report.push(line);
-        let values: usize = arrays
-            .iter()
-            .map(|a| {
-                a.as_any()
-                    .downcast_ref::<GenericListArray<i32>>()
-                    .map_or(0, |l| l.values().len())
-            })
-            .sum();
+        let values: usize = columns.iter().map(|(_, v)| v.len()).sum();
         let udf = list_intersect_udf();
         let run = |b: usize, backend: BackendChoice| -> (f64, Vec<ArrayRef>) {
             let t = Instant::now();
@@ -660,6 +628,18 @@ fn bench_batch_rows() {
         let path = format!("{path}.batch_rows");
         let _ = std::fs::write(path, report.join("\n") + "\n");
     }
+}
+
+/// A `List<UInt32>` array (no NULLs) from its offsets and values.
+fn u32_lists(offsets: &[i32], values: &[u32]) -> ArrayRef {
+    let field = Arc::new(Field::new_list_field(DataType::UInt32, true));
+    let child: ArrayRef = Arc::new(datafusion::arrow::array::UInt32Array::from(values.to_vec()));
+    Arc::new(GenericListArray::<i32>::new(
+        field,
+        OffsetBuffer::new(offsets.to_vec().into()),
+        child,
+        None,
+    ))
 }
 
 fn rayon_threads() -> usize {

@@ -145,32 +145,27 @@ fn bind_topk(
     // of another user; still public and the field the node is made of).
     #[allow(deprecated)]
     let async_exprs = node.async_exprs();
+    // The session's `topk_bm25` as registered: equal to a call not bound yet (a bound one
+    // has its plan in its equality; another session's has another handle).
+    let unbound = ScalarUDF::from(AsyncScalarUDF::new(Arc::new(TopkBm25::new(
+        session.clone(),
+    ))));
     for ae in async_exprs {
         let topk = ae
             .func
             .downcast_ref::<ScalarFunctionExpr>()
-            .filter(|sf| sf.name() == TOPK_BM25 && sf.fun().inner().is::<AsyncScalarUDF>());
+            .filter(|sf| sf.fun() == &unbound);
         let Some(sf) = topk else {
             exprs.push(Arc::clone(ae));
             continue;
         };
-        // Bound calls are rebuilt with their plan in their equality; an unbound one has none.
-        let unbound = ScalarUDF::from(AsyncScalarUDF::new(Arc::new(TopkBm25::new(
-            session.clone(),
-        ))));
-        if sf.fun() != &unbound {
-            exprs.push(Arc::clone(ae));
-            continue;
-        }
-        let mode = sf
-            .args()
-            .get(3)
-            .and_then(|m| m.downcast_ref::<Literal>())
-            .and_then(|l| l.value().try_as_str().flatten().map(str::to_string));
-        let mode = match mode {
-            Some(m) => check_mode(&m, 4).ok(),
-            None if sf.args().len() == 3 => Some(Mode::Or),
-            None => None,
+        // The mode, when it is known at planning time (a literal, or the default).
+        let mode = match sf.args().get(3) {
+            None => Some(Mode::Or),
+            Some(m) => m
+                .downcast_ref::<Literal>()
+                .and_then(|l| l.value().try_as_str().flatten())
+                .and_then(|m| check_mode(m, 4).ok()),
         };
         let plan = Arc::new(choose_topk(cfg, mode));
         let udf = AsyncScalarUDF::new(Arc::new(TopkBm25::with_plan(
