@@ -15,8 +15,9 @@
 //! - `kernel/{W1,W2,W3}/{auto,scalar,galloping,sse42,avx2,avx512,vp2intersect}`: the CPU kernel
 //!   alone over every row, read straight from the Arrow buffers, `out` cleared per row.
 //!   Kernels the CPU lacks run their documented fallback (the bench prints which).
-//! - `check/{W1,W2,W3}/{sortedness,read}`: `cpu::sortedness` over both lists of every row
-//!   (the per-row check the SQL path does before it may call a sorted kernel), and a plain
+//! - `check/{W1,W2,W3}/{sortedness,check_then_auto,read}`: `cpu::sortedness` over both lists
+//!   of every row (the per-row check the SQL path does before it may call a sorted kernel),
+//!   the check and the kernel row by row (a table's first query without SQL), and a plain
 //!   read (sum) of the same values as a memory-bandwidth baseline.
 //! - `sql_threads/{W1,W2}/ours`: same query, default session (all cores, default
 //!   `target_partitions`, default `sets.parallel_min_values`, global rayon pool).
@@ -512,6 +513,26 @@ fn bench_sortedness(c: &mut Criterion) {
                 assert_eq!(strict, 2 * p.len());
                 black_box(strict)
             });
+        });
+        // The cold path of the SQL function without SQL: each row checked, then intersected.
+        g.bench_function("check_then_auto", |bch| {
+            let w = workload(i);
+            let p = pairs.get_or_init(|| rows(w));
+            let mut out: Vec<u32> = Vec::with_capacity(1 << 16);
+            let mut run = || {
+                let mut n = 0usize;
+                for &(a, b) in p {
+                    assert!(
+                        cpu::sortedness(a) == cpu::Sortedness::Strict
+                            && cpu::sortedness(b) == cpu::Sortedness::Strict
+                    );
+                    out.clear();
+                    n += cpu::intersect_auto(a, b, &mut out);
+                }
+                n
+            };
+            assert_eq!(run() as u64, w.expected_total, "check/check_then_auto");
+            bch.iter(|| black_box(run()));
         });
         // Baseline: read the same values once (wrapping sum), to tell a check bound by memory
         // bandwidth from one bound by compute.

@@ -192,6 +192,50 @@ fn engine_verify_pairs_equals_merge() {
     let coarse: Vec<u32> = (0..pairs.len() as u32).step_by(1000).collect();
     let (passed, _) = gpu::verify_pairs(&device, &pairs, Some(&coarse), true).expect("verify");
     assert_eq!(spread(&passed), expected, "coarse groups");
+    // Queued chunks (as the join sends them: runs of one probe set, each run a group): four
+    // at the device at once, one of them abandoned unfinished (a cancelled join), the others
+    // finished in reverse order, each with the exact answers of its own pairs.
+    let device = Arc::new(device);
+    let mut bounds: Vec<usize> = (0..4)
+        .map(|q| groups[groups.len() * q / 4] as usize)
+        .collect();
+    bounds.push(pairs.len());
+    let mut queued = Vec::new();
+    for w in bounds.windows(2) {
+        let mut chunk = PairBuffer::new(w[1] - w[0], true);
+        for i in w[0]..w[1] {
+            if i == w[0] || pairs[i].x != pairs[i - 1].x {
+                chunk.start_group();
+            }
+            chunk.push(pairs[i]);
+        }
+        queued.push((w[0], gpu::submit_pairs(&device, Arc::new(chunk), true)));
+    }
+    drop(queued.remove(1));
+    for (from, pending) in queued.into_iter().rev() {
+        let (chunk, answer) = pending.finish();
+        let (passed, t) = answer.expect("queued verification");
+        assert!(t.kernel_ms > 0.0 && t.total_ms >= t.kernel_ms, "{t:?}");
+        let mut got = vec![NONE; chunk.len()];
+        for &(i, o) in &passed {
+            got[i as usize] = o;
+        }
+        assert_eq!(
+            got,
+            expected[from..from + chunk.len()],
+            "queued chunk from pair {from}"
+        );
+    }
+    // An empty chunk answers nothing; a bad one answers its error from `finish`.
+    let (_, answer) = gpu::submit_pairs(&device, Arc::new(PairBuffer::new(8, true)), true).finish();
+    assert!(answer.expect("empty chunk").0.is_empty());
+    let mut bad_chunk = PairBuffer::new(8, true);
+    bad_chunk.push(PairToVerify {
+        y: sets.len() as u32,
+        ..PairToVerify::default()
+    });
+    let (_, answer) = gpu::submit_pairs(&device, Arc::new(bad_chunk), true).finish();
+    assert!(answer.is_err(), "a set out of range is refused");
     // Malformed groups are refused.
     assert!(gpu::verify_pairs(&device, &pairs, Some(&[1, 5]), true).is_err());
     assert!(gpu::verify_pairs(&device, &pairs, Some(&[0, 5, 5]), true).is_err());

@@ -25,7 +25,7 @@ use futures::Stream;
 use super::exec::{Built, JoinColumn};
 use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
-use crate::backend::gpu::{self, DeviceSets, GpuError, PairBuffer, PairToVerify, VerifyTimings};
+use crate::backend::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
 use crate::config::BackendChoice;
 use crate::functions::set_similarity::Measure;
 
@@ -40,14 +40,11 @@ const MIN_CHUNK_PAIRS: usize = 1 << 14;
 /// tokens (smaller joins do not repay the upload and the launches).
 const AUTO_GPU_MIN_TOKENS: usize = 1 << 20;
 
-/// A chunk's device answer (with the chunk, so a failed call can be verified on the CPU).
-type ChunkResult = (
-    Arc<PairBuffer>,
-    std::result::Result<(Vec<(u32, u32)>, VerifyTimings), GpuError>,
-);
-
-/// GPU verification of one partition: the chunk being filled (and, with `DFSETS_SJ_ASYNC`,
-/// the one in flight).
+/// GPU verification of one partition: the chunk being filled and the one at the device.
+/// A full chunk is queued on the device and the partition filters the next one meanwhile;
+/// the answer is taken when that one is full too (the paper's overlap of filtering and
+/// verification, on the partition's own thread: the device needs no host thread while it
+/// works).
 struct GpuVerify {
     sets: Arc<DeviceSets>,
     /// The chunk being filled (page-locked when possible: copied to the device as it is).
@@ -55,8 +52,8 @@ struct GpuVerify {
     /// A chunk buffer back from the device, reused for the next chunk.
     spare: Option<PairBuffer>,
     capacity: usize,
-    inflight: Option<tokio::task::JoinHandle<ChunkResult>>,
-    inflight_chunk: Option<Arc<PairBuffer>>,
+    /// The chunk at the device.
+    inflight: Option<gpu::PendingVerify>,
     _reservation: MemoryReservation,
 }
 
@@ -77,15 +74,6 @@ fn filter_only() -> bool {
         );
     }
     on
-}
-
-/// `DFSETS_SJ_ASYNC=1` (a measurement knob, read when a partition starts): a full chunk is
-/// verified by a blocking task while the partition filters on, instead of by the partition
-/// itself. The default with several partitions is the latter (a chunk's call takes about a
-/// millisecond while the other partitions filter, and a second thread per partition would
-/// compete with them for the host's cores); a join of one partition always hands off.
-fn gpu_async() -> bool {
-    std::env::var("DFSETS_SJ_ASYNC").is_ok_and(|v| v == "1")
 }
 
 type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
@@ -117,8 +105,6 @@ pub(crate) struct SimilarityJoinStream {
     verifier: Verifier,
     /// `DFSETS_SJ_FILTER_ONLY` (see [`filter_only`]).
     filter_only: bool,
-    /// `DFSETS_SJ_ASYNC` (see [`gpu_async`]).
-    gpu_async: bool,
     // Pairs found and not yet emitted.
     left_rows: Vec<u32>,
     right_rows: Vec<u32>,
@@ -171,8 +157,6 @@ impl SimilarityJoinStream {
             backend,
             verifier: Verifier::Cpu,
             filter_only: filter_only(),
-            // One partition: nothing else filters while it waits, so it hands its chunks off.
-            gpu_async: gpu_async() || partitions == 1,
             left_rows: Vec::new(),
             right_rows: Vec::new(),
             scores: Vec::new(),
@@ -257,7 +241,6 @@ impl SimilarityJoinStream {
             spare: None,
             capacity,
             inflight: None,
-            inflight_chunk: None,
             _reservation: reservation,
         }))
     }
@@ -357,7 +340,7 @@ impl SimilarityJoinStream {
 
     /// The pairs of a verified chunk: the device's answers, or the CPU's when the device
     /// failed (then the CPU verifies the rest of the join too).
-    fn take_chunk(&mut self, built: &Built, result: ChunkResult) {
+    fn take_chunk(&mut self, built: &Built, result: gpu::VerifyAnswer) {
         let (chunk, answer) = result;
         match answer {
             Ok((passed, t)) => {
@@ -423,58 +406,38 @@ impl SimilarityJoinStream {
         self.verify_time.add_elapsed(t0);
     }
 
-    /// Move the GPU pipeline on: take the answers of the chunk in flight when they are
-    /// there (or must be: `wait`), then send the filled chunk when the device is free and
-    /// the chunk is full or `flush`. `Poll::Pending`: waiting on the device (woken by it).
-    fn advance_gpu(&mut self, built: &Built, cx: &mut Context<'_>, flush: bool) -> Poll<()> {
+    /// Move the GPU pipeline on once the chunk being filled is full, or at the end
+    /// (`flush`): take the answer of the chunk at the device (waiting for it, asleep, if it
+    /// is not done yet: it had the whole filling of this chunk to finish), then queue this
+    /// one; at the end, wait for it too.
+    fn advance_gpu(&mut self, built: &Built, flush: bool) {
         let Verifier::Gpu(gv) = &mut self.verifier else {
-            return Poll::Ready(());
+            return;
         };
-        let full = gv.chunk.is_full();
-        if let Some(handle) = gv.inflight.as_mut() {
-            if !(full || flush || handle.is_finished()) {
-                return Poll::Ready(());
-            }
-            let joined = match Pin::new(handle).poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(r) => r,
-            };
-            gv.inflight = None;
-            let chunk = gv
-                .inflight_chunk
-                .take()
-                .unwrap_or_else(|| Arc::new(PairBuffer::new(0, false)));
-            let result = joined.unwrap_or_else(|e| {
-                (
-                    chunk,
-                    Err(GpuError::Panic(format!("verification task: {e}"))),
-                )
-            });
-            self.take_chunk(built, result);
+        if !(gv.chunk.is_full() || flush) {
+            return;
         }
+        if let Some(pending) = gv.inflight.take() {
+            self.take_chunk(built, pending.finish());
+        }
+        // The answer may have been a failure: then the CPU verified everything.
         let Verifier::Gpu(gv) = &mut self.verifier else {
-            return Poll::Ready(());
+            return;
         };
-        if gv.inflight.is_none() && !gv.chunk.is_empty() && (gv.chunk.is_full() || flush) {
-            let next = gv
-                .spare
-                .take()
-                .unwrap_or_else(|| PairBuffer::new(gv.capacity, true));
-            let chunk = Arc::new(std::mem::replace(&mut gv.chunk, next));
-            if !self.gpu_async {
-                let answer =
-                    gpu::verify_pairs(&gv.sets, chunk.as_slice(), chunk.groups(), self.exact);
-                self.take_chunk(built, (chunk, answer));
-                return Poll::Ready(());
-            }
-            let (sets, sent, exact) = (Arc::clone(&gv.sets), Arc::clone(&chunk), self.exact);
-            gv.inflight_chunk = Some(chunk);
-            gv.inflight = Some(tokio::task::spawn_blocking(move || {
-                let answer = gpu::verify_pairs(&sets, sent.as_slice(), sent.groups(), exact);
-                (sent, answer)
-            }));
+        if gv.chunk.is_empty() {
+            return;
         }
-        Poll::Ready(())
+        let next = gv
+            .spare
+            .take()
+            .unwrap_or_else(|| PairBuffer::new(gv.capacity, true));
+        let chunk = Arc::new(std::mem::replace(&mut gv.chunk, next));
+        let pending = gpu::submit_pairs(&gv.sets, chunk, self.exact);
+        if flush {
+            self.take_chunk(built, pending.finish());
+        } else {
+            gv.inflight = Some(pending);
+        }
     }
 
     /// Whether the GPU pipeline holds pairs not yet verified.
@@ -551,9 +514,8 @@ impl SimilarityJoinStream {
                     let timer = elapsed.timer();
                     let mut work = 0;
                     let len = built.collections.len();
-                    let mut waiting = false;
                     if self.pending < self.batch_size {
-                        waiting = self.advance_gpu(&built, cx, p >= len).is_pending();
+                        self.advance_gpu(&built, p >= len);
                     }
                     while self.pending < self.batch_size
                         && p < len
@@ -566,9 +528,8 @@ impl SimilarityJoinStream {
                     if let State::Probing { next, .. } = &mut self.state {
                         *next = p;
                     }
-                    if !waiting && self.pending < self.batch_size && (p >= len || self.chunk_full())
-                    {
-                        waiting = self.advance_gpu(&built, cx, p >= len).is_pending();
+                    if self.pending < self.batch_size && (p >= len || self.chunk_full()) {
+                        self.advance_gpu(&built, p >= len);
                     }
                     let finished = p >= len && !self.gpu_busy();
                     let result = if self.pending >= self.batch_size {
@@ -589,10 +550,6 @@ impl SimilarityJoinStream {
                         self.verifier = Verifier::Cpu;
                         self.baseline.done();
                         return Poll::Ready(None);
-                    }
-                    if waiting {
-                        // The device's task wakes this stream when its chunk is verified.
-                        return Poll::Pending;
                     }
                     // Out of budget for this poll: let other tasks (and cancellation) in.
                     cx.waker().wake_by_ref();

@@ -35,14 +35,14 @@ pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
 pub use cuda::{device, intersect, measure_ceilings};
 #[cfg(feature = "cuda")]
-pub use simjoin::{DeviceSets, upload_sets, verify_pairs};
+pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    DeviceSets, bm25_evict, bm25_topk, device, intersect, measure_ceilings, upload_sets,
-    verify_pairs,
+    DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, measure_ceilings,
+    submit_pairs, upload_sets, verify_pairs,
 };
 
 /// The device the backend runs on.
@@ -164,12 +164,20 @@ pub struct PairToVerify {
     pub from_y: u32,
 }
 
+/// A queued chunk's answer ([`PendingVerify::finish`]): the chunk back (so a failed call
+/// can be verified on the CPU) with the passing pairs or the failure.
+pub type VerifyAnswer = (
+    std::sync::Arc<PairBuffer>,
+    Result<(Vec<(u32, u32)>, VerifyTimings), GpuError>,
+);
+
 /// What one [`verify_pairs`] call did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VerifyTimings {
     /// Both kernels (device time, from CUDA events).
     pub kernel_ms: f64,
-    /// The whole call (staging, copies, kernels, the wait).
+    /// The host's time in the call: staging, queuing, the wait and taking the answer (for a
+    /// queued chunk, not the time it spent at the device while its caller went on).
     pub total_ms: f64,
     pub h2d_bytes: u64,
     pub d2h_bytes: u64,

@@ -26,7 +26,7 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 use super::cuda::{
     DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
 };
-use super::{GpuError, PairToVerify, VerifyTimings};
+use super::{GpuError, PairBuffer, PairToVerify, VerifyAnswer, VerifyTimings};
 
 const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
@@ -188,54 +188,195 @@ pub fn verify_pairs(
     groups: Option<&[u32]>,
     exact: bool,
 ) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
+    check_chunk(sets, pairs, groups)?;
+    if pairs.is_empty() {
+        return Ok((Vec::new(), VerifyTimings::default()));
+    }
+    let started = Instant::now();
+    let (g, mut lane) = take_lane()?;
+    let launched;
+    (lane, launched) = guarded(g, lane, |lane| launch(g, lane, sets, pairs, groups, exact))?;
+    let (lane, (passed, mut t)) = guarded(g, lane, |lane| collect(g, lane, &launched))?;
+    give_back(lane);
+    t.total_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok((passed, t))
+}
+
+/// A chunk of pairs at the device: its copies and kernels queued on a lane of its own by
+/// [`submit_pairs`], its answer taken by [`PendingVerify::finish`]. The caller goes on (the
+/// join filters its next chunk) while the device works. Dropped unfinished, it waits for
+/// its stream first, so the device never reads the chunk's memory after it is freed.
+pub struct PendingVerify {
+    pairs: Arc<PairBuffer>,
+    /// The device's work: `None` when the call failed before anything was queued.
+    inflight: Option<Inflight>,
+    /// Why the call failed, when it did at submission.
+    failed: Option<GpuError>,
+    /// Host time spent submitting.
+    submit: std::time::Duration,
+}
+
+struct Inflight {
+    lane: Lane,
+    launched: Launched,
+    /// The sets the kernels read, kept alive until they are done.
+    _sets: Arc<DeviceSets>,
+}
+
+impl std::fmt::Debug for PendingVerify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingVerify")
+            .field("pairs", &self.pairs.len())
+            .field("queued", &self.inflight.is_some())
+            .finish()
+    }
+}
+
+/// Queue the verification of the chunk `pairs` (its groups as the join recorded them) on a
+/// lane and return at once; [`PendingVerify::finish`] waits for the answer, which is
+/// [`verify_pairs`]'s. A failure to queue is kept and returned by `finish`.
+pub fn submit_pairs(sets: &Arc<DeviceSets>, pairs: Arc<PairBuffer>, exact: bool) -> PendingVerify {
+    let started = Instant::now();
+    let mut pending = PendingVerify {
+        pairs,
+        inflight: None,
+        failed: None,
+        submit: std::time::Duration::ZERO,
+    };
+    let queued = (|| -> Result<Option<Inflight>, GpuError> {
+        let chunk = pending.pairs.as_slice();
+        let groups = pending.pairs.groups();
+        check_chunk(sets, chunk, groups)?;
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        let (g, lane) = take_lane()?;
+        let (lane, launched) =
+            guarded(g, lane, |lane| launch(g, lane, sets, chunk, groups, exact))?;
+        Ok(Some(Inflight {
+            lane,
+            launched,
+            _sets: Arc::clone(sets),
+        }))
+    })();
+    match queued {
+        Ok(inflight) => pending.inflight = inflight,
+        Err(e) => pending.failed = Some(e),
+    }
+    pending.submit = started.elapsed();
+    pending
+}
+
+impl PendingVerify {
+    /// The chunk this call verifies.
+    pub fn pairs(&self) -> &Arc<PairBuffer> {
+        &self.pairs
+    }
+
+    /// Wait (asleep) for the device and take the answer, with the chunk back. The answer's
+    /// `total_ms` is the host's time in the call: submitting plus finishing (the wait
+    /// included), not the time the chunk spent at the device meanwhile.
+    pub fn finish(mut self) -> VerifyAnswer {
+        let pairs = Arc::clone(&self.pairs);
+        if let Some(e) = self.failed.take() {
+            return (pairs, Err(e));
+        }
+        let Some(Inflight { lane, launched, .. }) = self.inflight.take() else {
+            return (pairs, Ok((Vec::new(), VerifyTimings::default())));
+        };
+        let started = Instant::now();
+        let answer = gpu().and_then(|g| {
+            g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+            let (lane, (passed, mut t)) = guarded(g, lane, |lane| collect(g, lane, &launched))?;
+            give_back(lane);
+            t.total_ms = (self.submit + started.elapsed()).as_secs_f64() * 1e3;
+            Ok((passed, t))
+        });
+        (pairs, answer)
+    }
+}
+
+impl Drop for PendingVerify {
+    fn drop(&mut self) {
+        if let Some(Inflight { lane, .. }) = self.inflight.take() {
+            // Abandoned (the join was cancelled): the stream may still read the chunk.
+            match gpu() {
+                Ok(g) if g.ctx.bind_to_thread().is_ok() && lane.stream.synchronize().is_ok() => {
+                    give_back(lane)
+                }
+                // Unknown state: keep the lane's buffers (and the chunk) alive for good.
+                _ => {
+                    std::mem::forget(lane);
+                    std::mem::forget(Arc::clone(&self.pairs));
+                }
+            }
+        }
+    }
+}
+
+/// The chunk's own checks: every set in range, at most `u32::MAX - 1` pairs, well-formed
+/// groups.
+fn check_chunk(
+    sets: &DeviceSets,
+    pairs: &[PairToVerify],
+    groups: Option<&[u32]>,
+) -> Result<(), GpuError> {
     let n = sets.sets as u32;
     if pairs.iter().any(|p| p.x >= n || p.y >= n) {
         return Err(GpuError::Unsupported(
             "candidate pair names a set out of range".into(),
         ));
     }
-    let mut t = VerifyTimings::default();
-    if pairs.is_empty() {
-        return Ok((Vec::new(), t));
-    }
     if pairs.len() >= u32::MAX as usize {
         return Err(GpuError::Unsupported("too many pairs in one chunk".into()));
     }
     if let Some(gs) = groups
+        && !pairs.is_empty()
         && (gs.first() != Some(&0)
             || gs.windows(2).any(|w| w[0] >= w[1])
             || gs.last().is_some_and(|&l| l as usize >= pairs.len()))
     {
         return Err(GpuError::Unsupported("malformed pair groups".into()));
     }
+    Ok(())
+}
+
+/// The device, bound to this thread, and a lane from the pool (a new one when none is free).
+fn take_lane() -> Result<(&'static Gpu, Lane), GpuError> {
     let g = gpu()?;
-    let started = Instant::now();
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
-    let k = kernels(g)?;
+    kernels(g)?;
     let free = LANE_POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
-    let mut lane = match free {
+    let lane = match free {
         Some(lane) => lane,
         None => Lane {
             stream: g.ctx.new_stream().map_err(drv("stream creation"))?,
             ws: Workspace::default(),
         },
     };
-    let res = catch_unwind(AssertUnwindSafe(|| {
-        run(g, k, &mut lane, sets, pairs, groups, exact, &mut t)
-    }))
-    .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
-    let give_back = |lane: Lane| {
-        LANE_POOL
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(lane)
-    };
+    Ok((g, lane))
+}
+
+fn give_back(lane: Lane) {
+    LANE_POOL
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(lane)
+}
+
+/// Run one phase of a call on `lane`, catching panics. On success the lane comes back with
+/// the result; on failure it goes back to the pool (out of memory: after its stream is idle
+/// and its buffers freed) or, when the stream's state is unknown, is kept for good, and the
+/// device is marked broken for driver, kernel and panic failures.
+fn guarded<R>(
+    g: &Gpu,
+    mut lane: Lane,
+    f: impl FnOnce(&mut Lane) -> Result<R, GpuError>,
+) -> Result<(Lane, R), GpuError> {
+    let res = catch_unwind(AssertUnwindSafe(|| f(&mut lane)))
+        .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
     match res {
-        Ok(out) => {
-            give_back(lane);
-            t.total_ms = started.elapsed().as_secs_f64() * 1e3;
-            Ok((out, t))
-        }
+        Ok(r) => Ok((lane, r)),
         Err(e) => {
             if matches!(
                 e,
@@ -283,17 +424,28 @@ unsafe fn launch_on(
     .map_err(drv("kernel launch"))
 }
 
-#[expect(clippy::too_many_arguments, reason = "one private helper, called once")]
-fn run(
+/// What [`launch`] queued, for [`collect`].
+struct Launched {
+    m: usize,
+    events: (CudaEvent, CudaEvent),
+    /// Device addresses of the two lists of passing pairs.
+    p_pidx: u64,
+    p_povl: u64,
+    t: VerifyTimings,
+}
+
+/// Queue a chunk's copies up, kernels and counters' copy back on `lane`'s stream. `pairs`
+/// must stay untouched until the stream is synchronized ([`collect`] does).
+fn launch(
     g: &Gpu,
-    k: &Kernels,
     lane: &mut Lane,
     sets: &DeviceSets,
     pairs: &[PairToVerify],
     groups: Option<&[u32]>,
     exact: bool,
-    t: &mut VerifyTimings,
-) -> Result<Vec<(u32, u32)>, GpuError> {
+) -> Result<Launched, GpuError> {
+    let k = kernels(g)?;
+    let mut t = VerifyTimings::default();
     let m = pairs.len();
     // Where each run of pairs with the same probe set starts, then the end.
     let mut group_start: Vec<u32> = match groups {
@@ -410,14 +562,38 @@ fn run(
         )?;
     }
     e2.record(stream).map_err(drv("event record"))?;
-    // The counters, then exactly the passing pairs.
+    // The counters come back first (read by `collect` after the sync).
+    let pin = Workspace::pinned(&mut ws.pin_out, 8)?;
+    // SAFETY: 8 bytes from the counters into the pinned buffer, read after the sync.
+    unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..8], p_cnt, cs) }
+        .map_err(drv("device-to-host copy"))?;
+    Ok(Launched {
+        m,
+        events: (e1, e2),
+        p_pidx,
+        p_povl,
+        t,
+    })
+}
+
+/// Wait (asleep) for what [`launch`] queued, then copy exactly the passing pairs back.
+fn collect(
+    g: &Gpu,
+    lane: &mut Lane,
+    l: &Launched,
+) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
+    let (m, p_pidx, p_povl) = (l.m, l.p_pidx, l.p_povl);
+    let mut t = l.t.clone();
+    let stream = &lane.stream;
+    let cs = stream.cu_stream();
+    let ws = &mut lane.ws;
+    g.wait_asleep(stream)?;
     let mut counters = [0u32; 2];
     {
-        let pin = Workspace::pinned(&mut ws.pin_out, 8)?;
-        // SAFETY: 8 bytes from the counters into the pinned buffer, read after the sync.
-        unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..8], p_cnt, cs) }
-            .map_err(drv("device-to-host copy"))?;
-        g.wait_asleep(stream)?;
+        let pin = ws
+            .pin_out
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
         bytes_of_mut(&mut counters).copy_from_slice(&pin.as_slice()[..8]);
     }
     let (n_large, n_pass) = (counters[0] as usize, counters[1] as usize);
@@ -442,7 +618,8 @@ fn run(
         g.wait_asleep(stream)?;
     }
     t.d2h_bytes = (8 + 2 * n_pass * 4) as u64;
-    t.kernel_ms = f64::from(e1.elapsed_ms(&e2).map_err(drv("event timing"))?);
+    let (e1, e2) = &l.events;
+    t.kernel_ms = f64::from(e1.elapsed_ms(e2).map_err(drv("event timing"))?);
     let pin = ws
         .pin_out
         .as_ref()
@@ -461,7 +638,7 @@ fn run(
             "similarity-join verification answered a pair twice or out of range".into(),
         ));
     }
-    Ok(passed)
+    Ok((passed, t))
 }
 
 fn bytes_of_mut(s: &mut [u32]) -> &mut [u8] {

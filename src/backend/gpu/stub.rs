@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Bm25Batch, Bm25Cpu, Bm25Output, Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode,
-    PairToVerify, RowValidity, VerifyTimings,
+    PairBuffer, PairToVerify, RowValidity, VerifyAnswer, VerifyTimings,
 };
 use crate::backend::cpu::SetElem;
 use crate::search::index::InvertedIndex;
@@ -79,4 +79,30 @@ pub fn verify_pairs(
     _exact: bool,
 ) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
     Err(GpuError::NotCompiled)
+}
+
+/// A chunk of pairs at the device: never made without the `cuda` feature.
+#[derive(Debug)]
+pub struct PendingVerify(Arc<PairBuffer>);
+
+/// Queued verification: without the `cuda` feature, `finish` answers
+/// [`GpuError::NotCompiled`].
+pub fn submit_pairs(
+    _sets: &Arc<DeviceSets>,
+    pairs: Arc<PairBuffer>,
+    _exact: bool,
+) -> PendingVerify {
+    PendingVerify(pairs)
+}
+
+impl PendingVerify {
+    /// The chunk this call verifies.
+    pub fn pairs(&self) -> &Arc<PairBuffer> {
+        &self.0
+    }
+
+    /// The chunk back, with [`GpuError::NotCompiled`].
+    pub fn finish(self) -> VerifyAnswer {
+        (self.0, Err(GpuError::NotCompiled))
+    }
 }
