@@ -66,6 +66,9 @@ __device__ __forceinline__ bool is_large(u32 nx, u32 ny, const Pair& p, u32 larg
 // counters[0]: large pairs listed; counters[1]: passing pairs written.
 #define LARGE_COUNT 0
 #define PASS_COUNT 1
+// Set when a pair names a set that does not exist (such a pair is not read, and the host
+// refuses the whole chunk).
+#define BAD_PAIR 2
 
 // Record a passing pair (index and overlap) in the compacted answer.
 __device__ __forceinline__ void pass(u32* counters, u32* pass_idx, u32* pass_ovl, u32 idx,
@@ -79,7 +82,7 @@ __device__ __forceinline__ void pass(u32* counters, u32* pass_idx, u32* pass_ovl
 // read into shared memory once). Pairs whose remainders are large are listed for
 // verify_large; the others are verified here. Passing pairs go to the compacted answer.
 extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
-verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
+verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts, u32 sets,
               const Pair* __restrict__ pairs, const u32* __restrict__ group_start, u32 groups,
               u32 large_from, int exact, u32* __restrict__ counters, u32* __restrict__ large,
               u32* __restrict__ pass_idx, u32* __restrict__ pass_ovl) {
@@ -87,8 +90,9 @@ verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
     for (u32 g = blockIdx.x; g < groups; g += gridDim.x) {
         u32 p0 = group_start[g], p1 = group_start[g + 1];
         u32 x = pairs[p0].x;
-        u64 xb = starts[x];
-        u32 nx = (u32)(starts[x + 1] - xb);
+        // An unknown probe set is loaded as empty; its pairs are flagged below.
+        u64 xb = x < sets ? starts[x] : 0;
+        u32 nx = x < sets ? (u32)(starts[x + 1] - xb) : 0;
         const u32* shared_x = tokens + xb;
         if (nx <= SHARED_TOKENS) {
             __syncthreads();
@@ -98,6 +102,10 @@ verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts,
         }
         for (u32 idx = p0 + threadIdx.x; idx < p1; idx += blockDim.x) {
             Pair p = pairs[idx];
+            if (p.x >= sets || p.y >= sets) {
+                atomicOr(&counters[BAD_PAIR], 1u);
+                continue;
+            }
             // A pair of another probe set (a group that is not one run) reads its own set.
             const u32* a = p.x == x ? shared_x : tokens + starts[p.x];
             u32 na = (u32)(starts[p.x + 1] - starts[p.x]);

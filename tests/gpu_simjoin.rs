@@ -172,7 +172,7 @@ fn engine_verify_pairs_equals_merge() {
         let (passed, t) = gpu::verify_pairs(&device, &pairs, g, true).expect("verify");
         assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
         assert!(t.h2d_bytes >= 24 * pairs.len() as u64, "{t:?}");
-        assert_eq!(t.d2h_bytes, 8 + 8 * passed.len() as u64);
+        assert_eq!(t.d2h_bytes, 12 + 8 * passed.len() as u64);
         let exact = spread(&passed);
         let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
         assert_eq!(wrong, 0, "exact answers differ from the merge");
@@ -215,7 +215,8 @@ fn engine_verify_pairs_equals_merge() {
     for (from, pending) in queued.into_iter().rev() {
         let (chunk, answer) = pending.finish();
         let (passed, t) = answer.expect("queued verification");
-        assert!(t.kernel_ms > 0.0 && t.total_ms >= t.kernel_ms, "{t:?}");
+        // The host's time in the call need not cover the kernels: they ran while it went on.
+        assert!(t.kernel_ms > 0.0 && t.total_ms >= t.wait_ms, "{t:?}");
         let mut got = vec![NONE; chunk.len()];
         for &(i, o) in &passed {
             got[i as usize] = o;

@@ -123,6 +123,7 @@ pub(crate) struct SimilarityJoinStream {
     bytes_from_device: Count,
     gpu_kernel_time: Time,
     gpu_call_time: Time,
+    gpu_wait_time: Time,
 }
 
 impl SimilarityJoinStream {
@@ -173,6 +174,7 @@ impl SimilarityJoinStream {
             bytes_from_device: MetricBuilder::new(metrics).counter("bytes_from_device", partition),
             gpu_kernel_time: MetricBuilder::new(metrics).subset_time("gpu_kernel_time", partition),
             gpu_call_time: MetricBuilder::new(metrics).subset_time("gpu_call_time", partition),
+            gpu_wait_time: MetricBuilder::new(metrics).subset_time("gpu_wait_time", partition),
         })
     }
 
@@ -353,6 +355,8 @@ impl SimilarityJoinStream {
                     .add_duration(std::time::Duration::from_secs_f64(t.kernel_ms / 1e3));
                 self.gpu_call_time
                     .add_duration(std::time::Duration::from_secs_f64(t.total_ms / 1e3));
+                self.gpu_wait_time
+                    .add_duration(std::time::Duration::from_secs_f64(t.wait_ms / 1e3));
                 let pairs = chunk.as_slice();
                 for &(i, o) in &passed {
                     let pair = pairs[i as usize];

@@ -179,6 +179,8 @@ pub struct VerifyTimings {
     /// The host's time in the call: staging, queuing, the wait and taking the answer (for a
     /// queued chunk, not the time it spent at the device while its caller went on).
     pub total_ms: f64,
+    /// Of `total_ms`, the wait for the device's work (copies up, kernels, the counters).
+    pub wait_ms: f64,
     pub h2d_bytes: u64,
     pub d2h_bytes: u64,
     /// Probe sets verified a block each (their short pairs).

@@ -35,6 +35,8 @@ const LARGE_THREADS: u32 = 256;
 /// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
 /// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
 const LARGE_FROM: u64 = 1024;
+/// The kernels' counters: large pairs, passing pairs, the bad-pair flag.
+const COUNTERS: usize = 3;
 
 struct Kernels {
     groups: CudaFunction,
@@ -314,18 +316,16 @@ impl Drop for PendingVerify {
     }
 }
 
-/// The chunk's own checks: every set in range, at most `u32::MAX - 1` pairs, well-formed
-/// groups.
+/// The chunk's own checks on the host: at most `u32::MAX - 1` pairs, well-formed groups.
+/// (Each pair's sets are checked by the kernel that reads them: a pass over the chunk here
+/// cost the partition's thread about as much as the rest of the call.)
 fn check_chunk(
     sets: &DeviceSets,
     pairs: &[PairToVerify],
     groups: Option<&[u32]>,
 ) -> Result<(), GpuError> {
-    let n = sets.sets as u32;
-    if pairs.iter().any(|p| p.x >= n || p.y >= n) {
-        return Err(GpuError::Unsupported(
-            "candidate pair names a set out of range".into(),
-        ));
+    if sets.sets >= u32::MAX as usize {
+        return Err(GpuError::Unsupported("too many sets".into()));
     }
     if pairs.len() >= u32::MAX as usize {
         return Err(GpuError::Unsupported("too many pairs in one chunk".into()));
@@ -387,6 +387,9 @@ fn guarded<R>(
             if matches!(e, GpuError::OutOfMemory(_)) {
                 let _ = lane.stream.synchronize();
                 lane.ws.clear();
+                give_back(lane);
+            } else if matches!(e, GpuError::Unsupported(_)) && lane.stream.synchronize().is_ok() {
+                // A chunk refused by the kernels: the lane is idle and sound.
                 give_back(lane);
             } else {
                 // The stream may still be busy (or the context gone): its buffers are never
@@ -466,14 +469,14 @@ fn launch(
     group_start.push(m as u32);
     t.groups = n_groups as u64;
 
-    // Input: pairs | group_start | counters (2 u32, zero). The pairs are copied straight
+    // Input: pairs | group_start | counters (3 u32, zero). The pairs are copied straight
     // from the caller's memory (page-locked when it is a pinned `PairBuffer`), the rest
     // through the lane's pinned staging buffer. Device output: large list | pass_idx |
     // pass_ovl (m u32 each), filled by the kernels; only the counters and the passing pairs
     // come back.
     let gs_at = align(std::mem::size_of_val(pairs));
     let cnt_at = gs_at + align(group_start.len() * 4);
-    let in_bytes = cnt_at + align(8);
+    let in_bytes = cnt_at + align(COUNTERS * 4);
     let lists_bytes = in_bytes - gs_at;
     let large_at = 0usize;
     let pidx_at = align(m * 4);
@@ -518,12 +521,13 @@ fn launch(
     let p_pidx = d_out + pidx_at as u64;
     let p_povl = d_out + povl_at as u64;
     let groups32 = n_groups as u32;
+    let n_sets = sets.sets as u32;
     let exact32 = i32::from(exact);
     let large_from32 = large_from().min(u64::from(u32::MAX)) as u32;
     // SAFETY: the parameters match `verify_groups` and `verify_large` in
-    // kernels/simjoin.cu; the input region holds m pairs whose sets are < sets.len() (checked
-    // by the caller), n_groups + 1 group starts (ascending, within 0..=m) and two zeroed
-    // counters; the output region holds three lists of m u32 (each kernel writes at most m
+    // kernels/simjoin.cu; the input region holds m pairs (verify_groups reads a pair's sets
+    // only when both are < n_sets, verify_large only pairs verify_groups listed),
+    // n_groups + 1 group starts (ascending, within 0..=m) and three zeroed counters; the output region holds three lists of m u32 (each kernel writes at most m
     // entries: one per pair); the sets' buffers hold every set's tokens and len + 1 starts.
     unsafe {
         launch_on(
@@ -534,6 +538,7 @@ fn launch(
             &mut [
                 arg(&p_tokens),
                 arg(&p_starts),
+                arg(&n_sets),
                 arg(&p_pairs),
                 arg(&p_gs),
                 arg(&groups32),
@@ -563,9 +568,9 @@ fn launch(
     }
     e2.record(stream).map_err(drv("event record"))?;
     // The counters come back first (read by `collect` after the sync).
-    let pin = Workspace::pinned(&mut ws.pin_out, 8)?;
-    // SAFETY: 8 bytes from the counters into the pinned buffer, read after the sync.
-    unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..8], p_cnt, cs) }
+    let pin = Workspace::pinned(&mut ws.pin_out, COUNTERS * 4)?;
+    // SAFETY: the counters into the pinned buffer, read after the sync.
+    unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..COUNTERS * 4], p_cnt, cs) }
         .map_err(drv("device-to-host copy"))?;
     Ok(Launched {
         m,
@@ -587,14 +592,21 @@ fn collect(
     let stream = &lane.stream;
     let cs = stream.cu_stream();
     let ws = &mut lane.ws;
+    let waited = Instant::now();
     g.wait_asleep(stream)?;
-    let mut counters = [0u32; 2];
+    t.wait_ms = waited.elapsed().as_secs_f64() * 1e3;
+    let mut counters = [0u32; COUNTERS];
     {
         let pin = ws
             .pin_out
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        bytes_of_mut(&mut counters).copy_from_slice(&pin.as_slice()[..8]);
+        bytes_of_mut(&mut counters).copy_from_slice(&pin.as_slice()[..COUNTERS * 4]);
+    }
+    if counters[2] != 0 {
+        return Err(GpuError::Unsupported(
+            "candidate pair names a set out of range".into(),
+        ));
     }
     let (n_large, n_pass) = (counters[0] as usize, counters[1] as usize);
     if n_large > m || n_pass > m {
@@ -617,7 +629,7 @@ fn collect(
         }
         g.wait_asleep(stream)?;
     }
-    t.d2h_bytes = (8 + 2 * n_pass * 4) as u64;
+    t.d2h_bytes = (COUNTERS * 4 + 2 * n_pass * 4) as u64;
     let (e1, e2) = &l.events;
     t.kernel_ms = f64::from(e1.elapsed_ms(e2).map_err(drv("event timing"))?);
     let pin = ws
