@@ -14,7 +14,7 @@ use std::time::Instant;
 use datafusion::arrow::array::{ArrayRef, GenericListArray, Int64Array, OffsetSizeTrait};
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::MemTable;
@@ -580,45 +580,10 @@ fn bench_batch_rows() {
         let runtime = tokio::runtime::Runtime::new().expect("tokio");
         let mut expected = None;
         for backend in ["cpu", "gpu"] {
-            let mut times = Vec::new();
-            for _ in 0..3 {
-                let ctx = datafusion_sets::new_context();
-                let table =
-                    MemTable::try_new(Arc::clone(&schema), vec![batches.clone()]).expect("table");
-                ctx.register_table("t", Arc::new(table)).expect("register");
-                let (ms, total) = runtime.block_on(async {
-                    let set = format!("SET sets.backend = '{backend}'");
-                    ctx.sql(&set).await.unwrap().collect().await.unwrap();
-                    let t = Instant::now();
-                    let out = ctx
-                        .sql("SELECT list_intersect_count(a, b) AS c FROM t")
-                        .await
-                        .unwrap()
-                        .collect()
-                        .await
-                        .unwrap();
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    let total: u64 = out
-                        .iter()
-                        .map(|b| {
-                            let c = cast(b.column(0), &DataType::UInt64).unwrap();
-                            c.as_any()
-                                .downcast_ref::<datafusion::arrow::array::UInt64Array>()
-                                .unwrap()
-                                .values()
-                                .iter()
-                                .sum::<u64>()
-                        })
-                        .sum();
-                    (ms, total)
-                });
-                assert_eq!(*expected.get_or_insert(total), total, "{backend}");
-                times.push(ms);
-            }
-            times.sort_by(f64::total_cmp);
+            let (ms, total, _) = sql_count(&runtime, &schema, &batches, backend);
+            assert_eq!(*expected.get_or_insert(total), total, "{backend}");
             let line = format!(
-                "batch rows {shape:8} SQL, table in batches of 8192 rows: sets.backend = '{backend}': {:.1} ms",
-                times[1]
+                "batch rows {shape:8} SQL, table in batches of 8192 rows: sets.backend = '{backend}': {ms:.1} ms"
             );
             println!("{line}");
             report.push(line);
@@ -627,6 +592,146 @@ fn bench_batch_rows() {
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
         let path = format!("{path}.batch_rows");
         let _ = std::fs::write(path, report.join("\n") + "\n");
+    }
+}
+
+/// `SELECT list_intersect_count(a, b) FROM t` over a memory table of `batches` with
+/// `sets.backend = backend`, in a fresh session each time: the median time of 3 runs (ms),
+/// the sum of the counts, and the backend line of `EXPLAIN`.
+fn sql_count(
+    runtime: &tokio::runtime::Runtime,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    backend: &str,
+) -> (f64, u64, String) {
+    let mut times = Vec::new();
+    let (mut total, mut chosen) = (None, String::new());
+    for _ in 0..3 {
+        let ctx = datafusion_sets::new_context();
+        let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
+        ctx.register_table("t", Arc::new(table)).expect("register");
+        let (ms, sum, plan) = runtime.block_on(async {
+            let set = format!("SET sets.backend = '{backend}'");
+            ctx.sql(&set).await.unwrap().collect().await.unwrap();
+            let query = "SELECT list_intersect_count(a, b) AS c FROM t";
+            let plan = ctx
+                .sql(&format!("EXPLAIN {query}"))
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+                .unwrap()
+                .to_string();
+            let t = Instant::now();
+            let out = ctx.sql(query).await.unwrap().collect().await.unwrap();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let sum: u64 = out
+                .iter()
+                .map(|b| {
+                    let c = cast(b.column(0), &DataType::UInt64).unwrap();
+                    c.as_any()
+                        .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                        .unwrap()
+                        .values()
+                        .iter()
+                        .sum::<u64>()
+                })
+                .sum();
+            (ms, sum, plan)
+        });
+        assert_eq!(
+            *total.get_or_insert(sum),
+            sum,
+            "{backend}: same answer every run"
+        );
+        times.push(ms);
+        chosen = plan
+            .lines()
+            .find_map(|l| {
+                l.find("list_intersect_count=")
+                    .map(|i| l[i..].trim_end_matches(['|', ' ']).to_string())
+            })
+            .unwrap_or_default();
+    }
+    times.sort_by(f64::total_cmp);
+    (times[1], total.unwrap_or(0), chosen)
+}
+
+/// `sets.backend = 'auto'` against `'cpu'` and `'gpu'` through SQL, by row count (rows of two
+/// sorted `list<uint32>`, lengths log-uniform in 10..100, a memory table in batches of 8192
+/// rows): the "auto never more than 5% slower than the better of the two".
+#[test]
+#[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
+fn bench_auto_rows() {
+    if !gpu_or_skip("bench_auto_rows") {
+        return;
+    }
+    let mut rng = Rng(11);
+    let max_rows = std::env::var("DFSETS_BENCH_AUTO_MAX_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000usize);
+    let columns: Vec<(Vec<i32>, Vec<u32>)> = (0..2)
+        .map(|_| {
+            let mut offs = vec![0i32];
+            let mut vals = Vec::new();
+            for _ in 0..max_rows {
+                let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+                let len = (10f64 * 10f64.powf(u)) as usize;
+                let mut x = 0u32;
+                for _ in 0..len {
+                    x += 1 + rng.below(8) as u32;
+                    vals.push(x);
+                }
+                offs.push(vals.len() as i32);
+            }
+            (offs, vals)
+        })
+        .collect();
+    let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
+    drop(columns);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", arrays[0].data_type().clone(), true),
+        Field::new("b", arrays[1].data_type().clone(), true),
+    ]));
+    let runtime = tokio::runtime::Runtime::new().expect("tokio");
+    let mut report = vec![format!(
+        "auto vs cpu vs gpu through SQL, list_intersect_count, rows of 10..100 u32 each, batches of 8192 rows, median of 3 (ms), {} threads",
+        rayon_threads()
+    )];
+    println!("{}", report[0]);
+    let mut rows = 1usize;
+    while rows <= max_rows {
+        let batches: Vec<RecordBatch> = (0..rows)
+            .step_by(8192)
+            .map(|r0| {
+                let n = 8192.min(rows - r0);
+                RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![arrays[0].slice(r0, n), arrays[1].slice(r0, n)],
+                )
+                .expect("batch")
+            })
+            .collect();
+        let (cpu, c_total, _) = sql_count(&runtime, &schema, &batches, "cpu");
+        let (gpu_ms, g_total, _) = sql_count(&runtime, &schema, &batches, "gpu");
+        let (auto, a_total, chosen) = sql_count(&runtime, &schema, &batches, "auto");
+        assert!(
+            c_total == g_total && c_total == a_total,
+            "{rows} rows: answers differ"
+        );
+        let line = format!(
+            "rows {rows:>9}: cpu {cpu:9.2}  gpu {gpu_ms:9.2}  auto {auto:9.2}  auto / better {:.2}  ({chosen})",
+            auto / cpu.min(gpu_ms)
+        );
+        println!("{line}");
+        report.push(line);
+        rows *= 10;
+    }
+    if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
+        let _ = std::fs::write(format!("{path}.auto_rows"), report.join("\n") + "\n");
     }
 }
 
