@@ -8,14 +8,20 @@
 //! 3. No usable GPU (no driver, no device, NVRTC failure, or built without `cuda`) → CPU,
 //!    with the reason — decided here, not at run time.
 //! 4. `sets.backend = 'gpu'` → GPU.
-//! 5. `auto`: a cost model over the input's statistics. Calibrated on the H200 machine
-//!    (kernels/NOTES.md, "Re-run after integration"): through the SQL function on ordinary
-//!    Arrow arrays the GPU takes about [`GPU_NS_PER_VALUE`] per input value end to end
-//!    (pageable staging, copies, kernels; 2 lists), the CPU about [`CPU_NS_PER_VALUE`] per
-//!    value on one thread, divided by the threads it has; with 3 or more lists the CPU's
-//!    shortest-first galloping skips most values and the GPU lost every measurement (81 vs
-//!    22 ms), so `auto` sends only 2-list calls to the GPU, when the input's size is known
-//!    from statistics and the model predicts the GPU faster. Unknown size → CPU.
+//! 5. `auto`: a cost model over the input's statistics (bytes, rows; batches of the
+//!    session's batch size). Calibrated on the H200 machine through SQL on ordinary Arrow
+//!    arrays (benches/RESULTS.md, "auto by row count": rows of 10..100 values at 1 M and 10 M
+//!    rows, and W1): the GPU costs [`GPU_NS_PER_BATCH`] per batch (a device call) plus
+//!    [`GPU_NS_PER_VALUE`] per input value and [`GPU_NS_PER_ROW`] per row (pageable
+//!    staging, copies, kernels; 2 lists); the CPU [`CPU_NS_PER_VALUE`] per value and
+//!    [`CPU_NS_PER_ROW`] per row (the row's check and kernel call) on one thread, divided by
+//!    the threads it has. On that 16-core host the CPU wins at every size (the GPU through
+//!    SQL measured 1.3-4x slower from 10 to 10 M rows); with few threads the GPU wins large
+//!    inputs. With 3 or more lists the CPU's shortest-first galloping skips most values and
+//!    the GPU lost every measurement (81 vs 22 ms), so `auto` sends only 2-list calls to the
+//!    GPU. Unknown size → CPU. The bytes come from DataFusion's statistics, which count
+//!    whole buffers (a table of slices of one array reports that array once per slice), so
+//!    the value count is an upper bound; it inflates both sides' per-value terms alike.
 //!
 //! `topk_bm25` calls (evaluated by DataFusion's `AsyncFuncExec`) are bound the same way
 //! ([`choose_topk`]: steps 1, 3 and 4 above; under `auto` an AND call stays on the CPU and
@@ -58,11 +64,26 @@ use crate::search::topk_function::{TOPK_BM25, check_mode};
 pub const SETS_BACKEND_RULE: &str = "sets_backend";
 
 /// GPU, end to end through the SQL function, ns per input value (H200, 2 lists).
-pub const GPU_NS_PER_VALUE: f64 = 0.2;
-/// GPU fixed cost per call (launches, synchronization), ns.
-pub const GPU_FIXED_NS: f64 = 1.0e6;
+pub const GPU_NS_PER_VALUE: f64 = 0.24;
+/// GPU, ns per row (the row's plan, tiles, output offsets).
+pub const GPU_NS_PER_ROW: f64 = 22.0;
+/// GPU fixed cost per batch (one device call: launches, copies' latency, waits), ns.
+pub const GPU_NS_PER_BATCH: f64 = 3.0e5;
 /// CPU, ns per input value on one thread (the H200 machine's Xeon, 16 threads measured).
-pub const CPU_NS_PER_VALUE: f64 = 3.2;
+pub const CPU_NS_PER_VALUE: f64 = 0.87;
+/// CPU, ns per row on one thread (the row's sortedness check, kernel choice and call).
+pub const CPU_NS_PER_ROW: f64 = 345.0;
+
+/// What the statistics say about the input of a call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InputSize {
+    /// Bytes (exact or estimated), `None` when unknown.
+    pub bytes: Option<usize>,
+    /// Rows (exact or estimated), `None` when unknown.
+    pub rows: Option<usize>,
+    /// Rows per batch (the session's batch size).
+    pub batch_rows: usize,
+}
 
 /// See the module docs. Without a session handle, `topk_bm25` calls are left unbound.
 #[derive(Debug, Default)]
@@ -100,11 +121,11 @@ impl PhysicalOptimizerRule for SetsBackendRule {
             };
             let input = p.input();
             let schema = input.schema();
-            let values = estimated_bytes(input);
+            let size = input_size(input, config.execution.batch_size.into());
             let mut calls = Vec::new();
             let mut exprs = Vec::with_capacity(p.expr().len());
             for pe in p.expr() {
-                let expr = bind(&pe.expr, &schema, &cfg, values, &mut calls)?;
+                let expr = bind(&pe.expr, &schema, &cfg, size, &mut calls)?;
                 exprs.push(ProjectionExpr {
                     expr,
                     alias: pe.alias.clone(),
@@ -223,14 +244,19 @@ pub fn choose_topk(cfg: &SetsConfig, mode: Option<Mode>) -> BackendPlan {
     )
 }
 
-/// The input's size in bytes from its statistics, when known (exactly or estimated).
-fn estimated_bytes(input: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+/// The input's size from its statistics, as far as they know it (exactly or estimated).
+fn input_size(input: &Arc<dyn ExecutionPlan>, batch_rows: usize) -> InputSize {
+    let known = |p: &Precision<usize>| match p {
+        Precision::Exact(v) | Precision::Inexact(v) => Some(*v),
+        Precision::Absent => None,
+    };
     let stats = StatisticsContext::new()
         .compute(input.as_ref(), &StatisticsArgs::new())
-        .ok()?;
-    match stats.total_byte_size {
-        Precision::Exact(b) | Precision::Inexact(b) => Some(b),
-        Precision::Absent => None,
+        .ok();
+    InputSize {
+        bytes: stats.as_ref().and_then(|s| known(&s.total_byte_size)),
+        rows: stats.as_ref().and_then(|s| known(&s.num_rows)),
+        batch_rows: batch_rows.max(1),
     }
 }
 
@@ -239,7 +265,7 @@ fn bind(
     expr: &Arc<dyn PhysicalExpr>,
     schema: &Schema,
     cfg: &SetsConfig,
-    input_bytes: Option<usize>,
+    size: InputSize,
     calls: &mut Vec<BoundCall>,
 ) -> Result<Arc<dyn PhysicalExpr>> {
     Arc::clone(expr)
@@ -265,7 +291,7 @@ fn bind(
                 Some(a) => list_element_type(&a.data_type(schema)?).cloned(),
                 None => None,
             };
-            let plan = Arc::new(choose(cfg, element.as_ref(), sf.args().len(), input_bytes));
+            let plan = Arc::new(choose(cfg, element.as_ref(), sf.args().len(), size));
             let udf = if count {
                 ScalarUDF::new_from_impl(ListIntersectCount::with_plan(Arc::clone(&plan)))
             } else {
@@ -293,7 +319,7 @@ pub fn choose(
     cfg: &SetsConfig,
     element: Option<&DataType>,
     lists: usize,
-    input_bytes: Option<usize>,
+    size: InputSize,
 ) -> BackendPlan {
     use BackendChoice::{Auto, Cpu, Gpu};
     if cfg.backend == Cpu {
@@ -323,21 +349,36 @@ pub fn choose(
             format!("auto: {lists} lists (the CPU's shortest-first galloping wins measured k > 2)"),
         );
     }
-    let Some(bytes) = input_bytes else {
+    let Some(bytes) = size.bytes else {
         return BackendPlan::new(Cpu, "auto: input size unknown");
     };
-    let values = (bytes / (width / 8)) as f64;
-    let threads = rayon::current_num_threads().max(1) as f64;
-    let cpu_ms = values * CPU_NS_PER_VALUE / threads / 1e6;
-    let gpu_ms = (GPU_FIXED_NS + values * GPU_NS_PER_VALUE) / 1e6;
+    let (cpu_ms, gpu_ms) = estimate_ms(bytes / (width / 8), size, rayon::current_num_threads());
+    let threads = rayon::current_num_threads().max(1);
+    let values = bytes / (width / 8);
+    let rows = size.rows.map_or("?".to_string(), |r| r.to_string());
     let why = format!(
-        "auto: ~{values:.0} values, est. CPU {cpu_ms:.2} ms on {threads} threads vs GPU {gpu_ms:.2} ms"
+        "auto: <= {values} values, {rows} rows, est. CPU {cpu_ms:.2} ms on {threads} threads vs GPU {gpu_ms:.2} ms"
     );
     if gpu_ms < cpu_ms {
         BackendPlan::new(Gpu, why)
     } else {
         BackendPlan::new(Cpu, why)
     }
+}
+
+/// The model's estimates (ms) for `values` input values (CPU on `threads` threads, GPU).
+pub fn estimate_ms(values: usize, size: InputSize, threads: usize) -> (f64, f64) {
+    let (values, threads) = (values as f64, threads.max(1) as f64);
+    let rows = size.rows.unwrap_or(0) as f64;
+    let batches = size
+        .rows
+        .unwrap_or(0)
+        .div_ceil(size.batch_rows.max(1))
+        .max(1) as f64;
+    let cpu_ms = (values * CPU_NS_PER_VALUE + rows * CPU_NS_PER_ROW) / threads / 1e6;
+    let gpu_ms =
+        (batches * GPU_NS_PER_BATCH + values * GPU_NS_PER_VALUE + rows * GPU_NS_PER_ROW) / 1e6;
+    (cpu_ms, gpu_ms)
 }
 
 #[cfg(test)]
@@ -351,20 +392,29 @@ mod tests {
         }
     }
 
+    fn size(bytes: Option<usize>, rows: Option<usize>) -> InputSize {
+        InputSize {
+            bytes,
+            rows,
+            batch_rows: 8192,
+        }
+    }
+
     #[test]
     fn choices_and_reasons() {
         use BackendChoice::{Auto, Cpu, Gpu};
         let i32t = DataType::Int32;
-        let p = choose(&cfg(Cpu), Some(&i32t), 2, Some(1 << 30));
+        let big = size(Some(1 << 30), Some(1 << 22));
+        let p = choose(&cfg(Cpu), Some(&i32t), 2, big);
         assert_eq!(
             (p.backend, p.reason.as_str()),
             (Cpu, "sets.backend = 'cpu'")
         );
         for backend in [Auto, Gpu] {
-            let p = choose(&cfg(backend), Some(&DataType::Int16), 2, Some(1 << 30));
+            let p = choose(&cfg(backend), Some(&DataType::Int16), 2, big);
             assert_eq!(p.backend, Cpu);
             assert!(p.reason.contains("element type Int16"), "{}", p.reason);
-            let p = choose(&cfg(backend), Some(&i32t), 2, Some(1 << 30));
+            let p = choose(&cfg(backend), Some(&i32t), 2, big);
             match gpu::device() {
                 Err(e) => {
                     assert_eq!(p.backend, Cpu);
@@ -372,15 +422,13 @@ mod tests {
                 }
                 Ok(_) if backend == Gpu => assert_eq!(p.backend, Gpu),
                 Ok(_) => {
-                    // The cost model, with the constants of the module docs.
-                    let values = (1u64 << 28) as f64;
-                    let threads = rayon::current_num_threads() as f64;
-                    let gpu_wins = GPU_FIXED_NS + values * GPU_NS_PER_VALUE
-                        < values * CPU_NS_PER_VALUE / threads;
-                    assert_eq!(p.backend == Gpu, gpu_wins, "{}", p.reason);
-                    let p = choose(&cfg(Auto), Some(&i32t), 3, Some(1 << 30));
+                    // The cost model decides, and says what it estimated.
+                    let (cpu, gpu) = estimate_ms(1 << 28, big, rayon::current_num_threads());
+                    assert_eq!(p.backend == Gpu, gpu < cpu, "{}", p.reason);
+                    assert!(p.reason.contains("4194304 rows"), "{}", p.reason);
+                    let p = choose(&cfg(Auto), Some(&i32t), 3, big);
                     assert_eq!(p.backend, Cpu);
-                    let p = choose(&cfg(Auto), Some(&i32t), 2, None);
+                    let p = choose(&cfg(Auto), Some(&i32t), 2, size(None, Some(10)));
                     assert_eq!(
                         (p.backend, p.reason.as_str()),
                         (Cpu, "auto: input size unknown")
@@ -388,5 +436,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The model against the measurements it was calibrated on (H200 host, 16 threads,
+    /// benches/RESULTS.md), within 15%, and the choices they imply.
+    #[test]
+    fn cost_model_reproduces_its_calibration() {
+        let near = |got: f64, want: f64| (got - want).abs() <= 0.15 * want;
+        // 10 M rows of two lists of 10..100 values (780 M values): CPU 259 ms, GPU 828 ms.
+        let s = size(None, Some(10_000_000));
+        let (cpu, gpu) = estimate_ms(780_000_000, s, 16);
+        assert!(near(cpu, 259.0) && near(gpu, 828.0), "{cpu} {gpu}");
+        // W1 (200,000 rows, 86 M values): CPU 6-12 ms, GPU 31-34 ms.
+        let (cpu, gpu) = estimate_ms(86_000_000, size(None, Some(200_000)), 16);
+        assert!(
+            (6.0..=12.0).contains(&cpu) && near(gpu, 32.5),
+            "{cpu} {gpu}"
+        );
+        // On 16 threads the CPU wins at every row count; on one thread the GPU wins large
+        // inputs and loses small ones; more threads never favour the GPU.
+        for rows in [1usize, 100, 10_000, 1_000_000, 10_000_000] {
+            let values = rows * 78;
+            let (cpu, gpu) = estimate_ms(values, size(None, Some(rows)), 16);
+            assert!(cpu < gpu, "{rows} rows: {cpu} {gpu}");
+            let mut last = f64::INFINITY;
+            for threads in [1, 2, 4, 8, 16, 64] {
+                let (cpu, _) = estimate_ms(values, size(None, Some(rows)), threads);
+                assert!(cpu <= last);
+                last = cpu;
+            }
+        }
+        let (cpu, gpu) = estimate_ms(78_000_000, size(None, Some(1_000_000)), 1);
+        assert!(gpu < cpu, "{cpu} {gpu}");
+        let (cpu, gpu) = estimate_ms(780, size(None, Some(10)), 1);
+        assert!(cpu < gpu, "{cpu} {gpu}");
     }
 }
