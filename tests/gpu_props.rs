@@ -580,7 +580,8 @@ fn bench_batch_rows() {
         let runtime = tokio::runtime::Runtime::new().expect("tokio");
         let mut expected = None;
         for backend in ["cpu", "gpu"] {
-            let (ms, total, _) = sql_count(&runtime, &schema, &batches, backend);
+            let (times, total, _) = sql_count(&runtime, &schema, &batches, backend);
+            let ms = median(times);
             assert_eq!(*expected.get_or_insert(total), total, "{backend}");
             let line = format!(
                 "batch rows {shape:8} SQL, table in batches of 8192 rows: sets.backend = '{backend}': {ms:.1} ms"
@@ -596,15 +597,15 @@ fn bench_batch_rows() {
 }
 
 /// `SELECT list_intersect_count(a, b) FROM t` over a memory table of `batches` with
-/// `sets.backend = backend`, in a fresh session each time: the median time (ms) of 3 runs,
-/// or of as many as fit half a second (up to 25) for short queries, the sum of the counts,
-/// and the backend line of `EXPLAIN`.
+/// `sets.backend = backend`, in a fresh session each time: the times (ms) of 3 runs, or of
+/// as many as fit half a second (up to 25) for short queries, the sum of the counts, and
+/// the backend line of `EXPLAIN`.
 fn sql_count(
     runtime: &tokio::runtime::Runtime,
     schema: &SchemaRef,
     batches: &[RecordBatch],
     backend: &str,
-) -> (f64, u64, String) {
+) -> (Vec<f64>, u64, String) {
     let mut times = Vec::new();
     let (mut total, mut chosen) = (None, String::new());
     while times.len() < 3 || (times.len() < 25 && times.iter().sum::<f64>() < 500.0) {
@@ -656,8 +657,12 @@ fn sql_count(
             })
             .unwrap_or_default();
     }
-    times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], total.unwrap_or(0), chosen)
+    (times, total.unwrap_or(0), chosen)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// `sets.backend = 'auto'` against `'cpu'` and `'gpu'` through SQL, by row count (rows of two
@@ -705,20 +710,33 @@ fn bench_auto_rows() {
     println!("{}", report[0]);
     let mut rows = 1usize;
     while rows <= max_rows {
+        // Each batch with buffers of its own, as a table read or built batch by batch has
+        // (DataFusion's byte statistics count a slice's whole buffers).
+        let own = |a: &ArrayRef, r0: usize, n: usize| {
+            let data = a.slice(r0, n).to_data();
+            let mut copy = datafusion::arrow::array::MutableArrayData::new(vec![&data], false, n);
+            copy.try_extend(0, 0, n).expect("copy");
+            datafusion::arrow::array::make_array(copy.freeze())
+        };
         let batches: Vec<RecordBatch> = (0..rows)
             .step_by(8192)
             .map(|r0| {
                 let n = 8192.min(rows - r0);
                 RecordBatch::try_new(
                     Arc::clone(&schema),
-                    vec![arrays[0].slice(r0, n), arrays[1].slice(r0, n)],
+                    vec![own(&arrays[0], r0, n), own(&arrays[1], r0, n)],
                 )
                 .expect("batch")
             })
             .collect();
-        let (cpu, c_total, _) = sql_count(&runtime, &schema, &batches, "cpu");
-        let (gpu_ms, g_total, _) = sql_count(&runtime, &schema, &batches, "gpu");
-        let (auto, a_total, chosen) = sql_count(&runtime, &schema, &batches, "auto");
+        // cpu and auto alternate (twice each, around gpu), so drifts of the machine fall on
+        // both alike.
+        let (mut cpu_t, c_total, _) = sql_count(&runtime, &schema, &batches, "cpu");
+        let (mut auto_t, a_total, chosen) = sql_count(&runtime, &schema, &batches, "auto");
+        let (gpu_t, g_total, _) = sql_count(&runtime, &schema, &batches, "gpu");
+        auto_t.extend(sql_count(&runtime, &schema, &batches, "auto").0);
+        cpu_t.extend(sql_count(&runtime, &schema, &batches, "cpu").0);
+        let (cpu, gpu_ms, auto) = (median(cpu_t), median(gpu_t), median(auto_t));
         assert!(
             c_total == g_total && c_total == a_total,
             "{rows} rows: answers differ"
