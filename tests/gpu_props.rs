@@ -463,23 +463,7 @@ fn bench_batch_rows() {
         ("W1", 200_000usize, 1000f64),
         ("10..10k", 100_000, 10_000.0),
     ] {
-        let columns: Vec<(Vec<i32>, Vec<u32>)> = (0..2)
-            .map(|_| {
-                let mut offs = vec![0i32];
-                let mut vals = Vec::new();
-                for _ in 0..rows {
-                    let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-                    let len = (10f64 * (max_len / 10.0).powf(u)) as usize;
-                    let mut x = 0u32;
-                    for _ in 0..len {
-                        x += 1 + rng.below(4) as u32;
-                        vals.push(x);
-                    }
-                    offs.push(vals.len() as i32);
-                }
-                (offs, vals)
-            })
-            .collect();
+        let columns = log_uniform_columns(&mut rng, rows, max_len, 4);
         let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
         // Where an 8192-row call's time goes: the engine itself on every 8192-row slice,
         // its timings summed (second of two passes).
@@ -679,23 +663,7 @@ fn bench_auto_rows() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000usize);
-    let columns: Vec<(Vec<i32>, Vec<u32>)> = (0..2)
-        .map(|_| {
-            let mut offs = vec![0i32];
-            let mut vals = Vec::new();
-            for _ in 0..max_rows {
-                let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-                let len = (10f64 * 10f64.powf(u)) as usize;
-                let mut x = 0u32;
-                for _ in 0..len {
-                    x += 1 + rng.below(8) as u32;
-                    vals.push(x);
-                }
-                offs.push(vals.len() as i32);
-            }
-            (offs, vals)
-        })
-        .collect();
+    let columns = log_uniform_columns(&mut rng, max_rows, 100.0, 8);
     let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
     drop(columns);
     let schema = Arc::new(Schema::new(vec![
@@ -752,6 +720,33 @@ fn bench_auto_rows() {
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
         let _ = std::fs::write(format!("{path}.auto_rows"), report.join("\n") + "\n");
     }
+}
+
+/// Two list columns (offsets, values) of `rows` rows: each list of log-uniform length in
+/// `10..max_len`, strictly increasing with gaps uniform in `1..=max_gap`.
+fn log_uniform_columns(
+    rng: &mut Rng,
+    rows: usize,
+    max_len: f64,
+    max_gap: u64,
+) -> Vec<(Vec<i32>, Vec<u32>)> {
+    (0..2)
+        .map(|_| {
+            let mut offs = vec![0i32];
+            let mut vals = Vec::new();
+            for _ in 0..rows {
+                let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+                let len = (10f64 * (max_len / 10.0).powf(u)) as usize;
+                let mut x = 0u32;
+                for _ in 0..len {
+                    x += 1 + rng.below(max_gap) as u32;
+                    vals.push(x);
+                }
+                offs.push(vals.len() as i32);
+            }
+            (offs, vals)
+        })
+        .collect()
 }
 
 /// A `List<UInt32>` array (no NULLs) from its offsets and values.
