@@ -352,9 +352,8 @@ pub fn choose(
     let Some(bytes) = size.bytes else {
         return BackendPlan::new(Cpu, "auto: input size unknown");
     };
-    let (cpu_ms, gpu_ms) = estimate_ms(bytes / (width / 8), size, rayon::current_num_threads());
-    let threads = rayon::current_num_threads().max(1);
-    let values = bytes / (width / 8);
+    let (values, threads) = (bytes / (width / 8), rayon::current_num_threads());
+    let (cpu_ms, gpu_ms) = estimate_ms(values, size, threads);
     let rows = size.rows.map_or("?".to_string(), |r| r.to_string());
     let why = format!(
         "auto: <= {values} values, {rows} rows, est. CPU {cpu_ms:.2} ms on {threads} threads vs GPU {gpu_ms:.2} ms"

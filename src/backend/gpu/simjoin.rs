@@ -195,9 +195,11 @@ pub fn verify_pairs(
         return Ok((Vec::new(), VerifyTimings::default()));
     }
     let started = Instant::now();
-    let (g, mut lane) = take_lane()?;
+    let (g, k, mut lane) = take_lane()?;
     let launched;
-    (lane, launched) = guarded(g, lane, |lane| launch(g, lane, sets, pairs, groups, exact))?;
+    (lane, launched) = guarded(g, lane, |lane| {
+        launch(g, k, lane, sets, pairs, groups, exact)
+    })?;
     let (lane, (passed, mut t)) = guarded(g, lane, |lane| collect(g, lane, &launched))?;
     give_back(lane);
     t.total_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -252,9 +254,10 @@ pub fn submit_pairs(sets: &Arc<DeviceSets>, pairs: Arc<PairBuffer>, exact: bool)
         if chunk.is_empty() {
             return Ok(None);
         }
-        let (g, lane) = take_lane()?;
-        let (lane, launched) =
-            guarded(g, lane, |lane| launch(g, lane, sets, chunk, groups, exact))?;
+        let (g, k, lane) = take_lane()?;
+        let (lane, launched) = guarded(g, lane, |lane| {
+            launch(g, k, lane, sets, chunk, groups, exact)
+        })?;
         Ok(Some(Inflight {
             lane,
             launched,
@@ -270,11 +273,6 @@ pub fn submit_pairs(sets: &Arc<DeviceSets>, pairs: Arc<PairBuffer>, exact: bool)
 }
 
 impl PendingVerify {
-    /// The chunk this call verifies.
-    pub fn pairs(&self) -> &Arc<PairBuffer> {
-        &self.pairs
-    }
-
     /// Wait (asleep) for the device and take the answer, with the chunk back. The answer's
     /// `total_ms` is the host's time in the call: submitting plus finishing (the wait
     /// included), not the time the chunk spent at the device meanwhile.
@@ -341,11 +339,12 @@ fn check_chunk(
     Ok(())
 }
 
-/// The device, bound to this thread, and a lane from the pool (a new one when none is free).
-fn take_lane() -> Result<(&'static Gpu, Lane), GpuError> {
+/// The device, bound to this thread, its kernels and a lane from the pool (a new one when
+/// none is free). The kernels are compiled first, so a compile failure costs no lane.
+fn take_lane() -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
     let g = gpu()?;
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
-    kernels(g)?;
+    let k = kernels(g)?;
     let free = LANE_POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
     let lane = match free {
         Some(lane) => lane,
@@ -354,7 +353,7 @@ fn take_lane() -> Result<(&'static Gpu, Lane), GpuError> {
             ws: Workspace::default(),
         },
     };
-    Ok((g, lane))
+    Ok((g, k, lane))
 }
 
 fn give_back(lane: Lane) {
@@ -441,13 +440,13 @@ struct Launched {
 /// must stay untouched until the stream is synchronized ([`collect`] does).
 fn launch(
     g: &Gpu,
+    k: &Kernels,
     lane: &mut Lane,
     sets: &DeviceSets,
     pairs: &[PairToVerify],
     groups: Option<&[u32]>,
     exact: bool,
 ) -> Result<Launched, GpuError> {
-    let k = kernels(g)?;
     let mut t = VerifyTimings::default();
     let m = pairs.len();
     // Where each run of pairs with the same probe set starts, then the end.

@@ -96,11 +96,6 @@ pub fn submit_pairs(
 }
 
 impl PendingVerify {
-    /// The chunk this call verifies.
-    pub fn pairs(&self) -> &Arc<PairBuffer> {
-        &self.0
-    }
-
     /// The chunk back, with [`GpuError::NotCompiled`].
     pub fn finish(self) -> VerifyAnswer {
         (self.0, Err(GpuError::NotCompiled))
