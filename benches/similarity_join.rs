@@ -8,6 +8,7 @@
 //!   SETS_BENCH_LARGE_ONLY=1 cargo bench --bench similarity_join  # only the large cases
 //!   SETS_BENCH_REPS=3 ...                                     # repetitions of each large case
 //!   SETS_BENCH_LARGE_CASES=jaccard ...                        # large cases whose name contains it
+//!   SETS_BENCH_CPU_KERNEL=scalar ...                          # `sets.cpu_kernel` (verification kernel)
 //!
 //! What one iteration measures: planning and running
 //! `SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', measure, t)` on a session
@@ -82,6 +83,10 @@ impl Engine {
             path.display()
         );
         rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
+        if let Ok(kernel) = std::env::var("SETS_BENCH_CPU_KERNEL") {
+            let sql = format!("SET sets.cpu_kernel = '{kernel}'");
+            rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
+        }
         Self { rt, ctx }
     }
 

@@ -25,6 +25,7 @@ use datafusion::common::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::threshold::Threshold;
+use crate::backend::cpu::{BoundedKernel, overlap_at_least, prefetch};
 
 pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -188,6 +189,17 @@ impl Collections {
         self.rows[p]
     }
 
+    /// Hint the CPU to fetch the tokens of set `q` from position `from` on (the first two
+    /// cache lines: a verification's merge starts there).
+    #[inline]
+    pub fn prefetch_set(&self, q: usize, from: usize) {
+        if let Some(&start) = self.starts.get(q) {
+            let p = self.tokens.as_ptr().wrapping_add(start + from);
+            prefetch(p);
+            prefetch(p.wrapping_add(16));
+        }
+    }
+
     /// Filter phase for set `p`: fill `scratch.candidates` with the sets before `p` (of the
     /// other side; of any side in a self-join) that pass the prefix, length and positional
     /// filters. Returns the number of distinct sets met in the index after the length
@@ -274,71 +286,78 @@ impl Collections {
 }
 
 /// `|x ∩ y|` for candidate `c` of probing set `x` (`y` the candidate's set), if it reaches
-/// `c.alpha`, else `None`: the merge resumes after the tokens the probe counted. With
-/// `EXACT = false` it also stops once `c.alpha` is reached (the count is then a lower
+/// `c.alpha`, else `None`: the merge (`kernel`) resumes after the tokens the probe counted.
+/// With `EXACT = false` it also stops once `c.alpha` is reached (the count is then a lower
 /// bound, enough for counting pairs).
 #[inline]
-pub fn verify_candidate<const EXACT: bool>(x: &[u32], y: &[u32], c: &Candidate) -> Option<u64> {
+pub fn verify_candidate<const EXACT: bool>(
+    kernel: BoundedKernel,
+    x: &[u32],
+    y: &[u32],
+    c: &Candidate,
+) -> Option<u64> {
     let (fx, fy) = (c.from_x as usize, c.from_y as usize);
     if fx > x.len() || fy > y.len() {
         return None;
     }
-    verify::<EXACT>(&x[fx..], &y[fy..], u64::from(c.alpha), u64::from(c.overlap))
+    verify::<EXACT>(
+        kernel,
+        &x[fx..],
+        &y[fy..],
+        u64::from(c.alpha),
+        u64::from(c.overlap),
+    )
 }
 
 /// `counted + |x ∩ y|` of two ascending token lists if it reaches `alpha`, else `None`.
 /// Stops as soon as `alpha` can no longer be reached; with `EXACT = false` also as soon as it
-/// is reached (the returned count is then a lower bound, enough for counting pairs).
-///
-/// Branch-free steps: `slack_x` is how many more tokens of `x` may go unmatched before
-/// `counted + o + (x.len() - i) < alpha`, i.e. before `alpha` is out of reach (likewise
-/// `slack_y`); a step that advances `i` without a match spends one.
+/// is reached (the returned count is then a lower bound, enough for counting pairs). The
+/// merge is the bounded-overlap kernel of the CPU backend
+/// ([`crate::backend::cpu::overlap_at_least`]: scalar, AVX2, AVX-512 or VP2INTERSECT).
 #[inline]
-pub fn verify<const EXACT: bool>(x: &[u32], y: &[u32], alpha: u64, counted: u64) -> Option<u64> {
-    let need = alpha.saturating_sub(counted);
-    if !EXACT && need == 0 {
-        return Some(counted);
-    }
-    let (nx, ny) = (x.len() as u64, y.len() as u64);
-    if nx < need || ny < need {
-        return None;
-    }
-    let (mut slack_x, mut slack_y) = ((nx - need) as i64, (ny - need) as i64);
-    let (mut i, mut j, mut o) = (0usize, 0usize, 0u64);
-    while i < x.len() && j < y.len() {
-        let (a, b) = (x[i], y[j]);
-        slack_x -= i64::from(a < b);
-        slack_y -= i64::from(b < a);
-        o += u64::from(a == b);
-        i += usize::from(a <= b);
-        j += usize::from(b <= a);
-        if (slack_x | slack_y) < 0 {
-            return None;
-        }
-        if !EXACT && o >= need {
-            return Some(counted + o);
-        }
-    }
-    (o >= need).then_some(counted + o)
+pub fn verify<const EXACT: bool>(
+    kernel: BoundedKernel,
+    x: &[u32],
+    y: &[u32],
+    alpha: u64,
+    counted: u64,
+) -> Option<u64> {
+    overlap_at_least::<EXACT>(kernel, x, y, alpha.saturating_sub(counted)).map(|o| counted + o)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The scalar merge and the kernel `auto` picks on this CPU.
+    fn kernels() -> Vec<BoundedKernel> {
+        use crate::backend::cpu::Kernel;
+        use crate::config::CpuKernelChoice;
+        let mut k = vec![
+            BoundedKernel::resolve(CpuKernelChoice::Fixed(Kernel::Scalar)),
+            BoundedKernel::resolve(CpuKernelChoice::Auto),
+        ];
+        k.dedup();
+        k
+    }
+
     #[test]
     fn verify_counts_and_stops() {
-        assert_eq!(verify::<true>(&[1, 2, 3, 4], &[2, 4, 6], 2, 0), Some(2));
-        assert_eq!(verify::<true>(&[1, 2, 3, 4], &[2, 4, 6], 3, 0), None);
-        assert_eq!(verify::<false>(&[1, 2, 3], &[1, 2, 3], 1, 0), Some(1));
-        assert_eq!(verify::<true>(&[1, 2, 3], &[1, 2, 3], 1, 0), Some(3));
-        assert_eq!(verify::<true>(&[], &[1], 1, 0), None);
-        assert_eq!(verify::<true>(&[5], &[5], 1, 0), Some(1));
-        // Resumed after 2 counted tokens.
-        assert_eq!(verify::<true>(&[7, 9], &[9], 3, 2), Some(3));
-        assert_eq!(verify::<true>(&[7, 9], &[8], 3, 2), None);
-        assert_eq!(verify::<false>(&[7, 9], &[8], 2, 2), Some(2));
-        assert_eq!(verify::<true>(&[], &[], 2, 2), Some(2));
+        for k in kernels() {
+            assert_eq!(verify::<true>(k, &[1, 2, 3, 4], &[2, 4, 6], 2, 0), Some(2));
+            assert_eq!(verify::<true>(k, &[1, 2, 3, 4], &[2, 4, 6], 3, 0), None);
+            // Early-stopping: at least alpha, at most the overlap (kernels stop per block).
+            let some = verify::<false>(k, &[1, 2, 3], &[1, 2, 3], 1, 0);
+            assert!(some.is_some_and(|c| (1..=3).contains(&c)), "{some:?}");
+            assert_eq!(verify::<true>(k, &[1, 2, 3], &[1, 2, 3], 1, 0), Some(3));
+            assert_eq!(verify::<true>(k, &[], &[1], 1, 0), None);
+            assert_eq!(verify::<true>(k, &[5], &[5], 1, 0), Some(1));
+            // Resumed after 2 counted tokens.
+            assert_eq!(verify::<true>(k, &[7, 9], &[9], 3, 2), Some(3));
+            assert_eq!(verify::<true>(k, &[7, 9], &[8], 3, 2), None);
+            assert_eq!(verify::<false>(k, &[7, 9], &[8], 2, 2), Some(2));
+            assert_eq!(verify::<true>(k, &[], &[], 2, 2), Some(2));
+        }
     }
 
     fn naive_overlap(x: &[u32], y: &[u32]) -> u64 {
@@ -348,40 +367,42 @@ mod tests {
     /// `verify` against a naive count, for every `alpha` and split point.
     #[test]
     fn verify_equals_naive() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move |k: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % k
-        };
-        for _ in 0..2000 {
-            let set = |next: &mut dyn FnMut(u64) -> u64| {
-                let len = next(30);
-                let mut s: Vec<u32> = (0..len).map(|_| next(40) as u32).collect();
-                s.sort_unstable();
-                s.dedup();
-                s
+        for k in kernels() {
+            let mut state = 0x2545_F491_4F6C_DD1Du64;
+            let mut next = move |k: u64| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state % k
             };
-            let (x, y) = (set(&mut next), set(&mut next));
-            let o = naive_overlap(&x, &y);
-            for alpha in 0..=x.len().min(y.len()) as u64 + 1 {
-                let exact = verify::<true>(&x, &y, alpha, 0);
-                assert_eq!(exact, (o >= alpha).then_some(o), "{x:?} {y:?} {alpha}");
-                let some = verify::<false>(&x, &y, alpha, 0);
-                assert_eq!(some.is_some(), o >= alpha, "{x:?} {y:?} {alpha}");
-                assert!(some.is_none_or(|c| c >= alpha && c <= o));
-            }
-            // Resuming after a common prefix split: tokens below `v` counted already.
-            let v = next(40) as u32;
-            let (fx, fy) = (x.partition_point(|&t| t < v), y.partition_point(|&t| t < v));
-            let counted = naive_overlap(&x[..fx], &y[..fy]);
-            for alpha in 0..=o + 1 {
-                assert_eq!(
-                    verify::<true>(&x[fx..], &y[fy..], alpha, counted),
-                    (o >= alpha).then_some(o),
-                    "{x:?} {y:?} {alpha} from {v}"
-                );
+            for _ in 0..2000 {
+                let set = |next: &mut dyn FnMut(u64) -> u64| {
+                    let len = next(30);
+                    let mut s: Vec<u32> = (0..len).map(|_| next(40) as u32).collect();
+                    s.sort_unstable();
+                    s.dedup();
+                    s
+                };
+                let (x, y) = (set(&mut next), set(&mut next));
+                let o = naive_overlap(&x, &y);
+                for alpha in 0..=x.len().min(y.len()) as u64 + 1 {
+                    let exact = verify::<true>(k, &x, &y, alpha, 0);
+                    assert_eq!(exact, (o >= alpha).then_some(o), "{x:?} {y:?} {alpha}");
+                    let some = verify::<false>(k, &x, &y, alpha, 0);
+                    assert_eq!(some.is_some(), o >= alpha, "{x:?} {y:?} {alpha}");
+                    assert!(some.is_none_or(|c| c >= alpha && c <= o));
+                }
+                // Resuming after a common prefix split: tokens below `v` counted already.
+                let v = next(40) as u32;
+                let (fx, fy) = (x.partition_point(|&t| t < v), y.partition_point(|&t| t < v));
+                let counted = naive_overlap(&x[..fx], &y[..fy]);
+                for alpha in 0..=o + 1 {
+                    assert_eq!(
+                        verify::<true>(k, &x[fx..], &y[fy..], alpha, counted),
+                        (o >= alpha).then_some(o),
+                        "{x:?} {y:?} {alpha} from {v}"
+                    );
+                }
             }
         }
     }

@@ -25,8 +25,9 @@ use futures::Stream;
 use super::exec::{Built, JoinColumn};
 use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
+use crate::backend::cpu::BoundedKernel;
 use crate::backend::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
-use crate::config::BackendChoice;
+use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::set_similarity::Measure;
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
@@ -84,6 +85,12 @@ enum State {
     Done,
 }
 
+/// How many candidates ahead the CPU verification prefetches the candidate's set. Measured
+/// (gcide_words Dice 0.5, one core, verify_time, scalar / AVX2 / AVX-512 merge): none
+/// 7.2 / 4.7 / 5.9 s, 4 ahead 3.3 / 3.6 / 3.1 s, 8 ahead 3.7 / 2.7 / 3.2 s, 16 ahead
+/// 3.8 / 2.7 / 3.4 s (one run each; the sets are scattered over a 16 MB collection).
+const PREFETCH_AHEAD: usize = 8;
+
 /// One output partition of the join.
 pub(crate) struct SimilarityJoinStream {
     schema: SchemaRef,
@@ -103,6 +110,8 @@ pub(crate) struct SimilarityJoinStream {
     scratch_reservation: Option<MemoryReservation>,
     backend: BackendChoice,
     verifier: Verifier,
+    /// The CPU's verification kernel (`sets.cpu_kernel` at execution).
+    kernel: BoundedKernel,
     /// `DFSETS_SJ_FILTER_ONLY` (see [`filter_only`]).
     filter_only: bool,
     // Pairs found and not yet emitted.
@@ -142,6 +151,9 @@ impl SimilarityJoinStream {
         context: Arc<TaskContext>,
         metrics: &ExecutionPlanMetricsSet,
     ) -> Result<Self> {
+        let kernel = BoundedKernel::resolve(
+            SetsConfig::from_options(context.session_config().options()).cpu_kernel,
+        );
         Ok(Self {
             schema,
             state: State::Building(build),
@@ -157,6 +169,7 @@ impl SimilarityJoinStream {
             scratch_reservation: None,
             backend,
             verifier: Verifier::Cpu,
+            kernel,
             filter_only: filter_only(),
             left_rows: Vec::new(),
             right_rows: Vec::new(),
@@ -288,14 +301,18 @@ impl SimilarityJoinStream {
             return work;
         }
         let x = coll.set(p);
-        let exact = self.exact;
+        let (exact, kernel) = (self.exact, self.kernel);
         let candidates = std::mem::take(&mut self.scratch.candidates);
-        for c in &candidates {
+        for (n, c) in candidates.iter().enumerate() {
+            // The candidates' sets are scattered over the collection: fetch a few ahead.
+            if let Some(a) = candidates.get(n + PREFETCH_AHEAD) {
+                coll.prefetch_set(a.set as usize, a.from_y as usize);
+            }
             let y = coll.set(c.set as usize);
             let verified = if exact {
-                verify_candidate::<true>(x, y, c)
+                verify_candidate::<true>(kernel, x, y, c)
             } else {
-                verify_candidate::<false>(x, y, c)
+                verify_candidate::<false>(kernel, x, y, c)
             };
             if let Some(o) = verified {
                 self.record(built, p as u32, c.set, o);
@@ -389,7 +406,10 @@ impl SimilarityJoinStream {
     fn verify_on_cpu(&mut self, built: &Built, pairs: &[PairToVerify]) {
         let t0 = Instant::now();
         let coll = &built.collections;
-        for pair in pairs {
+        for (n, pair) in pairs.iter().enumerate() {
+            if let Some(a) = pairs.get(n + PREFETCH_AHEAD) {
+                coll.prefetch_set(a.y as usize, a.from_y as usize);
+            }
             let c = Candidate {
                 set: pair.y,
                 alpha: pair.alpha,
@@ -399,9 +419,9 @@ impl SimilarityJoinStream {
             };
             let (x, y) = (coll.set(pair.x as usize), coll.set(pair.y as usize));
             let verified = if self.exact {
-                verify_candidate::<true>(x, y, &c)
+                verify_candidate::<true>(self.kernel, x, y, &c)
             } else {
-                verify_candidate::<false>(x, y, &c)
+                verify_candidate::<false>(self.kernel, x, y, &c)
             };
             if let Some(o) = verified {
                 self.record(built, pair.x, pair.y, o);

@@ -178,7 +178,7 @@ block_kernel!(
 /// The CPU has AVX512F and AVX512_VP2INTERSECT.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vp2intersect")]
-unsafe fn vp2intersect_d(a: __m512i, b: __m512i) -> u16 {
+pub(super) unsafe fn vp2intersect_d(a: __m512i, b: __m512i) -> u16 {
     let ma: u16;
     // SAFETY: the caller checked the feature; the instruction only writes k2 (lanes of `a`
     // found in `b`) and k3 (lanes of `b` found in `a`), both declared as outputs.
@@ -370,7 +370,7 @@ pub(crate) unsafe fn gallop64<T: SetElem, const WRITE: bool>(
 #[cfg(test)]
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn rot_mask_d(a: __m512i, b: __m512i) -> u16 {
+pub(super) unsafe fn rot_mask_d(a: __m512i, b: __m512i) -> u16 {
     macro_rules! rot {
         ($($r:literal)*) => { 0 $(| _mm512_cmpeq_epi32_mask(a, _mm512_alignr_epi32::<$r>(b, b)))* };
     }

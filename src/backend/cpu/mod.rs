@@ -27,12 +27,15 @@ use std::sync::OnceLock;
 
 mod avx2;
 mod avx512;
+mod bounded;
 mod gallop;
 mod kway;
 mod scalar;
 mod sorted;
 mod sse42;
 
+pub use bounded::{BoundedKernel, overlap_at_least};
+pub(crate) use gallop::prefetch;
 pub use kway::{intersect_kway, intersect_kway_count};
 pub use sorted::{Sortedness, sortedness};
 
