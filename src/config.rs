@@ -98,7 +98,8 @@ pub struct SetsConfig {
     /// Device for set kernels: 'auto', 'cpu' or 'gpu'.
     pub backend: BackendChoice,
     /// CPU intersection kernel for sorted rows: 'auto' (the measured hybrid) or one of
-    /// 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'.
+    /// 'scalar', 'galloping', 'sse42', 'avx2', 'avx512', 'vp2intersect'; also the
+    /// similarity join's verification kernel.
     pub cpu_kernel: CpuKernelChoice,
     /// Split a batch's rows across threads when it holds at least this many list values
     /// (0 disables intra-batch threading).
