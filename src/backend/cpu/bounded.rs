@@ -126,6 +126,76 @@ fn scalar<const EXACT: bool>(x: &[u32], y: &[u32], need: usize) -> Option<u64> {
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// The bookkeeping of a block merge (see the module docs), shared by the SIMD kernels.
+    struct Blocks {
+        need: usize,
+        /// Tokens of x (of y) that may still go unmatched before `need` is out of reach.
+        slack_x: isize,
+        slack_y: isize,
+        /// Where the current blocks start.
+        i: usize,
+        j: usize,
+        /// Matches so far.
+        o: usize,
+        /// Matches of the current block of x (of y) with the blocks it met so far.
+        mx: usize,
+        my: usize,
+    }
+
+    impl Blocks {
+        #[inline(always)]
+        fn new(nx: usize, ny: usize, need: usize) -> Self {
+            Blocks {
+                need,
+                slack_x: (nx - need) as isize,
+                slack_y: (ny - need) as isize,
+                i: 0,
+                j: 0,
+                o: 0,
+                mx: 0,
+                my: 0,
+            }
+        }
+
+        /// Count `c` matches between the current blocks (`ra` tokens of x up to `amax`, `rb`
+        /// of y up to `bmax`) and move past the block(s) with the smaller maximum, branch-free;
+        /// a block left behind spends its unmatched tokens from its side's slack.
+        /// `Some(answer)` ends the merge.
+        #[inline(always)]
+        fn step<const EXACT: bool>(
+            &mut self,
+            c: usize,
+            ra: usize,
+            rb: usize,
+            amax: u32,
+            bmax: u32,
+        ) -> Option<Option<u64>> {
+            self.o += c;
+            let (ax, ay) = (usize::from(amax <= bmax), usize::from(bmax <= amax));
+            self.mx += c;
+            self.my += c;
+            self.slack_x -= (ax * (ra - self.mx)) as isize;
+            self.slack_y -= (ay * (rb - self.my)) as isize;
+            self.mx *= 1 - ax;
+            self.my *= 1 - ay;
+            self.i += ax * ra;
+            self.j += ay * rb;
+            if (self.slack_x | self.slack_y) < 0 {
+                return Some(None);
+            }
+            if !EXACT && self.o >= self.need {
+                return Some(Some(self.o as u64));
+            }
+            None
+        }
+
+        /// The answer once one side is exhausted.
+        #[inline(always)]
+        fn finish(&self) -> Option<u64> {
+            (self.o >= self.need).then_some(self.o as u64)
+        }
+    }
+
     /// The block merge shared by the AVX-512 kernels: `$mask(va, fa, pb, rb)` is the mask of
     /// the `fa` lanes of `va` equal to one of the `rb` values at `pb`.
     macro_rules! bounded_512 {
@@ -143,11 +213,9 @@ mod x86 {
                 const L: usize = 16;
                 let (nx, ny) = (x.len(), y.len());
                 let (px, py) = (x.as_ptr(), y.as_ptr());
-                let (mut slack_x, mut slack_y) = ((nx - need) as isize, (ny - need) as isize);
-                let (mut i, mut j, mut o) = (0usize, 0usize, 0usize);
-                // Matches of the current block of x (of y) with the blocks it met so far.
-                let (mut mx, mut my) = (0usize, 0usize);
-                while i < nx && j < ny {
+                let mut b = Blocks::new(nx, ny, need);
+                while b.i < nx && b.j < ny {
+                    let (i, j) = (b.i, b.j);
                     let (ra, rb) = ((nx - i).min(L), (ny - j).min(L));
                     let fa = u16::MAX >> (L - ra);
                     // SAFETY: i + ra <= nx, j + rb <= ny: the maxima are inside the slices,
@@ -161,25 +229,13 @@ mod x86 {
                     };
                     // SAFETY: `rb` values at py + j are inside `y`; features as ours.
                     let m = unsafe { $mask(va, fa, py.add(j), rb) };
-                    let c = m.count_ones() as usize;
-                    o += c;
-                    let (ax, ay) = (usize::from(amax <= bmax), usize::from(bmax <= amax));
-                    mx += c;
-                    my += c;
-                    slack_x -= (ax * (ra - mx)) as isize;
-                    slack_y -= (ay * (rb - my)) as isize;
-                    mx *= 1 - ax;
-                    my *= 1 - ay;
-                    i += ax * ra;
-                    j += ay * rb;
-                    if (slack_x | slack_y) < 0 {
-                        return None;
-                    }
-                    if !EXACT && o >= need {
-                        return Some(o as u64);
+                    if let Some(answer) =
+                        b.step::<EXACT>(m.count_ones() as usize, ra, rb, amax, bmax)
+                    {
+                        return answer;
                     }
                 }
-                (o >= need).then_some(o as u64)
+                b.finish()
             }
         };
     }
@@ -251,11 +307,10 @@ mod x86 {
         const L: usize = 8;
         let (nx, ny) = (x.len(), y.len());
         let (px, py) = (x.as_ptr(), y.as_ptr());
-        let (mut slack_x, mut slack_y) = ((nx - need) as isize, (ny - need) as isize);
-        let (mut i, mut j, mut o) = (0usize, 0usize, 0usize);
-        let (mut mx, mut my) = (0usize, 0usize);
+        let mut b = Blocks::new(nx, ny, need);
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        while i < nx && j < ny {
+        while b.i < nx && b.j < ny {
+            let (i, j) = (b.i, b.j);
             let (ra, rb) = ((nx - i).min(L), (ny - j).min(L));
             let fa = 0xffu32 >> (L - ra);
             let load = _mm256_cmpgt_epi32(_mm256_set1_epi32(ra as i32), lanes);
@@ -275,25 +330,11 @@ mod x86 {
                 eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(va, _mm256_set1_epi32(v as i32)));
             }
             let m = _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32 & fa;
-            let c = m.count_ones() as usize;
-            o += c;
-            let (ax, ay) = (usize::from(amax <= bmax), usize::from(bmax <= amax));
-            mx += c;
-            my += c;
-            slack_x -= (ax * (ra - mx)) as isize;
-            slack_y -= (ay * (rb - my)) as isize;
-            mx *= 1 - ax;
-            my *= 1 - ay;
-            i += ax * ra;
-            j += ay * rb;
-            if (slack_x | slack_y) < 0 {
-                return None;
-            }
-            if !EXACT && o >= need {
-                return Some(o as u64);
+            if let Some(answer) = b.step::<EXACT>(m.count_ones() as usize, ra, rb, amax, bmax) {
+                return answer;
             }
         }
-        (o >= need).then_some(o as u64)
+        b.finish()
     }
 
     #[cfg(test)]
