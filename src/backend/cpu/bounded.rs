@@ -257,21 +257,31 @@ mod x86 {
         m
     }
 
-    /// As [`bcast_mask`] with one `vp2intersectd`; the block of `y` is padded with its
-    /// maximum (a value of the block: no false match).
+    /// As [`bcast_mask`] with one `vp2intersectd` against the block of `y` padded with its
+    /// maximum ([`padded_block`]).
     ///
     /// # Safety
     /// AVX-512F and VP2INTERSECT; `1 <= rb <= 16` values readable at `pb`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vp2intersect")]
     unsafe fn vp2i_mask(va: __m512i, fa: u16, pb: *const u32, rb: usize) -> u16 {
+        // SAFETY: the caller's promise on `pb`, `rb`; the features are ours.
+        unsafe { super::super::avx512::vp2intersect_d(va, padded_block(pb, rb)) & fa }
+    }
+
+    /// The `rb` values at `pb` in the low lanes, the other lanes holding the last of them (a
+    /// value of the block: a pair compare against it finds no false match).
+    ///
+    /// # Safety
+    /// AVX-512F; `1 <= rb <= 16` values readable at `pb`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn padded_block(pb: *const u32, rb: usize) -> __m512i {
         // SAFETY: only the `rb` lanes selected by the mask are read; pb + rb - 1 is inside.
-        let vb = unsafe {
+        unsafe {
             let pad = _mm512_set1_epi32(pb.add(rb - 1).read() as i32);
             _mm512_mask_loadu_epi32(pad, u16::MAX >> (16 - rb), pb.cast())
-        };
-        // SAFETY: the features are ours.
-        unsafe { super::super::avx512::vp2intersect_d(va, vb) & fa }
+        }
     }
 
     bounded_512!(avx512, "avx512f", bcast_mask);
@@ -286,13 +296,8 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn rot_mask(va: __m512i, fa: u16, pb: *const u32, rb: usize) -> u16 {
-        // SAFETY: as in `vp2i_mask`.
-        let vb = unsafe {
-            let pad = _mm512_set1_epi32(pb.add(rb - 1).read() as i32);
-            _mm512_mask_loadu_epi32(pad, u16::MAX >> (16 - rb), pb.cast())
-        };
-        // SAFETY: AVX-512F is ours.
-        unsafe { super::super::avx512::rot_mask_d(va, vb) & fa }
+        // SAFETY: the caller's promise on `pb`, `rb`; AVX-512F is ours.
+        unsafe { super::super::avx512::rot_mask_d(va, padded_block(pb, rb)) & fa }
     }
 
     #[cfg(test)]
