@@ -119,6 +119,13 @@ pub struct SetsConfig {
     /// the index does not fit, the terms queries visit most are admitted first and queries
     /// needing the others are ranked on the CPU.
     pub gpu_index_budget: usize,
+    /// Keep the list columns that `list_intersect` / `list_intersect_count` send to the GPU
+    /// on the device for later batches and queries (a table queried again is not copied
+    /// again), least recently used evicted first.
+    pub gpu_resident_columns: bool,
+    /// Device memory (bytes) the resident list columns may take; 0: the
+    /// `DFSETS_GPU_COLUMN_BUDGET` environment variable, else a quarter of the device's memory.
+    pub gpu_column_budget: usize,
 }
 
 impl Default for SetsConfig {
@@ -132,6 +139,8 @@ impl Default for SetsConfig {
             bm25_alpha: 0.3,
             similarity_join_rewrite: true,
             gpu_index_budget: 0,
+            gpu_resident_columns: true,
+            gpu_column_budget: 0,
         }
     }
 }
@@ -144,6 +153,8 @@ const BM25_ALPHA_DOC: &str = "topk_bm25 over an index with static scores: score 
 const PARALLEL_DOC: &str =
     "Split a batch's rows across threads when it holds at least this many list values (0: never).";
 const GPU_INDEX_BUDGET_DOC: &str = "Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.";
+const GPU_RESIDENT_COLUMNS_DOC: &str = "Keep the list columns list_intersect / list_intersect_count send to the GPU on the device for later batches and queries (least recently used evicted first).";
+const GPU_COLUMN_BUDGET_DOC: &str = "Device memory (bytes) the resident list columns may take; 0: DFSETS_GPU_COLUMN_BUDGET, else a quarter of the device's memory.";
 const REWRITE_DOC: &str = "Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.";
 
 impl ExtensionOptions for SetsConfig {
@@ -169,8 +180,10 @@ impl ExtensionOptions for SetsConfig {
             "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
             "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
             "gpu_index_budget" => set_usize(&mut self.gpu_index_budget, key, value),
+            "gpu_resident_columns" => self.gpu_resident_columns.set("", value),
+            "gpu_column_budget" => set_usize(&mut self.gpu_column_budget, key, value),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget, sets.gpu_resident_columns, sets.gpu_column_budget"
             ),
         }
     }
@@ -201,6 +214,16 @@ impl ExtensionOptions for SetsConfig {
                 "gpu_index_budget",
                 self.gpu_index_budget.to_string(),
                 GPU_INDEX_BUDGET_DOC,
+            ),
+            entry(
+                "gpu_resident_columns",
+                self.gpu_resident_columns.to_string(),
+                GPU_RESIDENT_COLUMNS_DOC,
+            ),
+            entry(
+                "gpu_column_budget",
+                self.gpu_column_budget.to_string(),
+                GPU_COLUMN_BUDGET_DOC,
             ),
         ]
     }

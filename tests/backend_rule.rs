@@ -130,3 +130,56 @@ async fn explain_analyze_shows_topk_bm25_choice_and_counters() {
         }
     }
 }
+
+/// A memory table queried twice on the GPU: the first query copies its list columns to the
+/// device and keeps them, the second reads them there (`gpu_columns_reused`, far fewer bytes
+/// to the device); with `sets.gpu_resident_columns = false` nothing is kept or reused. The
+/// answers equal the CPU's every time. Without a GPU every counter stays 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_resident_list_columns() {
+    let ctx = new_context();
+    for s in [
+        "CREATE TABLE t AS SELECT range(v, v + 40) AS a, range(v + 7, v + 90, 3) AS b FROM generate_series(1, 30000) AS s(v)",
+        "SET sets.backend = 'gpu'",
+    ] {
+        ctx.sql(s).await.unwrap().collect().await.unwrap();
+    }
+    let query =
+        "SELECT cardinality(list_intersect(a, b)) AS n, list_intersect_count(b, a) AS m FROM t";
+    let total = "SELECT sum(cardinality(list_intersect(a, b))) AS n, sum(list_intersect_count(b, a)) AS m FROM t";
+    let run = |sql: String| {
+        let ctx = ctx.clone();
+        async move {
+            let out = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+            pretty_format_batches(&out).unwrap().to_string()
+        }
+    };
+    let first = run(format!("EXPLAIN ANALYZE {query}")).await;
+    let second = run(format!("EXPLAIN ANALYZE {query}")).await;
+    let answer_gpu = run(total.to_string()).await;
+    run("SET sets.gpu_resident_columns = false".to_string()).await;
+    let third = run(format!("EXPLAIN ANALYZE {query}")).await;
+    run("SET sets.backend = 'cpu'".to_string()).await;
+    let answer_cpu = run(total.to_string()).await;
+    assert_eq!(answer_gpu, answer_cpu);
+    assert!(answer_cpu.contains("| 330000 | 330000 |"), "{answer_cpu}");
+    let counts = |plan: &str| {
+        (
+            metric(plan, "gpu_columns_uploaded_0") + metric(plan, "gpu_columns_uploaded_1"),
+            metric(plan, "gpu_columns_reused_0") + metric(plan, "gpu_columns_reused_1"),
+            metric(plan, "bytes_to_device_0") + metric(plan, "bytes_to_device_1"),
+        )
+    };
+    let ((up1, re1, b1), (up2, re2, b2), (up3, re3, _)) =
+        (counts(&first), counts(&second), counts(&third));
+    if gpu::device().is_err() {
+        assert_eq!((up1, re1, b1, up2, re2, b2), (0, 0, 0, 0, 0, 0), "{second}");
+        return;
+    }
+    // Each batch's two columns go up once, for the first call that meets them.
+    assert!(up1 >= 2, "{first}");
+    assert_eq!(up2, 0, "{second}");
+    assert!(re2 >= 4 && re2 >= 2 * up1, "{second}");
+    assert!(b2 * 50 < b1, "{first}\n{second}");
+    assert_eq!((up3, re3), (0, 0), "{third}");
+}

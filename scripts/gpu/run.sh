@@ -51,7 +51,7 @@ fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && have gpu_props; then
     echo "== benchmark: list_intersect"
     # GPU_PROPS_BENCH picks the benchmarks by name (default: all: bench_gpu_intersect,
-    # bench_batch_rows, bench_auto_rows).
+    # bench_batch_rows, bench_auto_rows, bench_resident_columns).
     DFSETS_BENCH_OUT="$out/bench.txt" /tmp/gpubin/gpu_props --ignored --nocapture --test-threads=1 "${GPU_PROPS_BENCH:-bench}" 2>&1 | tee "$out/bench.log" || status=1
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; then
@@ -116,5 +116,5 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 echo "== summary"
 grep -E "^test result|passed|FAIL" "$out"/*.log | tail -14
-cat "$out/bench.txt" "$out/bench.txt.batch_rows" "$out/bench.txt.auto_rows" "$out/bench_bm25.txt" "$out/bench_simjoin_base.txt" "$out/bench_simjoin.txt" 2>/dev/null
+cat "$out/bench.txt" "$out/bench.txt.batch_rows" "$out/bench.txt.auto_rows" "$out/bench.txt.resident" "$out/bench_bm25.txt" "$out/bench_simjoin_base.txt" "$out/bench_simjoin.txt" 2>/dev/null
 exit $status

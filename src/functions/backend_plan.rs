@@ -49,6 +49,10 @@ pub struct BackendMetrics {
     pub h2d_bytes: AtomicU64,
     /// Bytes copied back from the device.
     pub d2h_bytes: AtomicU64,
+    /// List arguments the GPU read from copies kept on the device (no copy).
+    pub gpu_columns_reused: AtomicU64,
+    /// List arguments copied whole to the device and kept there for later batches.
+    pub gpu_columns_uploaded: AtomicU64,
 }
 
 impl BackendMetrics {

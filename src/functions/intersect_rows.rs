@@ -37,6 +37,9 @@ pub struct EngineOptions {
     /// The planning-time choice this call belongs to, whose counters it feeds (`None` for a
     /// function called without the optimizer rule).
     pub plan: Option<Arc<BackendPlan>>,
+    /// Keep the list columns on the device for later batches within this many bytes (0:
+    /// the default budget); `None`: copy them per batch (`sets.gpu_resident_columns`).
+    pub gpu_columns: Option<usize>,
 }
 
 /// What one chunk of rows produced (values mode).
@@ -599,6 +602,7 @@ mod tests {
                 parallel_min_values,
                 backend: BackendChoice::Cpu,
                 plan: None,
+                gpu_columns: None,
             };
             let reference = values_chunk(
                 &lists,

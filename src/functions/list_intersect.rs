@@ -145,6 +145,7 @@ pub(crate) fn engine_options(
         parallel_min_values: cfg.parallel_min_values,
         backend: plan.map_or(cfg.backend, |p| p.backend),
         plan: plan.cloned(),
+        gpu_columns: cfg.gpu_resident_columns.then_some(cfg.gpu_column_budget),
     }
 }
 

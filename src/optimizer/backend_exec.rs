@@ -132,6 +132,12 @@ impl ExecutionPlan for SetsBackendExec {
             count(&mut set, p("gpu_rows_redone"), g(&m.gpu_rows_redone));
             count(&mut set, p("bytes_to_device"), g(&m.h2d_bytes));
             count(&mut set, p("bytes_from_device"), g(&m.d2h_bytes));
+            count(&mut set, p("gpu_columns_reused"), g(&m.gpu_columns_reused));
+            count(
+                &mut set,
+                p("gpu_columns_uploaded"),
+                g(&m.gpu_columns_uploaded),
+            );
             time(&mut set, p("cpu_time"), g(&m.cpu_ns));
             time(&mut set, p("kernel_time"), g(&m.kernel_ns));
             time(&mut set, p("gpu_time"), g(&m.gpu_ns));

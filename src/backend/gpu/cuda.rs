@@ -18,8 +18,11 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStrea
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use rayon::prelude::*;
 
+use super::columns::{Admitted, ColumnCache, ColumnKey};
 use super::fault::{self, Fault};
-use super::{Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, HostOffsets, Mode, RowValidity};
+use super::{
+    Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, HostOffsets, Mode, RowValidity, Timings,
+};
 use crate::backend::cpu::SetElem;
 
 /// The kernels' source, compiled at run time.
@@ -229,6 +232,8 @@ pub(super) struct Workspace {
     pub(super) pin_out: Option<Pinned>,
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
+    /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
+    columns: ColumnCache<DevBuf>,
 }
 
 // SAFETY: the raw pointers are owned allocations, only touched under the workspace mutex.
@@ -281,6 +286,7 @@ impl Workspace {
         self.dev.clear();
         self.pin_in = None;
         self.pin_out = None;
+        self.columns.clear();
     }
 }
 
@@ -615,14 +621,192 @@ fn chunk_end<T>(
     lo
 }
 
+/// Columns whose rows in a call hold fewer value bytes are always staged: copying them is
+/// cheaper than keeping them.
+const MIN_RESIDENT_BYTES: usize = 64 << 10;
+/// Piece size of a column's upload through the two pinned staging buffers.
+const UPLOAD_PIECE: usize = 8 << 20;
+
+/// The default budget of resident columns: `DFSETS_GPU_COLUMN_BUDGET` bytes, else a quarter
+/// of the device's memory.
+fn default_column_budget(g: &Gpu) -> usize {
+    std::env::var("DFSETS_GPU_COLUMN_BUDGET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(g.info.total_memory / 4)
+}
+
+/// Copy a column's values and offsets buffers into one new device allocation (values at 0,
+/// offsets at `offs_at`), in pieces staged through the two pinned buffers so that staging a
+/// piece overlaps the copy of the one before.
+fn upload_column(
+    g: &Gpu,
+    pins: [&mut Option<Pinned>; 2],
+    values: &[u8],
+    offsets: &[u8],
+    offs_at: usize,
+) -> Result<DevBuf, GpuError> {
+    let bytes = (offs_at + offsets.len()).max(ALIGN);
+    if fault::armed(Fault::OutOfMemory) {
+        return Err(GpuError::OutOfMemory("resident column allocation"));
+    }
+    // SAFETY: plain allocation; the context is bound by the caller.
+    let ptr = unsafe { result::malloc_sync(bytes) }.map_err(drv("resident column allocation"))?;
+    let buf = DevBuf { ptr, bytes };
+    let events = [g.event()?, g.event()?];
+    let mut in_flight = [false; 2];
+    let pieces = values
+        .chunks(UPLOAD_PIECE)
+        .enumerate()
+        .map(|(i, p)| (i * UPLOAD_PIECE, p))
+        .chain(
+            offsets
+                .chunks(UPLOAD_PIECE)
+                .enumerate()
+                .map(|(i, p)| (offs_at + i * UPLOAD_PIECE, p)),
+        );
+    for (i, (at, piece)) in pieces.enumerate() {
+        let slot = i % 2;
+        if in_flight[slot] {
+            events[slot]
+                .synchronize()
+                .map_err(drv("event synchronize"))?;
+        }
+        let pin = Workspace::pinned(&mut *pins[slot], piece.len())?;
+        par_copy(&mut pin.as_mut_slice()[..piece.len()], piece);
+        // SAFETY: `ptr + at .. + piece.len()` lies inside the allocation above; the pinned
+        // source is not written again before this copy's event has completed (checked above)
+        // and outlives the stream synchronize below.
+        unsafe {
+            result::memcpy_htod_async(
+                ptr + at as u64,
+                &pin.as_slice()[..piece.len()],
+                g.stream.cu_stream(),
+            )
+        }
+        .map_err(drv("host-to-device copy"))?;
+        events[slot]
+            .record(&g.stream)
+            .map_err(drv("event record"))?;
+        in_flight[slot] = true;
+    }
+    g.sync()?;
+    Ok(buf)
+}
+
+/// Device addresses of a list argument kept on the device: its first value and its first
+/// offset (the call's `values[0]` and `offsets[0]`).
+type ResidentAt = Option<(u64, u64)>;
+
+/// Find or make resident the list columns of a call that can be: columns with an Arrow
+/// identity whose rows in the call cover at least half of their values buffer and
+/// [`MIN_RESIDENT_BYTES`]. The rest (and every column after an upload error) are staged.
+fn resident_columns<T: SetElem>(
+    g: &Gpu,
+    ws: &mut Workspace,
+    lists: &[HostList<'_, T>],
+    budget: usize,
+    t: &mut Timings,
+) -> Vec<ResidentAt> {
+    let esz = std::mem::size_of::<T>();
+    let stamp = ws.columns.begin_call();
+    let mut failed = false;
+    lists
+        .iter()
+        .map(|l| {
+            let (vbuf, obuf) = l.column?;
+            if failed {
+                return None;
+            }
+            let n = l.offsets.rows();
+            let used = (l.offsets.at(n) - l.offsets.at(0)) * esz;
+            if used < MIN_RESIDENT_BYTES || 2 * used < vbuf.len() {
+                return None;
+            }
+            let (osz, offs_ptr, offs_len) = match l.offsets {
+                HostOffsets::I32(o) => (4, o.as_ptr() as usize, o.len() * 4),
+                HostOffsets::I64(o) => (8, o.as_ptr() as usize, o.len() * 8),
+            };
+            // Where the call's slices lie in the buffers (whole buffers are copied).
+            let v_shift = (l.values.as_ptr() as usize).checked_sub(vbuf.as_ptr() as usize)?;
+            let o_shift = offs_ptr.checked_sub(obuf.as_ptr() as usize)?;
+            if v_shift + std::mem::size_of_val(l.values) > vbuf.len()
+                || o_shift + offs_len > obuf.len()
+                || v_shift % esz != 0
+            {
+                return None;
+            }
+            let key = ColumnKey::new(vbuf, obuf, esz, osz);
+            let offs_at = align(vbuf.len());
+            let bytes = offs_at + obuf.len();
+            let base = if let Some(d) = ws.columns.get(&key, stamp) {
+                t.columns_reused += 1;
+                d.ptr
+            } else {
+                let Workspace {
+                    columns,
+                    pin_in,
+                    pin_out,
+                    ..
+                } = &mut *ws;
+                let admitted = columns.admit(
+                    key,
+                    [vbuf.clone(), obuf.clone()],
+                    bytes,
+                    budget,
+                    stamp,
+                    || {
+                        upload_column(
+                            g,
+                            [pin_in, pin_out],
+                            vbuf.as_slice(),
+                            obuf.as_slice(),
+                            offs_at,
+                        )
+                    },
+                );
+                match admitted {
+                    Ok(Admitted::Now(d)) => {
+                        let ptr = d.ptr;
+                        t.columns_uploaded += 1;
+                        t.h2d_bytes += (vbuf.len() + obuf.len()) as u64;
+                        log::debug!(
+                            "datafusion-sets: list column of {bytes} bytes kept on the device \
+                             ({} columns, {} bytes resident)",
+                            columns.len(),
+                            columns.bytes()
+                        );
+                        ptr
+                    }
+                    Ok(Admitted::DoesNotFit) => return None,
+                    Err(e) => {
+                        log::debug!(
+                            "datafusion-sets: list column staged, not kept on the device: {e}"
+                        );
+                        failed = true;
+                        return None;
+                    }
+                }
+            };
+            Some((base + v_shift as u64, base + (offs_at + o_shift) as u64))
+        })
+        .collect()
+}
+
 /// Run the batched intersection of `lists` (k ≥ 2 list columns with the same number of
 /// rows, 32- or 64-bit elements) on the GPU. Rows whose lists are not all strictly
 /// increasing come back flagged (their device result is meaningless); the caller recomputes
 /// them, and rows holding NULL elements, on the CPU.
+///
+/// `columns_budget`: `None` stages every list for this call only; `Some(bytes)` keeps the
+/// lists that carry their Arrow buffers ([`HostList::column`]) on the device for later
+/// calls, within `bytes` of device memory (0: `DFSETS_GPU_COLUMN_BUDGET`, else a quarter of
+/// the device's memory), least recently used evicted first.
 pub fn intersect<T: SetElem>(
     lists: &[HostList<'_, T>],
     validity: Option<RowValidity<'_>>,
     mode: Mode,
+    columns_budget: Option<usize>,
 ) -> Result<GpuOutput<T>, GpuError> {
     let Some(variant) = elem_index::<T>() else {
         return Err(GpuError::Unsupported(format!("{}-bit elements", T::BITS)));
@@ -677,13 +861,22 @@ pub fn intersect<T: SetElem>(
     };
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let esz = std::mem::size_of::<T>();
+    let mut resident = match columns_budget {
+        Some(b) => {
+            let budget = if b == 0 { default_column_budget(g) } else { b };
+            resident_columns(g, &mut ws, lists, budget, &mut out.timings)
+        }
+        None => vec![None; lists.len()],
+    };
     let mut r0 = 0;
     while r0 < n {
         let budget_elems = (ws.budget / esz).max(1);
         let max_rows = (ws.budget / 64).max(1);
         let r1 = chunk_end(lists, r0, n, budget_elems, max_rows);
         let res = catch_unwind(AssertUnwindSafe(|| {
-            run_chunk(g, &mut ws, variant, lists, validity, r0, r1, mode, &mut out)
+            run_chunk(
+                g, &mut ws, variant, lists, &resident, validity, r0, r1, mode, &mut out,
+            )
         }))
         .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
         match res {
@@ -692,6 +885,7 @@ pub fn intersect<T: SetElem>(
                 // Free the pools, wait for the stream, and retry with half the input.
                 let _ = g.sync();
                 ws.clear();
+                resident.iter_mut().for_each(|r| *r = None);
                 if ws.budget <= MIN_BUDGET || r1 == r0 + 1 {
                     return Err(GpuError::OutOfMemory(what));
                 }
@@ -724,6 +918,7 @@ fn run_chunk<T: SetElem>(
     ws: &mut Workspace,
     variant: usize,
     lists: &[HostList<'_, T>],
+    resident: &[ResidentAt],
     validity: Option<RowValidity<'_>>,
     r0: usize,
     r1: usize,
@@ -751,16 +946,21 @@ fn run_chunk<T: SetElem>(
         .iter()
         .map(|l| l.offsets.at(r1) - l.offsets.at(r0))
         .collect();
+    // Lists resident on the device have no section: the kernels read their copies.
     let mut val_at = Vec::with_capacity(k);
     let mut pos = 0usize;
-    for &c in &counts {
+    for (&c, r) in counts.iter().zip(resident) {
         val_at.push(pos);
-        pos += align(c * esz);
+        if r.is_none() {
+            pos += align(c * esz);
+        }
     }
     let mut off_at = Vec::with_capacity(k);
-    for _ in 0..k {
+    for r in resident {
         off_at.push(pos);
-        pos += align((n + 1) * osz);
+        if r.is_none() {
+            pos += align((n + 1) * osz);
+        }
     }
     let valid = validity.map(|v| {
         let first_bit = v.bit_offset + r0;
@@ -819,6 +1019,9 @@ fn run_chunk<T: SetElem>(
     {
         let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
         for (j, l) in lists.iter().enumerate() {
+            if resident[j].is_some() {
+                continue;
+            }
             let (v0, v1) = (l.offsets.at(r0), l.offsets.at(r1));
             par_copy(
                 &mut pin[val_at[j]..val_at[j] + counts[j] * esz],
@@ -831,10 +1034,18 @@ fn run_chunk<T: SetElem>(
             pin[valid_at..valid_at + bits.len()].copy_from_slice(bits);
         }
         for j in 0..k {
-            let p = d_in + off_at[j] as u64;
-            pin[ptrs_at + 8 * j..ptrs_at + 8 * j + 8].copy_from_slice(&p.to_le_bytes());
             let first = lists[j].offsets.at(r0) as i64;
-            let base = (val_at[j] / esz) as i64 - first;
+            // Values of list j live at element positions `base + offset` from `d_in`: a
+            // resident copy's may lie below it (a negative base; the device's 64-bit
+            // address arithmetic wraps back to the copy).
+            let (p, base) = match resident[j] {
+                Some((vals, offs)) => (
+                    offs + (r0 * osz) as u64,
+                    (vals as i64).wrapping_sub(d_in as i64) / esz as i64 - first,
+                ),
+                None => (d_in + off_at[j] as u64, (val_at[j] / esz) as i64 - first),
+            };
+            pin[ptrs_at + 8 * j..ptrs_at + 8 * j + 8].copy_from_slice(&p.to_le_bytes());
             pin[bases_at + 8 * j..bases_at + 8 * j + 8].copy_from_slice(&base.to_le_bytes());
         }
     }

@@ -16,10 +16,14 @@
 //!
 //! Without the `cuda` feature a stub with the same names answers [`GpuError::NotCompiled`].
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod columns;
 mod error;
 pub mod fault;
 mod pair_buffer;
 pub(crate) mod rows;
+
+use datafusion::arrow::buffer::Buffer;
 
 pub use error::GpuError;
 pub use pair_buffer::PairBuffer;
@@ -231,6 +235,9 @@ pub struct HostList<'a, T> {
     pub offsets: HostOffsets<'a>,
     /// The child values (only `values[offsets[0]..offsets[n]]` are read).
     pub values: &'a [T],
+    /// The Arrow buffers holding `values` and `offsets` (`values` and `offsets` are slices of
+    /// them), when the column may stay on the device for later calls; `None`: stage it.
+    pub column: Option<(&'a Buffer, &'a Buffer)>,
 }
 
 /// Row validity shared by all arguments: bit `bit_offset + i` of `bits` (LSB first, Arrow's
@@ -276,6 +283,11 @@ pub struct Timings {
     pub input_values: u64,
     /// Launch groups the batch was split into.
     pub chunks: u32,
+    /// List arguments read from copies already on the device (no copy).
+    pub columns_reused: u32,
+    /// List arguments copied whole to the device and kept there for later calls (their
+    /// bytes are in `h2d_bytes`).
+    pub columns_uploaded: u32,
 }
 
 /// A batch's results.

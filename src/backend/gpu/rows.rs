@@ -54,9 +54,11 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
     let mut element_nulls = false;
     for l in lists {
         let (offsets, values, nulls, elem_nulls) = l.parts();
+        let (values_buffer, offsets_buffer, _) = l.buffers();
         host.push(HostList {
             offsets: host_offsets(offsets)?,
             values,
+            column: Some((values_buffer, offsets_buffer)),
         });
         row_nulls = NullBuffer::union(row_nulls.as_ref(), nulls);
         element_nulls |= elem_nulls.is_some();
@@ -65,7 +67,7 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         bits: nb.inner().values(),
         bit_offset: nb.inner().offset(),
     });
-    let out = match super::intersect(&host, validity, mode) {
+    let out = match super::intersect(&host, validity, mode, opts.gpu_columns) {
         Ok(out) => out,
         Err(e) => {
             log::debug!("datafusion-sets: list intersection on the CPU: {e}");
@@ -93,6 +95,8 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         BackendMetrics::add(&m.gpu_ns, (t.total_ms * 1e6) as u64);
         BackendMetrics::add(&m.h2d_bytes, t.h2d_bytes);
         BackendMetrics::add(&m.d2h_bytes, t.d2h_bytes);
+        BackendMetrics::add(&m.gpu_columns_reused, t.columns_reused as u64);
+        BackendMetrics::add(&m.gpu_columns_uploaded, t.columns_uploaded as u64);
     }
     Some((out, redo))
 }

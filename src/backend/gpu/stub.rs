@@ -21,6 +21,7 @@ pub fn intersect<T: SetElem>(
     _lists: &[HostList<'_, T>],
     _validity: Option<RowValidity<'_>>,
     _mode: Mode,
+    _columns_budget: Option<usize>,
 ) -> Result<GpuOutput<T>, GpuError> {
     Err(GpuError::NotCompiled)
 }
