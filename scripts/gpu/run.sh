@@ -39,6 +39,8 @@ fi
 if have gpu_props; then
     echo "== property tests (GPU == CPU)"
     /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
+    echo "== the same with launch groups of 16 MiB (batches split into several groups)"
+    DFSETS_GPU_LAUNCH_BYTES=16777216 /tmp/gpubin/gpu_props --test-threads=1 engine_ gpu_equals_cpu_on_random 2>&1 | tee "$out/gpu_props_groups.log" || status=1
 fi
 if have gpu_sql; then
     echo "== SQL suites with sets.backend = 'gpu'"

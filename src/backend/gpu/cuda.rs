@@ -418,7 +418,13 @@ fn init() -> Result<Gpu, GpuError> {
         sms,
         started.elapsed().as_secs_f64() * 1e3
     );
-    let budget = (info.total_memory / 8).clamp(MIN_BUDGET, 4 << 30);
+    // Input bytes per launch group; `DFSETS_GPU_LAUNCH_BYTES` sets it (at least 16 MiB), so
+    // that tests can split batches into many groups.
+    let budget = std::env::var("DFSETS_GPU_LAUNCH_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(info.total_memory / 8)
+        .clamp(MIN_BUDGET, 4 << 30);
     Ok(Gpu {
         ctx,
         stream,
@@ -1035,13 +1041,14 @@ fn run_chunk<T: SetElem>(
         }
         for j in 0..k {
             let first = lists[j].offsets.at(r0) as i64;
-            // Values of list j live at element positions `base + offset` from `d_in`: a
-            // resident copy's may lie below it (a negative base; the device's 64-bit
-            // address arithmetic wraps back to the copy).
+            // Values of list j live at element positions `base + offset` from `d_in`. A
+            // resident copy holds the whole values buffer, so an offset indexes it as is (the
+            // staged section starts at the group's first offset instead); it may lie below
+            // `d_in` (a negative base; the device's 64-bit address arithmetic wraps back).
             let (p, base) = match resident[j] {
                 Some((vals, offs)) => (
                     offs + (r0 * osz) as u64,
-                    (vals as i64).wrapping_sub(d_in as i64) / esz as i64 - first,
+                    (vals as i64).wrapping_sub(d_in as i64) / esz as i64,
                 ),
                 None => (d_in + off_at[j] as u64, (val_at[j] / esz) as i64 - first),
             };
