@@ -308,7 +308,7 @@ fn engine_flags_unsorted_and_duplicated_rows() {
             column: None,
         },
     ];
-    let out = gpu::intersect(&lists, None, Mode::Values, None).expect("GPU batch");
+    let out = gpu::intersect(&lists, None, Mode::Values, None, false).expect("GPU batch");
     assert_eq!(out.flagged, vec![false, true, true, false]);
     assert_eq!(&out.values[..2], &[2, 3]);
     assert_eq!(out.offsets[0..2], [0, 2]);
@@ -360,12 +360,20 @@ impl Column {
 fn resident_call(cols: &[&Column], budget: usize, what: &str) -> gpu::Timings {
     let staged: Vec<_> = cols.iter().map(|c| c.host(false)).collect();
     let kept: Vec<_> = cols.iter().map(|c| c.host(true)).collect();
-    let reference = gpu::intersect(&staged, None, Mode::Values, None).expect("staged");
-    let out = gpu::intersect(&kept, None, Mode::Values, Some(budget)).expect("resident");
+    let reference = gpu::intersect(&staged, None, Mode::Values, None, false).expect("staged");
+    // The values handed over as an Arrow buffer (page-locked memory lent to it when the batch
+    // is one launch group), as the SQL functions take them.
+    let out = gpu::intersect(&kept, None, Mode::Values, Some(budget), true).expect("resident");
+    if out.timings.chunks == 1 {
+        assert!(
+            out.values.is_empty() && out.shared_values.is_some(),
+            "{what}"
+        );
+    }
     assert_eq!(out.offsets, reference.offsets, "offsets: {what}");
-    assert_eq!(out.values, reference.values, "values: {what}");
+    assert_eq!(out.values_slice(), &reference.values[..], "values: {what}");
     assert_eq!(out.flagged, reference.flagged, "flags: {what}");
-    let counts = gpu::intersect(&kept, None, Mode::Counts, Some(budget)).expect("counts");
+    let counts = gpu::intersect(&kept, None, Mode::Counts, Some(budget), false).expect("counts");
     assert_eq!(counts.offsets, reference.offsets, "counts: {what}");
     out.timings
 }
@@ -451,8 +459,8 @@ fn engine_counts_match_values() {
             column: None,
         })
         .collect();
-    let v = gpu::intersect(&lists, None, Mode::Values, None).expect("values");
-    let c = gpu::intersect(&lists, None, Mode::Counts, None).expect("counts");
+    let v = gpu::intersect(&lists, None, Mode::Values, None, false).expect("values");
+    let c = gpu::intersect(&lists, None, Mode::Counts, None, false).expect("counts");
     assert_eq!(v.offsets, c.offsets);
     assert!(!v.any_flagged);
     // against a plain merge on the host
@@ -519,7 +527,7 @@ fn bench_gpu_intersect() {
         for mode in [Mode::Values, Mode::Counts] {
             let mut runs = Vec::new();
             for _ in 0..8 {
-                runs.push(gpu::intersect(&lists, None, mode, None).expect("GPU batch"));
+                runs.push(gpu::intersect(&lists, None, mode, None, false).expect("GPU batch"));
             }
             let med = |f: &dyn Fn(&gpu::GpuOutput<u32>) -> f64| {
                 let mut v: Vec<f64> = runs[1..].iter().map(f).collect();
@@ -646,11 +654,47 @@ fn bench_resident_columns() {
             })
             .sum();
         let (cpu, staged, first, resident) = cpu_staged_resident(&arrays);
+        // Where a resident call's time goes: the engine on the same (resident) columns.
+        let lists: Vec<_> = arrays
+            .iter()
+            .map(|a| {
+                a.as_any()
+                    .downcast_ref::<GenericListArray<i32>>()
+                    .expect("list")
+            })
+            .collect();
+        let columns: Vec<HostList<'_, u32>> = lists
+            .iter()
+            .map(|l| {
+                let child = l.values().as_primitive::<UInt32Type>();
+                HostList {
+                    offsets: HostOffsets::I32(l.value_offsets()),
+                    values: child.values().as_ref(),
+                    column: Some((child.values().inner(), l.offsets().inner().inner())),
+                }
+            })
+            .collect();
+        let runs: Vec<gpu::Timings> = (0..5)
+            .map(|_| {
+                gpu::intersect(&columns, None, Mode::Values, Some(0), false)
+                    .expect("resident engine call")
+                    .timings
+            })
+            .collect();
+        let med = |f: fn(&gpu::Timings) -> f64| median(runs.iter().map(f).collect());
         let line = format!(
-            "{shape:5} {rows} rows, {values} values: CPU backend {cpu:.1} ms ({} threads), GPU staged {staged:.1} ms ({:.1}x), GPU resident {resident:.1} ms ({:.1}x; first call {first:.1} ms)",
+            "{shape:5} {rows} rows, {values} values: CPU backend {cpu:.1} ms ({} threads), GPU staged {staged:.1} ms ({:.1}x), GPU resident {resident:.1} ms ({:.1}x; first call {first:.1} ms); resident engine call {:.2} ms = staging {:.2} + copy in {:.3} + kernels {:.3} + copy out {:.3} + unstaging {:.2} ms ({} bytes in, {} out)",
             rayon_threads(),
             cpu / staged,
-            cpu / resident
+            cpu / resident,
+            med(|t| t.total_ms),
+            med(|t| t.stage_ms),
+            med(|t| t.h2d_ms),
+            med(|t| t.kernel_ms),
+            med(|t| t.d2h_ms),
+            med(|t| t.unstage_ms),
+            runs[0].h2d_bytes,
+            runs[0].d2h_bytes
         );
         println!("{line}");
         report.push(line);
@@ -697,7 +741,7 @@ fn bench_batch_rows() {
                         column: None,
                     })
                     .collect();
-                let t = gpu::intersect(&lists, None, Mode::Values, None)
+                let t = gpu::intersect(&lists, None, Mode::Values, None, false)
                     .expect("GPU batch")
                     .timings;
                 sum.stage_ms += t.stage_ms;

@@ -15,6 +15,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::OffsetSizeTrait;
+use datafusion::arrow::buffer::Buffer;
 use rayon::prelude::*;
 
 use super::backend_plan::{BackendMetrics, BackendPlan};
@@ -50,6 +51,9 @@ pub struct ValuesOut<T> {
     pub lengths: Vec<usize>,
     /// Element validity, `None` when no NULL element was produced.
     pub validity: Option<Vec<bool>>,
+    /// The values as an Arrow buffer of `T` instead of `values` (the GPU's results, handed
+    /// over without a copy); `values` is then empty.
+    pub shared: Option<Buffer>,
 }
 
 /// Reused per-thread buffers.
@@ -335,6 +339,7 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
         values: Vec::new(),
         lengths: Vec::with_capacity(rows.len()),
         validity: None,
+        shared: None,
     };
     for i in rows {
         verdicts.record_row(lists, &mut rec, i);
@@ -490,6 +495,7 @@ pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
         values: Vec::with_capacity(total),
         lengths: Vec::with_capacity(lists[0].len()),
         validity: any_nulls.then(|| Vec::with_capacity(total)),
+        shared: None,
     };
     for p in parts {
         if let Some(valid) = &mut out.validity {

@@ -7,7 +7,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait,
     PrimitiveArray, new_null_array,
 };
-use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{Result, internal_err};
 use datafusion::config::ConfigOptions;
@@ -250,7 +250,14 @@ where
     let nulls = lists.iter().fold(None, |acc: Option<NullBuffer>, l| {
         NullBuffer::union(acc.as_ref(), l.nulls())
     });
-    let values = PrimitiveArray::<P>::new(out.values.into(), out.validity.map(NullBuffer::from))
+    let buffer: ScalarBuffer<P::Native> = match out.shared {
+        Some(b) => {
+            let len = b.len() / std::mem::size_of::<P::Native>();
+            ScalarBuffer::new(b, 0, len)
+        }
+        None => out.values.into(),
+    };
+    let values = PrimitiveArray::<P>::new(buffer, out.validity.map(NullBuffer::from))
         .with_data_type(field.data_type().clone());
     let offsets = OffsetBuffer::<O>::from_lengths(out.lengths);
     Ok(Arc::new(GenericListArray::<O>::try_new(

@@ -16,6 +16,7 @@ use std::time::Instant;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use datafusion::arrow::buffer::Buffer;
 use rayon::prelude::*;
 
 use super::columns::{Admitted, ColumnCache, ColumnKey};
@@ -220,6 +221,71 @@ impl Drop for Pinned {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `malloc_host` and is freed once.
         let _ = unsafe { result::free_host(self.ptr.cast()) };
+    }
+}
+
+/// Idle lent blocks kept for reuse, at most this many bytes (the rest are freed).
+const LENT_POOL_BYTES: usize = 1 << 30;
+
+/// Page-locked blocks returned by the Arrow buffers they were lent to: (address, bytes).
+static LENT_POOL: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// A page-locked block lent to an Arrow buffer: a batch's results are copied from the device
+/// into it and handed to DataFusion as they are, with no host copy (a fresh `Vec` of that size
+/// costs its page faults: ~10 ms for 110 MB of results). Dropping the last buffer that holds
+/// it puts the block back in [`LENT_POOL`] for a later batch.
+struct LentPinned {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: the block is plain host memory owned by this value; Arrow only reads it through
+// the buffers it lends, after the copy into it has completed.
+unsafe impl Send for LentPinned {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for LentPinned {}
+impl std::panic::RefUnwindSafe for LentPinned {}
+
+impl LentPinned {
+    /// A block of at least `bytes` bytes: a pooled one not more than twice as large (plus
+    /// 64 MiB), else a new allocation.
+    fn take(bytes: usize) -> Result<Self, GpuError> {
+        let bytes = bytes.max(ALIGN);
+        if let Ok(mut pool) = LENT_POOL.lock()
+            && let Some(i) = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, b))| *b >= bytes && *b <= 2 * bytes + (64 << 20))
+                .min_by_key(|(_, (_, b))| *b)
+                .map(|(i, _)| i)
+        {
+            let (ptr, bytes) = pool.swap_remove(i);
+            return Ok(LentPinned {
+                ptr: ptr as *mut u8,
+                bytes,
+            });
+        }
+        let grown = bytes + bytes / 4;
+        let ptr = alloc_pinned(grown).ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+        Ok(LentPinned { ptr, bytes: grown })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `bytes` bytes owned by `self`; exclusive while borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for LentPinned {
+    fn drop(&mut self) {
+        if let Ok(mut pool) = LENT_POOL.lock() {
+            let idle: usize = pool.iter().map(|(_, b)| b).sum();
+            if idle + self.bytes <= LENT_POOL_BYTES {
+                pool.push((self.ptr as usize, self.bytes));
+                return;
+            }
+        }
+        free_pinned(self.ptr);
     }
 }
 
@@ -808,11 +874,17 @@ fn resident_columns<T: SetElem>(
 /// lists that carry their Arrow buffers ([`HostList::column`]) on the device for later
 /// calls, within `bytes` of device memory (0: `DFSETS_GPU_COLUMN_BUDGET`, else a quarter of
 /// the device's memory), least recently used evicted first.
+///
+/// `share_values`: in [`Mode::Values`], for a batch done in one launch group, return the
+/// values as an Arrow buffer over the page-locked memory the device copied them into, with
+/// no host copy ([`GpuOutput::shared_values`], `values` left empty); read them with
+/// [`GpuOutput::values_slice`].
 pub fn intersect<T: SetElem>(
     lists: &[HostList<'_, T>],
     validity: Option<RowValidity<'_>>,
     mode: Mode,
     columns_budget: Option<usize>,
+    share_values: bool,
 ) -> Result<GpuOutput<T>, GpuError> {
     let Some(variant) = elem_index::<T>() else {
         return Err(GpuError::Unsupported(format!("{}-bit elements", T::BITS)));
@@ -879,9 +951,10 @@ pub fn intersect<T: SetElem>(
         let budget_elems = (ws.budget / esz).max(1);
         let max_rows = (ws.budget / 64).max(1);
         let r1 = chunk_end(lists, r0, n, budget_elems, max_rows);
+        let lend = share_values && mode == Mode::Values && r0 == 0 && r1 == n;
         let res = catch_unwind(AssertUnwindSafe(|| {
             run_chunk(
-                g, &mut ws, variant, lists, &resident, validity, r0, r1, mode, &mut out,
+                g, &mut ws, variant, lists, &resident, validity, r0, r1, mode, lend, &mut out,
             )
         }))
         .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
@@ -929,6 +1002,7 @@ fn run_chunk<T: SetElem>(
     r0: usize,
     r1: usize,
     mode: Mode,
+    lend: bool,
     out: &mut GpuOutput<T>,
 ) -> Result<(), GpuError> {
     let k = lists.len();
@@ -1228,13 +1302,25 @@ fn run_chunk<T: SetElem>(
     }
     let back_bytes = vals_out_at + if mode == Mode::Values { got * esz } else { 0 };
     g.record(&e3)?;
+    // The results land in the workspace's pinned buffer, or in a block lent to the Arrow
+    // buffer that will hold the values.
+    let mut lent = if lend {
+        Some(LentPinned::take(back_bytes)?)
+    } else {
+        None
+    };
     {
-        let pin = Workspace::pinned(&mut ws.pin_out, back_bytes)?;
+        let dst = match &mut lent {
+            Some(b) => &mut b.as_mut_slice()[..back_bytes],
+            None => {
+                &mut Workspace::pinned(&mut ws.pin_out, back_bytes)?.as_mut_slice()[..back_bytes]
+            }
+        };
         // SAFETY: `d_out` holds at least `back_bytes` bytes (`got` ≤ `cap`); the pinned
-        // destination is owned by the workspace and read only after the synchronize below.
+        // destination is owned by the workspace (or `lent`) and read only after the
+        // synchronize below.
         unsafe {
-            result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..back_bytes], d_out, cs)
-                .map_err(drv("device-to-host copy"))?;
+            result::memcpy_dtoh_async(dst, d_out, cs).map_err(drv("device-to-host copy"))?;
         }
     }
     g.record(&e4)?;
@@ -1242,11 +1328,20 @@ fn run_chunk<T: SetElem>(
 
     // Unstage: flags, offsets (shifted by what earlier launch groups produced), values.
     let t_unstage = Instant::now();
-    let pin = ws
-        .pin_out
-        .as_ref()
-        .ok_or(GpuError::OutOfMemory("pinned allocation"))?
-        .as_slice();
+    let lent_view;
+    let pin = match &lent {
+        Some(b) => {
+            // SAFETY: the block holds at least `back_bytes` bytes, written by the copy
+            // above (synchronized); nothing writes it any more.
+            lent_view = unsafe { std::slice::from_raw_parts(b.ptr, back_bytes) };
+            lent_view
+        }
+        None => ws
+            .pin_out
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?
+            .as_slice(),
+    };
     out.flagged
         .extend(pin[flags_at..flags_at + n].iter().map(|&f| f != 0));
     let base = out.offsets.last().copied().unwrap_or(0);
@@ -1256,7 +1351,19 @@ fn run_chunk<T: SetElem>(
         w.copy_from_slice(c);
         base + u64::from_le_bytes(w)
     }));
-    if mode == Mode::Values {
+    if let Some(block) = lent {
+        let ptr = block.ptr;
+        // SAFETY: `ptr + vals_out_at` is 256-byte aligned within the block and starts the
+        // `got * esz` bytes of values the device wrote; the `Arc` keeps the block alive (and
+        // out of the pool) for as long as any buffer over it lives.
+        out.shared_values = Some(unsafe {
+            Buffer::from_custom_allocation(
+                std::ptr::NonNull::new_unchecked(ptr.add(vals_out_at)),
+                got * esz,
+                Arc::new(block),
+            )
+        });
+    } else if mode == Mode::Values {
         let src = &pin[vals_out_at..vals_out_at + got * esz];
         let old = out.values.len();
         out.values.reserve(got);

@@ -25,6 +25,8 @@ pub(crate) mod rows;
 
 use datafusion::arrow::buffer::Buffer;
 
+use crate::backend::cpu::SetElem;
+
 pub use error::GpuError;
 pub use pair_buffer::PairBuffer;
 
@@ -296,8 +298,10 @@ pub struct GpuOutput<T> {
     /// Row `i`'s results are `values[offsets[i]..offsets[i + 1]]` (`n + 1` entries from 0).
     /// In [`Mode::Counts`] the offsets are there and `values` is empty.
     pub offsets: Vec<u64>,
-    /// The common values, ascending within each row.
+    /// The common values, ascending within each row (empty when `shared_values` holds them).
     pub values: Vec<T>,
+    /// The values as an Arrow buffer of `T`, when the call asked for it (`share_values`).
+    pub shared_values: Option<Buffer>,
     /// `flagged[i]` is true where the device's result for row `i` must be discarded and the
     /// row recomputed on the CPU: some list of the row is not strictly increasing.
     pub flagged: Vec<bool>,
@@ -305,6 +309,24 @@ pub struct GpuOutput<T> {
     pub any_flagged: bool,
     /// Where the time went.
     pub timings: Timings,
+}
+
+impl<T: SetElem> GpuOutput<T> {
+    /// The common values, wherever they are (`shared_values` or `values`).
+    pub fn values_slice(&self) -> &[T] {
+        match &self.shared_values {
+            // SAFETY: the buffer holds `len / size_of::<T>()` values of `T` (a primitive
+            // integer: every bit pattern is valid) at an address aligned for `T` (a `Vec<T>`
+            // or a 256-byte aligned section of page-locked memory), and lives as long as `self`.
+            Some(b) => unsafe {
+                std::slice::from_raw_parts(
+                    b.as_ptr().cast::<T>(),
+                    b.len() / std::mem::size_of::<T>(),
+                )
+            },
+            None => &self.values,
+        }
+    }
 }
 
 /// Measured transfer ceilings of the device (GB/s).

@@ -67,7 +67,8 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         bits: nb.inner().values(),
         bit_offset: nb.inner().offset(),
     });
-    let out = match super::intersect(&host, validity, mode, opts.gpu_columns) {
+    let share = mode == Mode::Values;
+    let out = match super::intersect(&host, validity, mode, opts.gpu_columns, share) {
         Ok(out) => out,
         Err(e) => {
             log::debug!("datafusion-sets: list intersection on the CPU: {e}");
@@ -111,21 +112,25 @@ pub(crate) fn try_values<O: OffsetSizeTrait, T: SetElem>(
     let off = &out.offsets;
     let len = |r: usize| (off[r + 1] - off[r]) as usize;
     if redo.is_empty() {
+        // The values are in `shared_values` (one launch group) or in `values`.
         return Some(ValuesOut {
             values: out.values,
             lengths: (0..n).map(len).collect(),
             validity: None,
+            shared: out.shared_values,
         });
     }
+    let gpu_values = out.values_slice();
     let mut res = ValuesOut {
-        values: Vec::with_capacity(out.values.len()),
+        values: Vec::with_capacity(gpu_values.len()),
         lengths: Vec::with_capacity(n),
         validity: None,
+        shared: None,
     };
     let append_gpu = |res: &mut ValuesOut<T>, a: usize, b: usize| {
         if a < b {
             res.values
-                .extend_from_slice(&out.values[off[a] as usize..off[b] as usize]);
+                .extend_from_slice(&gpu_values[off[a] as usize..off[b] as usize]);
             res.lengths.extend((a..b).map(len));
             if let Some(v) = &mut res.validity {
                 v.resize(res.values.len(), true);

@@ -22,6 +22,7 @@ pub fn intersect<T: SetElem>(
     _validity: Option<RowValidity<'_>>,
     _mode: Mode,
     _columns_budget: Option<usize>,
+    _share_values: bool,
 ) -> Result<GpuOutput<T>, GpuError> {
     Err(GpuError::NotCompiled)
 }
