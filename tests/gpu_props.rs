@@ -322,7 +322,7 @@ struct Column {
 
 impl Column {
     fn new(rng: &mut Rng, rows: usize) -> Self {
-        let cols = log_uniform_columns(rng, rows, 400.0, 4);
+        let cols = log_uniform_columns(rng, rows, 10.0, 400.0, 4);
         let (offs, vals) = &cols[0];
         let list = u32_lists(offs, vals)
             .as_any()
@@ -628,31 +628,9 @@ fn bench_resident_columns() {
         ("W1x4", 800_000, 10.0, 1000.0),
         ("W2x4", 8_000, 1e3, 1e5),
     ] {
-        let arrays: Vec<ArrayRef> = (0..2)
-            .map(|_| {
-                let mut offs = vec![0i32];
-                let mut vals = Vec::new();
-                for _ in 0..rows {
-                    let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-                    let len = (lo * (hi / lo).powf(u)) as usize;
-                    let mut x = 0u32;
-                    for _ in 0..len {
-                        x += 1 + rng.below(4) as u32;
-                        vals.push(x);
-                    }
-                    offs.push(vals.len() as i32);
-                }
-                u32_lists(&offs, &vals)
-            })
-            .collect();
-        let values: usize = arrays
-            .iter()
-            .map(|a| {
-                a.as_any()
-                    .downcast_ref::<GenericListArray<i32>>()
-                    .map_or(0, |l| l.values().len())
-            })
-            .sum();
+        let columns = log_uniform_columns(&mut rng, rows, lo, hi, 4);
+        let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
+        let values: usize = columns.iter().map(|(_, v)| v.len()).sum();
         let (cpu, staged, first, resident) = cpu_staged_resident(&arrays);
         // Where a resident call's time goes: the engine on the same (resident) columns.
         let lists: Vec<_> = arrays
@@ -663,7 +641,7 @@ fn bench_resident_columns() {
                     .expect("list")
             })
             .collect();
-        let columns: Vec<HostList<'_, u32>> = lists
+        let kept: Vec<HostList<'_, u32>> = lists
             .iter()
             .map(|l| {
                 let child = l.values().as_primitive::<UInt32Type>();
@@ -676,7 +654,7 @@ fn bench_resident_columns() {
             .collect();
         let runs: Vec<gpu::Timings> = (0..5)
             .map(|_| {
-                gpu::intersect(&columns, None, Mode::Values, Some(0), false)
+                gpu::intersect(&kept, None, Mode::Values, Some(0), false)
                     .expect("resident engine call")
                     .timings
             })
@@ -722,7 +700,7 @@ fn bench_batch_rows() {
         ("W1", 200_000usize, 1000f64),
         ("10..10k", 100_000, 10_000.0),
     ] {
-        let columns = log_uniform_columns(&mut rng, rows, max_len, 4);
+        let columns = log_uniform_columns(&mut rng, rows, 10.0, max_len, 4);
         let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
         // Where an 8192-row call's time goes: the engine itself on every 8192-row slice,
         // its timings summed (second of two passes).
@@ -922,7 +900,7 @@ fn bench_auto_rows() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000usize);
-    let columns = log_uniform_columns(&mut rng, max_rows, 100.0, 8);
+    let columns = log_uniform_columns(&mut rng, max_rows, 10.0, 100.0, 8);
     let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
     drop(columns);
     let schema = Arc::new(Schema::new(vec![
@@ -982,10 +960,11 @@ fn bench_auto_rows() {
 }
 
 /// Two list columns (offsets, values) of `rows` rows: each list of log-uniform length in
-/// `10..max_len`, strictly increasing with gaps uniform in `1..=max_gap`.
+/// `min_len..max_len`, strictly increasing with gaps uniform in `1..=max_gap`.
 fn log_uniform_columns(
     rng: &mut Rng,
     rows: usize,
+    min_len: f64,
     max_len: f64,
     max_gap: u64,
 ) -> Vec<(Vec<i32>, Vec<u32>)> {
@@ -995,7 +974,7 @@ fn log_uniform_columns(
             let mut vals = Vec::new();
             for _ in 0..rows {
                 let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-                let len = (10f64 * (max_len / 10.0).powf(u)) as usize;
+                let len = (min_len * (max_len / min_len).powf(u)) as usize;
                 let mut x = 0u32;
                 for _ in 0..len {
                     x += 1 + rng.below(max_gap) as u32;
