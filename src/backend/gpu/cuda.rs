@@ -31,8 +31,12 @@ const SOURCE: &str = include_str!("../../../kernels/intersect.cu");
 
 /// Bytes of one tile descriptor (`TileDesc` in the kernel source).
 const DESC_BYTES: usize = 32;
-/// Threads of a merge block.
+/// Threads of a merge block, and the merge-path positions of its tile (`THREADS * ITEMS`
+/// in the kernel source).
 const MERGE_THREADS: u32 = 256;
+const TILE: u64 = 2048;
+/// Threads of a gather block (one warp per tile).
+const GATHER_THREADS: u32 = 256;
 /// Elements per block of the scan kernels, and their threads.
 const SCAN_SEG: u64 = 4096;
 const SCAN_THREADS: u32 = 1024;
@@ -104,25 +108,15 @@ struct Kernels {
     scan_partials: CudaFunction,
     scan_partials_single: CudaFunction,
     scan_apply: CudaFunction,
-    row_offsets: CudaFunction,
+    compact_rows: CudaFunction,
     /// Indexed by [`elem_index`]: u32, i32, u64, i64.
     partition: [CudaFunction; 4],
-    /// Merge kernels with 8 path steps per thread, by [`elem_index`].
-    merge8: [CudaFunction; 4],
-    /// Merge kernels with 16 path steps per thread, 32-bit elements (u32, i32).
-    merge16: [CudaFunction; 2],
+    /// Indexed by [`elem_index`].
+    merge: [CudaFunction; 4],
+    /// 32-bit and 64-bit elements.
+    gather: [CudaFunction; 2],
     /// A kernel that faults ([`Fault::Kernel`]).
     trap: CudaFunction,
-}
-
-/// Path steps per merge thread: 8 (measured fastest, kernels/NOTES.md); 16 for 32-bit
-/// elements with `DFSETS_GPU_ITEMS=16` (experiments).
-fn items_for(bits: u32) -> u32 {
-    if bits == 32 && std::env::var("DFSETS_GPU_ITEMS").is_ok_and(|v| v == "16") {
-        16
-    } else {
-        8
-    }
 }
 
 /// Index of the kernel variant for `T`.
@@ -362,8 +356,6 @@ pub(super) struct Gpu {
     pub(super) stream: Arc<CudaStream>,
     kernels: Kernels,
     pub(super) info: DeviceInfo,
-    /// Blocks of the persistent merge grids: `merge8` by variant, then `merge16`.
-    merge_blocks: [u32; 6],
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -443,34 +435,26 @@ fn init() -> Result<Gpu, GpuError> {
         scan_partials: f("scan_partials")?,
         scan_partials_single: f("scan_partials_single")?,
         scan_apply: f("scan_apply")?,
-        row_offsets: f("row_offsets")?,
+        compact_rows: f("compact_rows")?,
         partition: [
             f("partition_u32")?,
             f("partition_i32")?,
             f("partition_u64")?,
             f("partition_i64")?,
         ],
-        merge8: [
-            f("merge_u32_8")?,
-            f("merge_i32_8")?,
-            f("merge_u64_8")?,
-            f("merge_i64_8")?,
+        merge: [
+            f("merge_u32")?,
+            f("merge_i32")?,
+            f("merge_u64")?,
+            f("merge_i64")?,
         ],
-        merge16: [f("merge_u32_16")?, f("merge_i32_16")?],
+        gather: [f("gather_32")?, f("gather_64")?],
         trap: f("fault_trap")?,
     };
     let sms = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(drv("device attribute"))?
         .max(1) as u32;
-    let mut merge_blocks = [0u32; 6];
-    for (i, m) in kernels.merge8.iter().chain(&kernels.merge16).enumerate() {
-        let per_sm = m
-            .occupancy_max_active_blocks_per_multiprocessor(MERGE_THREADS, 0, None)
-            .map_err(drv("occupancy"))?
-            .max(1);
-        merge_blocks[i] = sms * per_sm;
-    }
     let stream = ctx.new_stream().map_err(drv("stream creation"))?;
     let info = DeviceInfo {
         name: ctx.name().map_err(drv("device name"))?,
@@ -496,7 +480,6 @@ fn init() -> Result<Gpu, GpuError> {
         stream,
         kernels,
         info,
-        merge_blocks,
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -1058,14 +1041,11 @@ fn run_chunk<T: SetElem>(
     let cap = counts.iter().copied().min().unwrap_or(0);
     let max_b = counts.iter().copied().max().unwrap_or(0);
     let total_values: usize = counts.iter().sum();
-    let items = items_for(T::BITS);
-    let tile = 256 * items;
-    let tiles_max = ((cap + max_b) as u64).div_ceil(u64::from(tile)) + n as u64 + 1;
-    let (merge, merge_grid) = if items == 16 && variant < 2 {
-        (&g.kernels.merge16[variant], g.merge_blocks[4 + variant])
-    } else {
-        (&g.kernels.merge8[variant], g.merge_blocks[variant])
-    };
+    // Every step's merge path is at most the shortest list's values (A: the row's shortest
+    // list, or the previous step's result) plus the longest list's (B).
+    let tiles_max = ((cap + max_b) as u64).div_ceil(TILE).max(1);
+    let merge = &g.kernels.merge[variant];
+    let gather = &g.kernels.gather[usize::from(esz == 8)];
     let n64 = n as u64;
 
     // Device buffers.
@@ -1075,12 +1055,20 @@ fn run_chunk<T: SetElem>(
     let a_len = ws.dev("a_len", n * 8)?;
     let b_pos = ws.dev("b_pos", n * 8)?;
     let b_len = ws.dev("b_len", n * 8)?;
-    let tile_cnt = ws.dev("tile_cnt", n * 8)?;
-    let tile_start = ws.dev("tile_start", (n + 1) * 8)?;
+    let plen = ws.dev("plen", n * 8)?;
+    let nz = ws.dev("nz", n * 8)?;
+    let act_at = ws.dev("act_at", (n + 1) * 8)?;
+    let act_row = ws.dev("act_row", n * 4)?;
+    let act_len = ws.dev("act_len", n * 8)?;
+    let act_start = ws.dev("act_start", (n + 1) * 8)?;
+    let row_cnt = ws.dev("row_cnt", n * 8)?;
     let descs = ws.dev("descs", tiles_max as usize * DESC_BYTES)?;
-    let tile_excl = ws.dev("tile_excl", tiles_max as usize * 8)?;
-    let status = ws.dev("status", tiles_max as usize * 8)?;
-    let misc = ws.dev("misc", 64)?; // counter u32 @0, err u32 @4, total u64 @8
+    let tile_cnt = ws.dev("tile_cnt", tiles_max as usize * 8)?;
+    let tile_pos = ws.dev("tile_pos", tiles_max as usize * 8)?;
+    let tile_excl = ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?;
+    // Matches of each tile before `gather` puts them in place (a step makes at most `cap`).
+    let scratch = ws.dev("scratch", cap * esz)?;
+    let misc = ws.dev("misc", 64)?; // err u32 @4, scratch top u64 @16
     let roff = [ws.dev("roff0", (n + 1) * 8)?, ws.dev("roff1", (n + 1) * 8)?];
     let res = if k > 2 {
         [ws.dev("res0", cap * esz)?, ws.dev("res1", cap * esz)?]
@@ -1163,14 +1151,18 @@ fn run_chunk<T: SetElem>(
     };
     let in_vals = d_in;
     let flags = d_out + flags_at as u64;
-    let counter = misc;
     let err = misc + 4;
-    let total = misc + 8;
+    let scratch_top = misc + 16;
+    let scratch_cap = cap as u64;
     let k32 = k as u32;
     let n32 = n as u32;
+    let tile32 = TILE as u32;
     let row_blocks = n.div_ceil(ROW_THREADS as usize) as u32;
     let part_blocks =
         (tiles_max.div_ceil(ROW_THREADS as u64)).min(g.info.multiprocessors as u64 * 16) as u32;
+    let merge_blocks = u32::try_from(tiles_max)
+        .map_err(|_| GpuError::Unsupported(format!("{tiles_max} tiles in one launch group")))?;
+    let gather_blocks = (tiles_max * 32).div_ceil(u64::from(GATHER_THREADS)) as u32;
     for step in 1..k as u32 {
         let last = step as usize == k - 1;
         let prev_off = roff[(step as usize + 1) % 2];
@@ -1189,6 +1181,8 @@ fn run_chunk<T: SetElem>(
             (true, Mode::Counts) => 0u64,
             (false, _) => res[step as usize % 2],
         };
+        // Counting needs no values: the merge then writes no scratch.
+        let scratch_ptr = if dst_vals == 0 { 0u64 } else { scratch };
         let plan = if osz == 4 {
             &kern.plan_o32
         } else {
@@ -1196,8 +1190,9 @@ fn run_chunk<T: SetElem>(
         };
         // SAFETY: parameters match the kernels' signatures in kernels/intersect.cu; every
         // pointer is a buffer above sized for the accesses the kernel makes (n rows, n + 1
-        // offsets, tiles_max tiles, cap result values), and the values each list's offsets
-        // address lie within its section of the input region.
+        // offsets, tiles_max tiles (+ 1 for the scan of their counts), cap result values in
+        // the scratch and the destination), and the values each list's offsets address lie
+        // within its section of the input region (or its resident copy).
         unsafe {
             g.launch(
                 plan,
@@ -1207,7 +1202,6 @@ fn run_chunk<T: SetElem>(
                     arg(&n32),
                     arg(&k32),
                     arg(&step),
-                    arg(&tile),
                     arg(&ptrs),
                     arg(&bases),
                     arg(&valid_ptr),
@@ -1218,21 +1212,35 @@ fn run_chunk<T: SetElem>(
                     arg(&a_len),
                     arg(&b_pos),
                     arg(&b_len),
-                    arg(&tile_cnt),
+                    arg(&plen),
+                    arg(&nz),
+                    arg(&row_cnt),
                 ],
             )?;
-            g.scan(ws, tile_cnt, n64, tile_start)?;
-            result::memset_d8_async(status, 0, tiles_max as usize * 8, cs)
-                .map_err(drv("memset"))?;
-            result::memset_d8_async(counter, 0, 4, cs).map_err(drv("memset"))?;
+            g.scan(ws, nz, n64, act_at)?;
+            g.launch(
+                &kern.compact_rows,
+                row_blocks,
+                ROW_THREADS,
+                &mut [
+                    arg(&n32),
+                    arg(&plen),
+                    arg(&act_at),
+                    arg(&act_row),
+                    arg(&act_len),
+                ],
+            )?;
+            g.scan(ws, act_len, n64, act_start)?;
+            result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
             g.launch(
                 &kern.partition[variant],
                 part_blocks,
                 ROW_THREADS,
                 &mut [
                     arg(&n32),
-                    arg(&tile),
-                    arg(&tile_start),
+                    arg(&tile32),
+                    arg(&act_start),
+                    arg(&act_row),
                     arg(&a_vals),
                     arg(&in_vals),
                     arg(&a_pos),
@@ -1244,35 +1252,46 @@ fn run_chunk<T: SetElem>(
             )?;
             g.launch(
                 merge,
-                merge_grid,
+                merge_blocks,
                 MERGE_THREADS,
                 &mut [
                     arg(&n32),
-                    arg(&tile_start),
+                    arg(&act_start),
+                    arg(&act_row),
                     arg(&a_vals),
                     arg(&in_vals),
+                    arg(&a_pos),
+                    arg(&a_len),
+                    arg(&b_pos),
+                    arg(&b_len),
                     arg(&descs),
-                    arg(&counter),
-                    arg(&status),
-                    arg(&tile_excl),
-                    arg(&total),
+                    arg(&row_cnt),
+                    arg(&tile_cnt),
+                    arg(&tile_pos),
+                    arg(&scratch_top),
+                    arg(&scratch_cap),
                     arg(&flags),
-                    arg(&dst_vals),
+                    arg(&scratch_ptr),
                     arg(&err),
                 ],
             )?;
-            g.launch(
-                &kern.row_offsets,
-                (n + 1).div_ceil(ROW_THREADS as usize) as u32,
-                ROW_THREADS,
-                &mut [
-                    arg(&n32),
-                    arg(&tile_start),
-                    arg(&tile_excl),
-                    arg(&total),
-                    arg(&this_off),
-                ],
-            )?;
+            if dst_vals != 0 {
+                g.scan(ws, tile_cnt, tiles_max, tile_excl)?;
+                g.launch(
+                    gather,
+                    gather_blocks,
+                    GATHER_THREADS,
+                    &mut [
+                        arg(&tiles_max),
+                        arg(&tile_cnt),
+                        arg(&tile_pos),
+                        arg(&tile_excl),
+                        arg(&scratch),
+                        arg(&dst_vals),
+                    ],
+                )?;
+            }
+            g.scan(ws, row_cnt, n64, this_off)?;
         }
     }
     g.record(&e2)?;
@@ -1291,7 +1310,7 @@ fn run_chunk<T: SetElem>(
     let kernel_err = (head[0] >> 32) as u32;
     if kernel_err != 0 {
         return Err(GpuError::Kernel(format!(
-            "look-back did not complete (code {kernel_err})"
+            "merge results overflowed their buffer (code {kernel_err})"
         )));
     }
     let got = tail[0] as usize;

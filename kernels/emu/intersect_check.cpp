@@ -1,0 +1,216 @@
+// CPU check of kernels/intersect.cu (scripts/emulate-kernels.sh): the kernels run under
+// kernels/emu/emu.h on random batches and every row is compared with a reference.
+#include "emu.h"
+#include "../intersect.cu"
+#include <random>
+#include <algorithm>
+#include <set>
+using namespace std;
+
+static void scan(const u64* in, u64 n, u64* out) {
+    u64 blocks = (n + SCAN_SEG - 1) / SCAN_SEG;
+    vector<u64> partials(blocks + 1);
+    u64* pp = partials.data();
+    launch(blocks, SCAN_THREADS, [&] { scan_partials(in, n, pp); });
+    launch(1, SCAN_THREADS, [&] { scan_partials_single(pp, blocks); });
+    launch(blocks, SCAN_THREADS, [&] { scan_apply(in, n, pp, out); });
+}
+
+template <typename W, bool SIGNED>
+struct K;
+template <> struct K<u32, false> {
+    static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
+    template <class... A> static void merge(A... a) { merge_u32(a...); }
+    template <class... A> static void gather(A... a) { gather_32(a...); }
+};
+template <> struct K<u32, true> {
+    static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_i32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
+    template <class... A> static void merge(A... a) { merge_i32(a...); }
+    template <class... A> static void gather(A... a) { gather_32(a...); }
+};
+template <> struct K<u64, false> {
+    static void part(u32 n, u32 t, const u64* as, const u32* ar, const u64* av, const u64* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u64(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
+    template <class... A> static void merge(A... a) { merge_u64(a...); }
+    template <class... A> static void gather(A... a) { gather_64(a...); }
+};
+
+// rows[r][j] = list j of row r (values as W bit patterns); valid[r]
+template <typename W, bool SIGNED>
+int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, bool counts, const char* name) {
+    u32 n = rows.size();
+    u32 k = rows[0].size();
+    // input: per list a values section, offsets start at 7 (sliced-like)
+    vector<W> in;
+    vector<vector<int>> offs(k);
+    vector<i64> bases(k);
+    for (u32 j = 0; j < k; j++) {
+        size_t sec = in.size();
+        int o = 7;
+        offs[j].push_back(o);
+        for (u32 r = 0; r < n; r++) {
+            for (W v : rows[r][j]) in.push_back(v);
+            o += rows[r][j].size();
+            offs[j].push_back(o);
+        }
+        bases[j] = (i64)sec - 7;
+    }
+    in.push_back(0);
+    vector<u64> ptrs(k);
+    for (u32 j = 0; j < k; j++) ptrs[j] = (u64)offs[j].data();
+    vector<u8> vbits((n + 7) / 8 + 1);
+    for (u32 r = 0; r < n; r++) if (valid[r]) vbits[r >> 3] |= 1 << (r & 7);
+    size_t cap = SIZE_MAX, maxb = 0;
+    for (u32 j = 0; j < k; j++) { size_t c = offs[j][n] - offs[j][0]; cap = min(cap, c); maxb = max(maxb, c); }
+    u64 tiles_max = max<u64>((cap + maxb + TILE - 1) / TILE, 1);
+    vector<u32> sel(n), act_row(n);
+    vector<u64> a_pos(n), a_len(n), b_pos(n), b_len(n), plen(n), nz(n), act_at(n + 1), act_len(n), act_start(n + 1), row_cnt(n);
+    vector<TileDesc> descs(tiles_max);
+    vector<u64> tile_cnt(tiles_max), tile_pos(tiles_max), tile_excl(tiles_max + 1);
+    vector<W> scratch(cap + 1), res0(cap + 1), res1(cap + 1), outv(cap + 1);
+    vector<u64> roff0(n + 1), roff1(n + 1), outoff(n + 1);
+    vector<u8> flags(n);
+    u64 scratch_top = 0; u32 err = 0;
+    W* res[2] = {res0.data(), res1.data()};
+    u64* roff[2] = {roff0.data(), roff1.data()};
+    for (u32 step = 1; step < k; step++) {
+        bool last = step == k - 1;
+        u64* prev_off = roff[(step + 1) % 2];
+        u64* this_off = last ? outoff.data() : roff[step % 2];
+        const W* a_vals = step == 1 ? in.data() : res[(step + 1) % 2];
+        W* dst = last ? (counts ? nullptr : outv.data()) : res[step % 2];
+        W* scr = dst ? scratch.data() : nullptr;
+        launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
+        scan(nz.data(), n, act_at.data());
+        launch((n + 255) / 256, 256, [&] { compact_rows(n, plen.data(), act_at.data(), act_row.data(), act_len.data()); });
+        scan(act_len.data(), n, act_start.data());
+        scratch_top = 0;
+        launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
+        launch(tiles_max, 256, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
+        if (dst) {
+            scan(tile_cnt.data(), tiles_max, tile_excl.data());
+            launch((tiles_max * 32 + 255) / 256, 256, [&] { K<W, SIGNED>::gather(tiles_max, tile_cnt.data(), tile_pos.data(), tile_excl.data(), (const W*)scratch.data(), dst); });
+        }
+        scan(row_cnt.data(), n, this_off);
+    }
+    if (err) { printf("%s: err set\n", name); return 1; }
+    int bad = 0;
+    for (u32 r = 0; r < n; r++) {
+        bool sorted = true;
+        for (u32 j = 0; j < k; j++)
+            for (size_t i = 1; i < rows[r][j].size(); i++) {
+                W x = to_key<W, SIGNED>(rows[r][j][i - 1]), y = to_key<W, SIGNED>(rows[r][j][i]);
+                if (x >= y) sorted = false;
+            }
+        // a NULL row or one with an empty list is never looked at
+        bool any_empty = false;
+        for (u32 j = 0; j < k; j++) any_empty |= rows[r][j].empty();
+        bool looked = valid[r] && !any_empty;
+        if (!looked) {
+            if (outoff[r + 1] != outoff[r]) { printf("%s row %u: not looked at but %llu results\n", name, r, outoff[r + 1] - outoff[r]); bad++; }
+            continue;
+        }
+        if (!sorted) {
+            // The first step must flag it when the unsorted list is A or B of a row looked at.
+            // (Later steps only see lists still in play; an unsorted list in a row whose
+            // intermediate result went empty is never read -- allowed, the CPU redoes flagged
+            // rows only.) We require a flag when step 1's lists are unsorted.
+            continue;
+        }
+        if (flags[r]) { printf("%s row %u: sorted but flagged\n", name, r); bad++; continue; }
+        // reference
+        vector<W> acc = rows[r][0];
+        for (u32 j = 1; j < k; j++) {
+            vector<W> nx;
+            set<W> b(rows[r][j].begin(), rows[r][j].end());
+            for (W v : acc) if (b.count(v)) nx.push_back(v);
+            acc = nx;
+        }
+        u64 c = outoff[r + 1] - outoff[r];
+        if (c != acc.size()) { printf("%s row %u: count %llu want %zu\n", name, r, c, acc.size()); bad++; continue; }
+        if (!counts) for (size_t i = 0; i < c; i++) if (outv[outoff[r] + i] != acc[i]) { printf("%s row %u: value %zu differs\n", name, r, i); bad++; break; }
+    }
+    // unsorted rows in step 1's lists must be flagged
+    for (u32 r = 0; r < n; r++) {
+        if (!valid[r]) continue;
+        bool any_empty = false;
+        for (u32 j = 0; j < k; j++) any_empty |= rows[r][j].empty();
+        if (any_empty) continue;
+        // step 1 lists: shortest (first of equal) and the first other
+        u32 s = 0;
+        for (u32 j = 1; j < k; j++) if (rows[r][j].size() < rows[r][s].size()) s = j;
+        u32 bj = s == 0 ? 1 : 0;
+        bool uns = false;
+        for (u32 j : {s, bj})
+            for (size_t i = 1; i < rows[r][j].size(); i++)
+                if (to_key<W, SIGNED>(rows[r][j][i - 1]) >= to_key<W, SIGNED>(rows[r][j][i])) uns = true;
+        if (uns && !flags[r]) { printf("%s row %u: unsorted but not flagged\n", name, r); bad++; }
+    }
+    printf("%s: n=%u k=%u tiles_max=%llu total=%llu results=%llu bad=%d\n", name, n, k, tiles_max, (unsigned long long)act_start[n], (unsigned long long)outoff[n], bad);
+    return bad;
+}
+
+template <typename W>
+vector<W> sorted_list(mt19937_64& g, size_t len, u64 lo_gap, u64 hi_gap, W start) {
+    vector<W> v;
+    W x = start;
+    uniform_int_distribution<u64> gap(lo_gap, hi_gap);
+    for (size_t i = 0; i < len; i++) { x += (W)gap(g); v.push_back(x); }
+    return v;
+}
+
+template <typename W, bool SIGNED>
+int suite(u64 seed, u32 k, bool counts, const char* name) {
+    mt19937_64 g(seed);
+    vector<vector<vector<W>>> rows;
+    vector<bool> valid;
+    auto len_of = [&](int kind) -> size_t {
+        switch (kind) {
+            case 0: return g() % 4;            // tiny, maybe empty
+            case 1: return 1 + g() % 40;       // short
+            case 2: return 100 + g() % 1500;   // medium
+            default: return 3000 + g() % 9000; // spans tiles
+        }
+    };
+    int nrows = 300;
+    for (int r = 0; r < nrows; r++) {
+        int kind = (g() % 10 < 5) ? 0 : (g() % 10 < 6 ? 1 : (g() % 10 < 7 ? 2 : 3));
+        vector<vector<W>> row;
+        W start = SIGNED ? (W)(0 - (W)(g() % 50)) : (W)(g() % 50);
+        for (u32 j = 0; j < k; j++) {
+            size_t len = len_of(kind == 3 && j > 0 && g() % 2 ? 2 : kind);
+            row.push_back(sorted_list<W>(g, len, 1, 3, start));
+        }
+        if (g() % 25 == 0) {  // unsorted: swap or duplicate
+            auto& l = row[g() % k];
+            if (l.size() >= 2) { size_t i = g() % (l.size() - 1); if (g() % 2) swap(l[i], l[i + 1]); else l[i + 1] = l[i]; }
+        }
+        rows.push_back(row);
+        valid.push_back(g() % 30 != 0);
+    }
+    // a run of many tiny rows (many segments in one tile)
+    for (int r = 0; r < 1500; r++) {
+        vector<vector<W>> row;
+        for (u32 j = 0; j < k; j++) row.push_back(sorted_list<W>(g, 1 + g() % 2, 1, 2, (W)(g() % 3)));
+        rows.push_back(row);
+        valid.push_back(true);
+    }
+    // shuffle row order
+    vector<size_t> idx(rows.size());
+    for (size_t i = 0; i < idx.size(); i++) idx[i] = i;
+    shuffle(idx.begin(), idx.end(), g);
+    vector<vector<vector<W>>> r2; vector<bool> v2;
+    for (size_t i : idx) { r2.push_back(rows[i]); v2.push_back(valid[i]); }
+    return run_case<W, SIGNED>(r2, v2, counts, name);
+}
+
+int main() {
+    int bad = 0;
+    bad += suite<u32, false>(1, 2, false, "u32 k2");
+    bad += suite<u32, false>(2, 2, true, "u32 k2 counts");
+    bad += suite<u32, false>(3, 3, false, "u32 k3");
+    bad += suite<u32, true>(4, 2, false, "i32 k2");
+    bad += suite<u64, false>(5, 2, false, "u64 k2");
+    bad += suite<u32, false>(6, 4, true, "u32 k4 counts");
+    printf(bad ? "FAIL\n" : "OK\n");
+    return bad != 0;
+}
