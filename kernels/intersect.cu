@@ -361,7 +361,7 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
     constexpr u32 RAW_LOAD = 16 * MAXSEG;
     constexpr u32 RAW_WRITE = sizeof(W) * TILE + 4 * MAXSEG;
     constexpr u32 RAW = RAW_LOAD > RAW_WRITE ? RAW_LOAD : RAW_WRITE;
-    __shared__ W s_in[TILE];
+    __shared__ W s_in[TILE + 1];
     __shared__ u32 s_start[MAXSEG + 1];
     __shared__ u32 s_na[MAXSEG];
     __shared__ u8 s_bad[MAXSEG];
@@ -424,16 +424,29 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
     }
     __syncthreads();
 
-    // Load the tile's elements, as keys, at their path positions.
+    // Load the tile's elements, as keys, at their path positions. A tile inside one row (most
+    // tiles, where rows are longer than a tile) reads its two ranges directly.
+    const bool one = nseg == 1;
+    if (one) {
+        const u32 na = s_na[0];
+        const W* ga = a_vals + s_abeg[0];
+        const W* gb = b_vals + s_bbeg[0];
 #pragma unroll
-    for (u32 j = 0; j < ITEMS; j++) {
-        const u32 c = tid + j * THREADS;
-        if (c < len) {
-            const u32 sg = seg_of(s_start, nseg, c);
-            const u32 q = c - s_start[sg];
-            const u32 na = s_na[sg];
-            const W v = q < na ? a_vals[s_abeg[sg] + q] : b_vals[s_bbeg[sg] + (q - na)];
-            s_in[c] = to_key<W, SIGNED>(v);
+        for (u32 j = 0; j < ITEMS; j++) {
+            const u32 c = tid + j * THREADS;
+            if (c < len) s_in[c] = to_key<W, SIGNED>(c < na ? ga[c] : gb[c - na]);
+        }
+    } else {
+#pragma unroll
+        for (u32 j = 0; j < ITEMS; j++) {
+            const u32 c = tid + j * THREADS;
+            if (c < len) {
+                const u32 sg = seg_of(s_start, nseg, c);
+                const u32 q = c - s_start[sg];
+                const u32 na = s_na[sg];
+                const W v = q < na ? a_vals[s_abeg[sg] + q] : b_vals[s_bbeg[sg] + (q - na)];
+                s_in[c] = to_key<W, SIGNED>(v);
+            }
         }
     }
     __syncthreads();
@@ -448,19 +461,16 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 c = tid + j * THREADS;
         if (c < len) {
-            const u32 sg = seg_of(s_start, nseg, c);
-            const u32 q = c - s_start[sg];
+            const u32 sg = one ? 0 : seg_of(s_start, nseg, c);
+            const u32 S = one ? 0 : s_start[sg];
+            const u32 E = one ? len : s_start[sg + 1];
             const u32 na = s_na[sg];
-            const u32 seg_len = s_start[sg + 1] - s_start[sg];
             const bool last = sg == nseg - 1;
+            const W x = s_in[c];
             bool bad = false;
-            if (q < na) {
-                if (q + 1 < na) bad = s_in[c] >= s_in[c + 1];
-                else if (last && s_has_la[0]) bad = s_in[c] >= s_la[0];
-            } else {
-                if (q + 1 < seg_len) bad = s_in[c] >= s_in[c + 1];
-                else if (last && s_has_la[1]) bad = s_in[c] >= s_la[1];
-            }
+            if (c + 1 < E && c + 1 != S + na) bad = x >= s_in[c + 1];
+            if (c + 1 == S + na && last && s_has_la[0]) bad = x >= s_la[0];
+            if (c + 1 == E && c >= S + na && last && s_has_la[1]) bad = x >= s_la[1];
             if (bad) {
                 s_bad[sg] = 1;
                 flags[act_row[j0 + sg]] = 1;
@@ -469,18 +479,23 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
     }
     __syncthreads();
 
-    // Merge ITEMS path positions per thread; matches kept in registers.
+    // Merge ITEMS path positions per thread, the current A and B elements kept in registers;
+    // matches kept in registers too.
     u32 mask = 0;
     W vals[ITEMS];
     const u32 p0 = tid * ITEMS;
     if (p0 < len) {
-        u32 sg = seg_of(s_start, nseg, p0);
+        u32 sg = one ? 0 : seg_of(s_start, nseg, p0);
         u32 S = s_start[sg], E = s_start[sg + 1];
         u32 na = s_na[sg], nb = E - S - na;
+        bool lb = sg == nseg - 1 && s_has_la[1];  // B continues past the tile
         const W* sa = s_in + S;
         const W* sb = sa + na;
         u32 ai = merge_path_shared<W>(sa, na, sb, nb, p0 - S);
         u32 bi = p0 - S - ai;
+        W av = sa[ai];  // s_in has one spare element: reads at S + na + nb stay inside
+        W bv = bi < nb ? sb[bi] : s_la[1];
+        bool bok = bi < nb || lb;
         u32 cseg = 0;
 #pragma unroll
         for (u32 s = 0; s < ITEMS; s++) {
@@ -494,22 +509,27 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
                     E = s_start[sg + 1];
                     na = s_na[sg];
                     nb = E - S - na;
+                    lb = sg == nseg - 1 && s_has_la[1];
                     sa = s_in + S;
                     sb = sa + na;
                     ai = 0;
                     bi = 0;
+                    av = sa[0];
+                    bv = nb > 0 ? sb[0] : s_la[1];
+                    bok = nb > 0 || lb;
                 }
-                if (bi >= nb || (ai < na && sa[ai] <= sb[bi])) {
-                    const bool eq = bi < nb ? sa[ai] == sb[bi]
-                                            : (sg == nseg - 1 && s_has_la[1] && sa[ai] == s_la[1]);
-                    if (eq && !s_bad[sg]) {
+                if (bi >= nb || (ai < na && av <= bv)) {
+                    if (bok && av == bv && !s_bad[sg]) {
                         mask |= 1u << s;
-                        vals[s] = sa[ai];
+                        vals[s] = av;
                         cseg++;
                     }
                     ai++;
+                    av = sa[ai];
                 } else {
                     bi++;
+                    bv = bi < nb ? sb[bi] : s_la[1];
+                    bok = bi < nb || lb;
                 }
             }
         }
