@@ -34,8 +34,16 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
+// Merge block size (the host may set it: 128 or 256) and the blocks per multiprocessor the
+// merge kernels are compiled for.
+#ifndef THREADS
 #define THREADS 256
+#endif
 #define WARPS (THREADS / 32)
+#ifndef MINB32
+#define MINB32 (THREADS == 256 ? 5 : 10)
+#endif
+#define MINB64 (THREADS == 256 ? 4 : 8)
 
 // ---------------------------------------------------------------------------------------
 // Small helpers
@@ -622,10 +630,10 @@ INSTANTIATE_PARTITION(i32, u32, true)
 INSTANTIATE_PARTITION(u64, u64, false)
 INSTANTIATE_PARTITION(i64, u64, true)
 // Shared memory per block: about 34 KB for 32-bit elements, 46 KB for 64-bit ones.
-INSTANTIATE_MERGE(u32, u32, false, 5)
-INSTANTIATE_MERGE(i32, u32, true, 5)
-INSTANTIATE_MERGE(u64, u64, false, 4)
-INSTANTIATE_MERGE(i64, u64, true, 4)
+INSTANTIATE_MERGE(u32, u32, false, MINB32)
+INSTANTIATE_MERGE(i32, u32, true, MINB32)
+INSTANTIATE_MERGE(u64, u64, false, MINB64)
+INSTANTIATE_MERGE(i64, u64, true, MINB64)
 
 // Fault injection (src/backend/gpu/fault.rs, `DFSETS_GPU_FAULT=kernel`): a kernel that
 // faults, queued before a wait so the host's error path meets a real launch failure.

@@ -85,7 +85,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         scan(act_len.data(), n, act_start.data());
         scratch_top = 0;
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
-        launch(tiles_max, 256, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
+        launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
         if (dst) {
             scan(tile_cnt.data(), tiles_max, tile_excl.data());
             launch((tiles_max * 32 + 255) / 256, 256, [&] { K<W, SIGNED>::gather(tiles_max, tile_cnt.data(), tile_pos.data(), tile_excl.data(), (const W*)scratch.data(), dst); });

@@ -31,10 +31,8 @@ const SOURCE: &str = include_str!("../../../kernels/intersect.cu");
 
 /// Bytes of one tile descriptor (`TileDesc` in the kernel source).
 const DESC_BYTES: usize = 32;
-/// Threads of a merge block, and the merge-path positions of its tile (`THREADS * ITEMS`
-/// in the kernel source).
-const MERGE_THREADS: u32 = 256;
-const TILE: u64 = 2048;
+/// Path positions per merge thread (`ITEMS` in the kernel source).
+const MERGE_ITEMS: u32 = 8;
 /// Threads of a gather block (one warp per tile).
 const GATHER_THREADS: u32 = 256;
 /// Elements per block of the scan kernels, and their threads.
@@ -356,6 +354,8 @@ pub(super) struct Gpu {
     pub(super) stream: Arc<CudaStream>,
     kernels: Kernels,
     pub(super) info: DeviceInfo,
+    /// Threads of a merge block; its tile is `merge_threads * MERGE_ITEMS` path positions.
+    merge_threads: u32,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -427,7 +427,19 @@ fn init() -> Result<Gpu, GpuError> {
         .map_err(drv("compute capability"))?;
     let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
     let started = Instant::now();
-    let module = compile_module(&ctx, arch, SOURCE, "intersect.cu", Vec::new())?;
+    // Experiments only (kernels/NOTES.md): `DFSETS_GPU_MERGE_THREADS` (128 or 256, the
+    // default) sets the merge block, `DFSETS_GPU_MERGE_MINB` the blocks per multiprocessor
+    // its 32-bit kernels are compiled for; one binary then measures the variants side by side.
+    let env_u32 = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
+    let merge_threads = match env_u32("DFSETS_GPU_MERGE_THREADS") {
+        Some(128) => 128,
+        _ => 256,
+    };
+    let mut defines = vec![format!("-DTHREADS={merge_threads}")];
+    if let Some(b) = env_u32("DFSETS_GPU_MERGE_MINB").filter(|b| (1..=32).contains(b)) {
+        defines.push(format!("-DMINB32={b}"));
+    }
+    let module = compile_module(&ctx, arch, SOURCE, "intersect.cu", defines)?;
     let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
     let kernels = Kernels {
         plan_o32: f("plan_o32")?,
@@ -480,6 +492,7 @@ fn init() -> Result<Gpu, GpuError> {
         stream,
         kernels,
         info,
+        merge_threads,
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -500,6 +513,11 @@ pub(super) fn arg<T>(x: &T) -> *mut c_void {
 }
 
 impl Gpu {
+    /// Merge-path positions per tile.
+    fn tile(&self) -> u64 {
+        u64::from(self.merge_threads * MERGE_ITEMS)
+    }
+
     pub(super) fn mark_broken(&self, why: &GpuError) {
         if let Ok(mut b) = self.broken.lock() {
             *b = Some(why.to_string());
@@ -1043,7 +1061,7 @@ fn run_chunk<T: SetElem>(
     let total_values: usize = counts.iter().sum();
     // Every step's merge path is at most the shortest list's values (A: the row's shortest
     // list, or the previous step's result) plus the longest list's (B).
-    let tiles_max = ((cap + max_b) as u64).div_ceil(TILE).max(1);
+    let tiles_max = ((cap + max_b) as u64).div_ceil(g.tile()).max(1);
     let merge = &g.kernels.merge[variant];
     let gather = &g.kernels.gather[usize::from(esz == 8)];
     let n64 = n as u64;
@@ -1156,7 +1174,7 @@ fn run_chunk<T: SetElem>(
     let scratch_cap = cap as u64;
     let k32 = k as u32;
     let n32 = n as u32;
-    let tile32 = TILE as u32;
+    let tile32 = g.tile() as u32;
     let row_blocks = n.div_ceil(ROW_THREADS as usize) as u32;
     let part_blocks =
         (tiles_max.div_ceil(ROW_THREADS as u64)).min(g.info.multiprocessors as u64 * 16) as u32;
@@ -1253,7 +1271,7 @@ fn run_chunk<T: SetElem>(
             g.launch(
                 merge,
                 merge_blocks,
-                MERGE_THREADS,
+                g.merge_threads,
                 &mut [
                     arg(&n32),
                     arg(&act_start),
