@@ -427,13 +427,13 @@ fn init() -> Result<Gpu, GpuError> {
         .map_err(drv("compute capability"))?;
     let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
     let started = Instant::now();
-    // Experiments only (kernels/NOTES.md): `DFSETS_GPU_MERGE_THREADS` (128 or 256, the
-    // default) sets the merge block, `DFSETS_GPU_MERGE_MINB` the blocks per multiprocessor
-    // its 32-bit kernels are compiled for; one binary then measures the variants side by side.
+    // Experiments only (kernels/NOTES.md): `DFSETS_GPU_MERGE_THREADS` (128, the default, or
+    // 256) sets the merge block, `DFSETS_GPU_MERGE_MINB` the blocks per multiprocessor its
+    // 32-bit kernels are compiled for; one binary then measures the variants side by side.
     let env_u32 = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
     let merge_threads = match env_u32("DFSETS_GPU_MERGE_THREADS") {
-        Some(128) => 128,
-        _ => 256,
+        Some(256) => 256,
+        _ => 128,
     };
     let mut defines = vec![format!("-DTHREADS={merge_threads}")];
     if let Some(b) = env_u32("DFSETS_GPU_MERGE_MINB").filter(|b| (1..=32).contains(b)) {
