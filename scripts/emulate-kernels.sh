@@ -5,7 +5,9 @@
 # values and counts. Needs only g++ (C++20); no GPU, no CUDA. Takes about two minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../kernels/emu"
-out="${TMPDIR:-/tmp}/dfsets-intersect-check"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+out="$dir/intersect-check"
 # Both merge block sizes the host can choose (DFSETS_GPU_MERGE_THREADS).
 for threads in 256 128; do
     echo "merge blocks of $threads threads"

@@ -430,7 +430,11 @@ fn init() -> Result<Gpu, GpuError> {
     // Experiments only (kernels/NOTES.md): `DFSETS_GPU_MERGE_THREADS` (128, the default, or
     // 256) sets the merge block, `DFSETS_GPU_MERGE_MINB` the blocks per multiprocessor its
     // 32-bit kernels are compiled for; one binary then measures the variants side by side.
-    let env_u32 = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
+    let env_u32 = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
     let merge_threads = match env_u32("DFSETS_GPU_MERGE_THREADS") {
         Some(256) => 256,
         _ => 128,

@@ -1,0 +1,31 @@
+//! The list-intersection kernels of `kernels/intersect.cu`, run on the CPU by
+//! `scripts/emulate-kernels.sh` (g++ only: one thread per CUDA thread, barriers for
+//! `__syncthreads`) on random batches and compared row by row with a reference. CI has no GPU:
+//! this is where a change to the kernels' logic meets a test there. Skipped, with a note, on a
+//! machine without g++.
+
+use std::process::Command;
+
+#[test]
+fn intersect_kernels_match_a_reference_under_cpu_emulation() {
+    if Command::new("g++").arg("--version").output().is_err() {
+        eprintln!("kernel_emulation: skipped (no g++ on this machine)");
+        return;
+    }
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/emulate-kernels.sh"
+        ))
+        .output()
+        .expect("run scripts/emulate-kernels.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "kernel emulation failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Both block sizes, six suites each, every one without a bad row.
+    assert_eq!(stdout.matches(" bad=0").count(), 12, "{stdout}");
+    assert_eq!(stdout.matches("\nOK").count(), 2, "{stdout}");
+}
