@@ -41,9 +41,9 @@ typedef long long i64;
 #endif
 #define WARPS (THREADS / 32)
 #ifndef MINB32
-#define MINB32 (THREADS == 256 ? 6 : 12)
+#define MINB32 (THREADS == 256 ? 6 : THREADS == 128 ? 12 : 20)
 #endif
-#define MINB64 (THREADS == 256 ? 4 : 8)
+#define MINB64 (THREADS == 256 ? 4 : THREADS == 128 ? 8 : 12)
 
 // ---------------------------------------------------------------------------------------
 // Small helpers
@@ -344,7 +344,9 @@ __device__ void partition_impl(u32 n, u32 tile, const u64* act_start, const u32*
 // match count is added to row_cnt. No tile waits for another.
 // ---------------------------------------------------------------------------------------
 
+#ifndef ITEMS
 #define ITEMS 8
+#endif
 #define TILE (THREADS * ITEMS)
 #define MAXSEG (TILE / 2 + 1)
 

@@ -31,8 +31,10 @@ const SOURCE: &str = include_str!("../../../kernels/intersect.cu");
 
 /// Bytes of one tile descriptor (`TileDesc` in the kernel source).
 const DESC_BYTES: usize = 32;
-/// Path positions per merge thread (`ITEMS` in the kernel source).
+/// Path positions per merge thread (`ITEMS` in the kernel source) and threads per merge
+/// block, unless set for an experiment.
 const MERGE_ITEMS: u32 = 8;
+const MERGE_THREADS: u32 = 128;
 /// Threads of a gather block (one warp per tile).
 const GATHER_THREADS: u32 = 256;
 /// Elements per block of the scan kernels, and their threads.
@@ -354,8 +356,9 @@ pub(super) struct Gpu {
     pub(super) stream: Arc<CudaStream>,
     kernels: Kernels,
     pub(super) info: DeviceInfo,
-    /// Threads of a merge block; its tile is `merge_threads * MERGE_ITEMS` path positions.
+    /// Threads of a merge block; its tile is `merge_threads * merge_items` path positions.
     merge_threads: u32,
+    merge_items: u32,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -427,19 +430,29 @@ fn init() -> Result<Gpu, GpuError> {
         .map_err(drv("compute capability"))?;
     let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
     let started = Instant::now();
-    // Experiments only (kernels/NOTES.md): `DFSETS_GPU_MERGE_THREADS` (128, the default, or
-    // 256) sets the merge block, `DFSETS_GPU_MERGE_MINB` the blocks per multiprocessor its
-    // 32-bit kernels are compiled for; one binary then measures the variants side by side.
+    // Experiments only (kernels/NOTES.md): `DFSETS_GPU_MERGE_THREADS` (64, 128 or 256) and
+    // `DFSETS_GPU_MERGE_ITEMS` (4, 8, 12 or 16; tiles of at most 2,048 positions, so that the
+    // 64-bit kernels' shared memory stays under 48 KB) shape the merge block,
+    // `DFSETS_GPU_MERGE_MINB` sets the blocks per multiprocessor its 32-bit kernels are
+    // compiled for; one binary then measures the variants side by side.
     let env_u32 = |name: &str| {
         std::env::var(name)
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
     };
-    let merge_threads = match env_u32("DFSETS_GPU_MERGE_THREADS") {
-        Some(256) => 256,
-        _ => 128,
+    let (merge_threads, merge_items) = match (
+        env_u32("DFSETS_GPU_MERGE_THREADS").filter(|t| [64, 128, 256].contains(t)),
+        env_u32("DFSETS_GPU_MERGE_ITEMS").filter(|i| [4, 8, 12, 16].contains(i)),
+    ) {
+        (t, i) if t.unwrap_or(MERGE_THREADS) * i.unwrap_or(MERGE_ITEMS) <= 2048 => {
+            (t.unwrap_or(MERGE_THREADS), i.unwrap_or(MERGE_ITEMS))
+        }
+        _ => (MERGE_THREADS, MERGE_ITEMS),
     };
-    let mut defines = vec![format!("-DTHREADS={merge_threads}")];
+    let mut defines = vec![
+        format!("-DTHREADS={merge_threads}"),
+        format!("-DITEMS={merge_items}"),
+    ];
     if let Some(b) = env_u32("DFSETS_GPU_MERGE_MINB").filter(|b| (1..=32).contains(b)) {
         defines.push(format!("-DMINB32={b}"));
     }
@@ -497,6 +510,7 @@ fn init() -> Result<Gpu, GpuError> {
         kernels,
         info,
         merge_threads,
+        merge_items,
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -519,7 +533,7 @@ pub(super) fn arg<T>(x: &T) -> *mut c_void {
 impl Gpu {
     /// Merge-path positions per tile.
     fn tile(&self) -> u64 {
-        u64::from(self.merge_threads * MERGE_ITEMS)
+        u64::from(self.merge_threads * self.merge_items)
     }
 
     pub(super) fn mark_broken(&self, why: &GpuError) {
