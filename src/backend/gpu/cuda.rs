@@ -456,7 +456,21 @@ fn init() -> Result<Gpu, GpuError> {
     if let Some(b) = env_u32("DFSETS_GPU_MERGE_MINB").filter(|b| (1..=32).contains(b)) {
         defines.push(format!("-DMINB32={b}"));
     }
-    let module = compile_module(&ctx, arch, SOURCE, "intersect.cu", defines)?;
+    // Experiments only: `DFSETS_GPU_INTERSECT_SOURCE` names another intersect.cu (same kernel
+    // signatures) to compile instead of the embedded one, so that kernel variants are measured
+    // side by side by one binary; `DFSETS_GPU_LINEINFO=1` adds line info for the profiler.
+    if std::env::var_os("DFSETS_GPU_LINEINFO").is_some_and(|v| v == "1") {
+        defines.push("--generate-line-info".to_string());
+    }
+    let source_override = std::env::var_os("DFSETS_GPU_INTERSECT_SOURCE")
+        .map(|p| {
+            std::fs::read_to_string(&p).map_err(|e| {
+                GpuError::Compile(format!("DFSETS_GPU_INTERSECT_SOURCE {p:?}: {e}"))
+            })
+        })
+        .transpose()?;
+    let source = source_override.as_deref().unwrap_or(SOURCE);
+    let module = compile_module(&ctx, arch, source, "intersect.cu", defines)?;
     let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
     let kernels = Kernels {
         plan_o32: f("plan_o32")?,
