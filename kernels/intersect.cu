@@ -18,10 +18,11 @@
 //              where it enters the first and leaves the last.
 //   merge      one block per tile: loads the tile's A and B parts of every row into shared
 //              memory (each input value read once from DRAM), checks that they are strictly
-//              increasing (flagging a row otherwise), merges (ITEMS path positions per thread),
-//              compacts the matches with a block scan into a slot of a scratch buffer taken
-//              with one atomic add, and adds each row's match count to row_cnt. Tiles never
-//              wait for one another.
+//              increasing (flagging a row otherwise), looks each A element up in its row's B
+//              part (binary search in shared memory; the merge path guarantees that an equal
+//              B element is in the tile or is the one right after it), ranks the matches with
+//              warp ballots into a slot of a scratch buffer taken with one atomic add, and
+//              adds each row's match count to row_cnt. Tiles never wait for one another.
 //   gather     every tile's matches to its place in the output (scan of the tile counts);
 //              the row offsets are the scan of row_cnt. Results come out as Arrow values,
 //              ascending per row.
@@ -74,43 +75,6 @@ __device__ __forceinline__ u64 merge_path_global(const W* a, u64 na, const W* b,
         if (to_key<W, SIGNED>(a[mid]) <= to_key<W, SIGNED>(b[d - 1 - mid])) lo = mid + 1; else hi = mid;
     }
     return lo;
-}
-
-template <typename W>
-__device__ __forceinline__ u32 merge_path_shared(const W* a, u32 na, const W* b, u32 nb, u32 d) {
-    u32 lo = d > nb ? d - nb : 0;
-    u32 hi = d < na ? d : na;
-    while (lo < hi) {
-        u32 mid = (lo + hi) >> 1;
-        if (a[mid] <= b[d - 1 - mid]) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-}
-
-// Block-wide exclusive scan of one u32 per thread; returns the block total in *total.
-__device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_sums, u32* total) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 x = v;
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        u32 y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        u32 s = lane < WARPS ? warp_sums[lane] : 0;
-#pragma unroll
-        for (u32 o = 1; o < 32; o <<= 1) {
-            u32 y = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += y;
-        }
-        if (lane < WARPS) warp_sums[lane] = s;  // inclusive
-    }
-    __syncthreads();
-    u32 before = warp == 0 ? 0 : warp_sums[warp - 1];
-    *total = warp_sums[WARPS - 1];
-    return before + x - v;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -336,12 +300,26 @@ __device__ void partition_impl(u32 n, u32 tile, const u64* act_start, const u32*
 // up to TILE / 2 + 1 row segments (every row's path has at least 2 positions); segment i is
 // the part of row j0 + i inside the tile, its A part then its B part, placed in shared memory
 // at the tile-local path position where it starts, so path position p of the tile is element
-// s_in[p]. Each thread merges ITEMS consecutive path positions, crossing into the next
-// segment where one ends. A row whose part is not strictly increasing (lookaheads past the
-// tile included) is flagged and its part yields nothing (the row is redone on the CPU).
-// The tile's matches, compacted in path order (= row order), go to a slot of `scratch`
-// taken with one atomic add; `tile_cnt` / `tile_pos` record it for `gather`, and each row's
-// match count is added to row_cnt. No tile waits for another.
+// s_in[p]. The tile is thus a run of 2 * nseg parts, each contiguous in global memory and in
+// shared memory (part 2i: A of segment i, part 2i + 1: its B).
+//
+//   load     each thread loads ITEMS elements strided by THREADS (coalesced, all loads in
+//            flight at once); the part of an element is found by walking forward from the
+//            thread's previous element (tiles of a few rows, the common case) or by a binary
+//            search over the parts (many rows).
+//   check    each element is compared with the next one of its part (or the lookahead past
+//            the tile, for the last row's parts): a row whose part is not strictly increasing
+//            is flagged, and the host discards its result (the CPU redoes the row).
+//   search   each A element looks itself up in its segment's B part (binary search in shared
+//            memory) and, for the tile's last row, in the lookahead: on sorted input the merge
+//            path puts an A element's equal B element in the same tile or right after it. Work
+//            is proportional to |A| log |B| rather than |A| + |B|, and each A element yields at
+//            most one match (so a flagged row can never overflow the scratch buffer).
+//   write    matches are ranked in path order (= row order) by per-warp ballots and one scan
+//            of the per-round counts, written to a slot of `scratch` taken with one atomic add;
+//            `tile_cnt` / `tile_pos` record it for `gather`, and each row's match count is
+//            added to row_cnt.
+// No tile waits for another.
 // ---------------------------------------------------------------------------------------
 
 #ifndef ITEMS
@@ -349,15 +327,36 @@ __device__ void partition_impl(u32 n, u32 tile, const u64* act_start, const u32*
 #endif
 #define TILE (THREADS * ITEMS)
 #define MAXSEG (TILE / 2 + 1)
+#define MAXPART (2 * MAXSEG)
+#define ROUNDS (ITEMS * WARPS)  // (round, warp) pairs: at most 64 (THREADS * ITEMS <= 2048)
+// Tiles of at most this many rows find each element's part by walking forward.
+#define WALK_SEGS 8
 
-// Largest i < nseg with starts[i] <= p (starts[0] == 0, strictly increasing).
-__device__ __forceinline__ u32 seg_of(const u32* starts, u32 nseg, u32 p) {
-    u32 lo = 0, hi = nseg - 1;
+// Largest i < n with starts[i * stride] <= p (starts[0] == 0, nondecreasing).
+__device__ __forceinline__ u32 seg_of(const u32* starts, u32 n, u32 stride, u32 p) {
+    u32 lo = 0, hi = n - 1;
     while (lo < hi) {
         u32 mid = (lo + hi + 1) >> 1;
-        if (starts[mid] <= p) lo = mid; else hi = mid - 1;
+        if (starts[mid * stride] <= p) lo = mid; else hi = mid - 1;
     }
     return lo;
+}
+
+// The part of tile position c: walking forward from (k, pb, pe) when `walk`, else a binary
+// search over the np parts.
+__device__ __forceinline__ void part_of(const u32* s_p, u32 np, bool walk, u32 c, u32& k,
+                                        u32& pb, u32& pe) {
+    if (walk) {
+        while (pe <= c) {
+            k++;
+            pb = pe;
+            pe = s_p[k + 1];
+        }
+    } else {
+        k = seg_of(s_p, np, 1, c);
+        pb = s_p[k];
+        pe = s_p[k + 1];
+    }
 }
 
 template <typename W, bool SIGNED>
@@ -366,24 +365,17 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
                            const u64* b_pos, const u64* b_len, const TileDesc* descs,
                            u64* row_cnt, u64* tile_cnt, u64* tile_pos, u64* scratch_top,
                            u64 scratch_cap, u8* flags, W* scratch, u32* err) {
-    // Load phase: per-segment sources (2 x u64 per segment). Merge and write phases reuse the
-    // same bytes for the compacted matches (TILE elements) and per-segment counts.
-    constexpr u32 RAW_LOAD = 16 * MAXSEG;
-    constexpr u32 RAW_WRITE = sizeof(W) * TILE + 4 * MAXSEG;
-    constexpr u32 RAW = RAW_LOAD > RAW_WRITE ? RAW_LOAD : RAW_WRITE;
     __shared__ W s_in[TILE + 1];
-    __shared__ u32 s_start[MAXSEG + 1];
-    __shared__ u32 s_na[MAXSEG];
-    __shared__ u8 s_bad[MAXSEG];
-    __shared__ u64 s_raw64[(RAW + 7) / 8];
-    unsigned char* s_raw = (unsigned char*)s_raw64;
-    __shared__ u32 warp_sums[WARPS];
+    __shared__ u32 s_p[MAXPART + 1];  // part starts (tile positions); s_p[2 * nseg] = len
+    __shared__ const W* s_src[MAXPART];  // each part's first element in global memory
+    __shared__ u32 s_segcnt[MAXSEG];
+    __shared__ u32 s_rank[ROUNDS];
     __shared__ W s_la[2];
     __shared__ u32 s_has_la[2];
     __shared__ u64 s_base;
 
     const u64 t = blockIdx.x;
-    const u32 tid = threadIdx.x;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u64 total = act_start[n];
     const u64 tiles = (total + TILE - 1) / TILE;
     if (t >= tiles) {
@@ -396,6 +388,7 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
     const u32 len = (u32)(d1 - d0);
     const u32 j0 = desc.j0;
     const u32 nseg = desc.j1 - desc.j0 + 1;
+    const u32 np = 2 * nseg;
     if (desc.flags & 1u) {
         if (tid == 0) {
             flags[act_row[j0]] = 1;
@@ -404,9 +397,7 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
         return;
     }
 
-    // Segment table.
-    u64* s_abeg = (u64*)s_raw;
-    u64* s_bbeg = s_abeg + MAXSEG;
+    // Part table.
     for (u32 i = tid; i < nseg; i += THREADS) {
         const u32 j = j0 + i;
         const u32 r = act_row[j];
@@ -418,14 +409,15 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
         const u64 a_lo = i == 0 ? desc.a0 : 0;
         const u64 a_hi = i == nseg - 1 ? desc.a1 : na;
         const u64 b_lo = lo - a_lo;
-        const u64 b_hi = hi - a_hi;
-        s_start[i] = (u32)(st + lo - d0);
-        s_na[i] = (u32)(a_hi - a_lo);
-        s_bad[i] = 0;
-        s_abeg[i] = a_pos[r] + a_lo;
-        s_bbeg[i] = b_pos[r] + b_lo;
+        const u32 s = (u32)(st + lo - d0);
+        s_p[2 * i] = s;
+        s_p[2 * i + 1] = s + (u32)(a_hi - a_lo);
+        s_segcnt[i] = 0;
+        s_src[2 * i] = a_vals + a_pos[r] + a_lo;
+        s_src[2 * i + 1] = b_vals + b_pos[r] + b_lo;
         if (i == nseg - 1) {
-            s_start[nseg] = len;
+            const u64 b_hi = hi - a_hi;
+            s_p[np] = len;
             s_has_la[0] = a_hi < na;
             s_has_la[1] = b_hi < nb;
             s_la[0] = a_hi < na ? to_key<W, SIGNED>(a_vals[a_pos[r] + a_hi]) : (W)0;
@@ -434,151 +426,121 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
     }
     __syncthreads();
 
-    // Load the tile's elements, as keys, at their path positions. A tile inside one row (most
-    // tiles, where rows are longer than a tile) reads its two ranges directly.
-    const bool one = nseg == 1;
-    if (one) {
-        const u32 na = s_na[0];
-        const W* ga = a_vals + s_abeg[0];
-        const W* gb = b_vals + s_bbeg[0];
+    // Load: ITEMS elements per thread, strided; all loads issued before the first store.
+    const bool walk = nseg <= WALK_SEGS;
+    W x[ITEMS];
+    {
+        u32 k = 0, pb = 0, pe = s_p[1];
 #pragma unroll
         for (u32 j = 0; j < ITEMS; j++) {
             const u32 c = tid + j * THREADS;
-            if (c < len) s_in[c] = to_key<W, SIGNED>(c < na ? ga[c] : gb[c - na]);
+            x[j] = 0;
+            if (c < len) {
+                part_of(s_p, np, walk, c, k, pb, pe);
+                x[j] = s_src[k][c - pb];
+            }
         }
-    } else {
+    }
+#pragma unroll
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 c = tid + j * THREADS;
+        x[j] = to_key<W, SIGNED>(x[j]);
+        if (c < len) s_in[c] = x[j];
+    }
+    __syncthreads();
+
+    // Check and search.
+    const bool has0 = s_has_la[0], has1 = s_has_la[1];
+    const W la0 = s_la[0], la1 = s_la[1];
+    u32 mask = 0;
+    {
+        u32 k = 0, pb = 0, pe = s_p[1];
 #pragma unroll
         for (u32 j = 0; j < ITEMS; j++) {
             const u32 c = tid + j * THREADS;
             if (c < len) {
-                const u32 sg = seg_of(s_start, nseg, c);
-                const u32 q = c - s_start[sg];
-                const u32 na = s_na[sg];
-                const W v = q < na ? a_vals[s_abeg[sg] + q] : b_vals[s_bbeg[sg] + (q - na)];
-                s_in[c] = to_key<W, SIGNED>(v);
+                part_of(s_p, np, walk, c, k, pb, pe);
+                const bool is_a = (k & 1u) == 0;
+                const bool last_row = k + 2 >= np;
+                bool bad;
+                if (c + 1 < pe) {
+                    bad = x[j] >= s_in[c + 1];
+                } else if (last_row) {
+                    bad = is_a ? (has0 && x[j] >= la0) : (has1 && x[j] >= la1);
+                } else {
+                    bad = false;
+                }
+                if (bad) flags[act_row[j0 + (k >> 1)]] = 1;
+                if (is_a) {
+                    // Lower bound of x in the segment's B part [pe, be).
+                    const u32 be = s_p[k + 2];
+                    u32 lo = pe, m = be - pe;
+                    while (m > 0) {
+                        const u32 h = m >> 1;
+                        const bool lt = s_in[lo + h] < x[j];
+                        lo = lt ? lo + h + 1 : lo;
+                        m = lt ? m - h - 1 : h;
+                    }
+                    const bool hit = lo < be ? s_in[lo] == x[j] : (last_row && has1 && x[j] == la1);
+                    if (hit) {
+                        mask |= 1u << j;
+                        atomicAdd(&s_segcnt[k >> 1], 1u);
+                    }
+                }
             }
         }
     }
-    __syncthreads();
 
-    W* s_out = (W*)s_raw;
-    u32* s_segcnt = (u32*)(s_raw + sizeof(W) * TILE);
-    for (u32 i = tid; i < nseg; i += THREADS) s_segcnt[i] = 0;
-
-    // Both parts of every segment strictly increasing, up to the lookaheads past the tile
-    // (pairs across tiles are checked by the earlier tile).
+    // Rank the matches in path order: position c = j * THREADS + warp * 32 + lane, so (round
+    // j, warp) pairs in order, lanes within.
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
-        const u32 c = tid + j * THREADS;
-        if (c < len) {
-            const u32 sg = one ? 0 : seg_of(s_start, nseg, c);
-            const u32 S = one ? 0 : s_start[sg];
-            const u32 E = one ? len : s_start[sg + 1];
-            const u32 na = s_na[sg];
-            const bool last = sg == nseg - 1;
-            const W x = s_in[c];
-            bool bad = false;
-            if (c + 1 < E && c + 1 != S + na) bad = x >= s_in[c + 1];
-            if (c + 1 == S + na && last && s_has_la[0]) bad = x >= s_la[0];
-            if (c + 1 == E && c >= S + na && last && s_has_la[1]) bad = x >= s_la[1];
-            if (bad) {
-                s_bad[sg] = 1;
-                flags[act_row[j0 + sg]] = 1;
+        const u32 b = __ballot_sync(0xffffffffu, (mask >> j) & 1u);
+        if (lane == 0) s_rank[j * WARPS + warp] = __popc(b);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        u32 carry = 0;
+#pragma unroll
+        for (u32 base = 0; base < ROUNDS; base += 32) {
+            const u32 v = base + lane < ROUNDS ? s_rank[base + lane] : 0;
+            u32 s = v;
+#pragma unroll
+            for (u32 o = 1; o < 32; o <<= 1) {
+                const u32 y = __shfl_up_sync(0xffffffffu, s, o);
+                if (lane >= o) s += y;
             }
+            if (base + lane < ROUNDS) s_rank[base + lane] = carry + s - v;
+            carry += __shfl_sync(0xffffffffu, s, 31);
+        }
+        if (lane == 0) {
+            u64 base = 0;
+            u64 kept = carry;
+            if (scratch != nullptr && carry > 0) {
+                base = atomicAdd(scratch_top, (u64)carry);
+                if (base + carry > scratch_cap) {
+                    atomicExch(err, 1u);
+                    kept = 0;
+                }
+            }
+            tile_cnt[t] = kept;
+            tile_pos[t] = base;
+            s_base = kept ? base : ~0ull;
         }
     }
     __syncthreads();
-
-    // Merge ITEMS path positions per thread, the current A and B elements kept in registers;
-    // matches kept in registers too.
-    u32 mask = 0;
-    W vals[ITEMS];
-    const u32 p0 = tid * ITEMS;
-    if (p0 < len) {
-        u32 sg = one ? 0 : seg_of(s_start, nseg, p0);
-        u32 S = s_start[sg], E = s_start[sg + 1];
-        u32 na = s_na[sg], nb = E - S - na;
-        bool lb = sg == nseg - 1 && s_has_la[1];  // B continues past the tile
-        const W* sa = s_in + S;
-        const W* sb = sa + na;
-        u32 ai = merge_path_shared<W>(sa, na, sb, nb, p0 - S);
-        u32 bi = p0 - S - ai;
-        W av = sa[ai];  // s_in has one spare element: reads at S + na + nb stay inside
-        W bv = bi < nb ? sb[bi] : s_la[1];
-        bool bok = bi < nb || lb;
-        u32 cseg = 0;
-#pragma unroll
-        for (u32 s = 0; s < ITEMS; s++) {
-            vals[s] = 0;
-            if (p0 + s < len) {
-                if (ai + bi == na + nb) {
-                    if (cseg) atomicAdd(&s_segcnt[sg], cseg);
-                    cseg = 0;
-                    sg++;
-                    S = E;
-                    E = s_start[sg + 1];
-                    na = s_na[sg];
-                    nb = E - S - na;
-                    lb = sg == nseg - 1 && s_has_la[1];
-                    sa = s_in + S;
-                    sb = sa + na;
-                    ai = 0;
-                    bi = 0;
-                    av = sa[0];
-                    bv = nb > 0 ? sb[0] : s_la[1];
-                    bok = nb > 0 || lb;
-                }
-                if (bi >= nb || (ai < na && av <= bv)) {
-                    if (bok && av == bv && !s_bad[sg]) {
-                        mask |= 1u << s;
-                        vals[s] = av;
-                        cseg++;
-                    }
-                    ai++;
-                    av = sa[ai];
-                } else {
-                    bi++;
-                    bv = bi < nb ? sb[bi] : s_la[1];
-                    bok = bi < nb || lb;
-                }
-            }
-        }
-        if (cseg) atomicAdd(&s_segcnt[sg], cseg);
-    }
-    const u32 cnt = __popc(mask);
-    u32 tile_total;
-    const u32 my_off = block_exclusive_scan(cnt, warp_sums, &tile_total);
-
-    if (tid == 0) {
-        u64 base = 0;
-        u64 kept = tile_total;
-        if (scratch != nullptr && tile_total > 0) {
-            base = atomicAdd(scratch_top, (u64)tile_total);
-            if (base + tile_total > scratch_cap) {
-                atomicExch(err, 1u);
-                kept = 0;
-            }
-        }
-        tile_cnt[t] = kept;
-        tile_pos[t] = base;
-        s_base = kept ? base : ~0ull;
-    }
     for (u32 i = tid; i < nseg; i += THREADS) {
         const u32 c = s_segcnt[i];
         if (c) atomicAdd(&row_cnt[act_row[j0 + i]], (u64)c);
     }
-
-    if (scratch != nullptr && tile_total > 0) {
-        u32 o = my_off;
+    const u64 base = s_base;
+    if (scratch != nullptr && base != ~0ull) {
+        const u32 lt = (1u << lane) - 1;
 #pragma unroll
-        for (u32 s = 0; s < ITEMS; s++) {
-            if ((mask >> s) & 1u) s_out[o++] = vals[s];
-        }
-        __syncthreads();
-        const u64 base = s_base;
-        if (base != ~0ull) {
-            W* dst = scratch + base;
-            for (u32 i = tid; i < tile_total; i += THREADS) dst[i] = to_key<W, SIGNED>(s_out[i]);
+        for (u32 j = 0; j < ITEMS; j++) {
+            const u32 b = __ballot_sync(0xffffffffu, (mask >> j) & 1u);
+            if ((mask >> j) & 1u)
+                scratch[base + s_rank[j * WARPS + warp] + __popc(b & lt)] = to_key<W, SIGNED>(x[j]);
         }
     }
 }

@@ -1,5 +1,6 @@
 // CPU emulation of the CUDA subset intersect.cu uses: one block at a time, one std::thread per
 // CUDA thread, std::barrier for __syncthreads and per-warp exchanges for shuffles.
+#include <atomic>
 #include <barrier>
 #include <thread>
 #include <vector>
@@ -20,12 +21,32 @@ std::barrier<>* g_block_bar;
 std::vector<std::barrier<>*> g_warp_bar;
 static unsigned long long g_xchg[1024];
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline int __syncthreads_or(int p) {
+    static std::atomic<int> acc{0};
+    if (p) acc.fetch_or(1);
+    g_block_bar->arrive_and_wait();
+    int r = acc.load();
+    g_block_bar->arrive_and_wait();
+    if (threadIdx.x == 0) acc.store(0);
+    g_block_bar->arrive_and_wait();
+    return r;
+}
 template <class T> inline T warp_x(T v, int src_lane, bool valid) {
     unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     std::memcpy(&g_xchg[threadIdx.x], &v, sizeof(T));
     g_warp_bar[w]->arrive_and_wait();
     T r = v;
     if (valid) std::memcpy(&r, &g_xchg[w * 32 + src_lane], sizeof(T));
+    g_warp_bar[w]->arrive_and_wait();
+    (void)lane;
+    return r;
+}
+inline unsigned __ballot_sync(unsigned, int p) {
+    unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    g_xchg[threadIdx.x] = p ? 1 : 0;
+    g_warp_bar[w]->arrive_and_wait();
+    unsigned r = 0;
+    for (unsigned l = 0; l < 32; l++) r |= (unsigned)g_xchg[w * 32 + l] << l;
     g_warp_bar[w]->arrive_and_wait();
     (void)lane;
     return r;

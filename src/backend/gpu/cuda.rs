@@ -464,9 +464,8 @@ fn init() -> Result<Gpu, GpuError> {
     }
     let source_override = std::env::var_os("DFSETS_GPU_INTERSECT_SOURCE")
         .map(|p| {
-            std::fs::read_to_string(&p).map_err(|e| {
-                GpuError::Compile(format!("DFSETS_GPU_INTERSECT_SOURCE {p:?}: {e}"))
-            })
+            std::fs::read_to_string(&p)
+                .map_err(|e| GpuError::Compile(format!("DFSETS_GPU_INTERSECT_SOURCE {p:?}: {e}")))
         })
         .transpose()?;
     let source = source_override.as_deref().unwrap_or(SOURCE);
