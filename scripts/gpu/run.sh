@@ -41,6 +41,8 @@ if have gpu_props; then
     /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1
     echo "== the same with launch groups of 16 MiB (batches split into several groups)"
     DFSETS_GPU_LAUNCH_BYTES=16777216 /tmp/gpubin/gpu_props --test-threads=1 engine_ gpu_equals_cpu_on_random 2>&1 | tee "$out/gpu_props_groups.log" || status=1
+    echo "== the same with the input staged in 4 KiB pieces (many copies overlapping the staging)"
+    DFSETS_GPU_STAGE_PIECE=4096 /tmp/gpubin/gpu_props --test-threads=1 engine_ gpu_equals_cpu_on_random 2>&1 | tee "$out/gpu_props_pieces.log" || status=1
 fi
 if have gpu_sql; then
     echo "== SQL suites with sets.backend = 'gpu'"

@@ -1131,7 +1131,13 @@ fn run_chunk<T: SetElem>(
     let out_cap = vals_out_at + if mode == Mode::Values { cap * esz } else { 0 };
     let d_out = ws.dev("out", out_cap)?;
 
-    // Stage the inputs into pinned memory: values, offsets, validity, pointer table, bases.
+    // Stage the inputs into pinned memory: offsets, validity, pointer table and bases first
+    // (they follow the value sections), then the values piece by piece, each piece's copy to
+    // the device queued as soon as it is staged so that the copy of one overlaps the staging
+    // of the next (`stage_piece() == 0`: everything staged, then one copy).
+    let piece = super::stage_piece();
+    let small_at = off_at.first().copied().unwrap_or(in_bytes);
+    let (e0, e1, e2, e3, e4) = (g.event()?, g.event()?, g.event()?, g.event()?, g.event()?);
     let t_stage = Instant::now();
     {
         let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
@@ -1139,11 +1145,6 @@ fn run_chunk<T: SetElem>(
             if resident[j].is_some() {
                 continue;
             }
-            let (v0, v1) = (l.offsets.at(r0), l.offsets.at(r1));
-            par_copy(
-                &mut pin[val_at[j]..val_at[j] + counts[j] * esz],
-                bytes_of(&l.values[v0..v1]),
-            );
             let ob = offsets_bytes(&l.offsets, r0, r1);
             pin[off_at[j]..off_at[j] + ob.len()].copy_from_slice(ob);
         }
@@ -1166,23 +1167,45 @@ fn run_chunk<T: SetElem>(
             pin[ptrs_at + 8 * j..ptrs_at + 8 * j + 8].copy_from_slice(&p.to_le_bytes());
             pin[bases_at + 8 * j..bases_at + 8 * j + 8].copy_from_slice(&base.to_le_bytes());
         }
+        // SAFETY (copies): `d_in` holds `in_bytes` bytes; each pinned source range is written
+        // before its copy is queued and never again until the stream is synchronized below
+        // (the workspace owns the buffer).
+        let cs = g.stream.cu_stream();
+        let copy = |pin: &[u8], at: usize, len: usize| {
+            unsafe { result::memcpy_htod_async(d_in + at as u64, &pin[at..at + len], cs) }
+                .map_err(drv("host-to-device copy"))
+        };
+        let mut started = false;
+        for (j, l) in lists.iter().enumerate() {
+            if resident[j].is_some() {
+                continue;
+            }
+            let (v0, v1) = (l.offsets.at(r0), l.offsets.at(r1));
+            let src = bytes_of(&l.values[v0..v1]);
+            let step = if piece == 0 { src.len().max(1) } else { piece };
+            for (i, part) in src.chunks(step).enumerate() {
+                let at = val_at[j] + i * step;
+                par_copy(&mut pin[at..at + part.len()], part);
+                if piece > 0 {
+                    if !started {
+                        g.record(&e0)?;
+                        started = true;
+                    }
+                    copy(pin, at, part.len())?;
+                }
+            }
+        }
+        if piece == 0 {
+            g.record(&e0)?;
+            copy(pin, 0, in_bytes)?;
+        } else {
+            if !started {
+                g.record(&e0)?;
+            }
+            copy(pin, small_at, in_bytes - small_at)?;
+        }
     }
     let stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
-
-    let (e0, e1, e2, e3, e4) = (g.event()?, g.event()?, g.event()?, g.event()?, g.event()?);
-    g.record(&e0)?;
-    {
-        let pin = ws
-            .pin_in
-            .as_ref()
-            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        // SAFETY: `d_in` holds at least `in_bytes` bytes; the pinned source stays alive and
-        // unmodified until the stream is synchronized below (the workspace owns it).
-        unsafe {
-            result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], g.stream.cu_stream())
-        }
-        .map_err(drv("host-to-device copy"))?;
-    }
     g.record(&e1)?;
 
     let kern = &g.kernels;

@@ -51,6 +51,33 @@ pub use stub::{
     submit_pairs, upload_sets, verify_pairs,
 };
 
+/// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each
+/// piece is copied while the host stages the next, so staging and the copy overlap. 0 stages
+/// the whole launch group first and copies it at once (what "from pinned memory" benchmarks
+/// measure). Unset: `DFSETS_GPU_STAGE_PIECE` (bytes), else 16 MiB.
+static STAGE_PIECE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// Sets the bytes staged per host-to-device copy (see [`stage_piece`]); 0: stage everything,
+/// then copy once. For benchmarks and tests; applies to later calls of the process.
+pub fn set_stage_piece(bytes: usize) {
+    STAGE_PIECE.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Bytes staged per host-to-device copy (0: one copy after staging everything).
+pub fn stage_piece() -> usize {
+    let v = STAGE_PIECE.load(std::sync::atomic::Ordering::Relaxed);
+    if v != usize::MAX {
+        return v;
+    }
+    let v = std::env::var("DFSETS_GPU_STAGE_PIECE")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(16 << 20);
+    STAGE_PIECE.store(v, std::sync::atomic::Ordering::Relaxed);
+    v
+}
+
 /// The device the backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
