@@ -106,6 +106,8 @@ if command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer memcheck on the engine tests"
     if have gpu_props; then
         timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1
+        echo "== compute-sanitizer racecheck on the list kernels (shared memory, ballots)"
+        timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -6 | tee "$out/racecheck.log" || status=1
     fi
     if have gpu_simjoin; then
         echo "== compute-sanitizer memcheck and racecheck on the similarity-join kernels"
