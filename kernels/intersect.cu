@@ -35,10 +35,11 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-// Merge block size (the host sets it: 128, measured fastest, or 256) and the blocks per
-// multiprocessor the merge kernels are compiled for (kernels/NOTES.md, "Tiles over all rows").
+// Merge block size (the host sets it: 256, measured fastest with the v6 merge, or 64 / 128)
+// and the blocks per multiprocessor the merge kernels are compiled for (kernels/NOTES.md,
+// "Search inside the tile").
 #ifndef THREADS
-#define THREADS 128
+#define THREADS 256
 #endif
 #define WARPS (THREADS / 32)
 #ifndef MINB32
@@ -593,8 +594,8 @@ INSTANTIATE_PARTITION(u32, u32, false)
 INSTANTIATE_PARTITION(i32, u32, true)
 INSTANTIATE_PARTITION(u64, u64, false)
 INSTANTIATE_PARTITION(i64, u64, true)
-// Shared memory per block (256 threads): about 34 KB for 32-bit elements, 46 KB for 64-bit
-// ones; half that with 128 threads.
+// Shared memory per block (256 threads x 8 positions): about 37 KB for 32-bit elements, 45 KB
+// for 64-bit ones; half that with 128 threads.
 INSTANTIATE_MERGE(u32, u32, false, MINB32)
 INSTANTIATE_MERGE(i32, u32, true, MINB32)
 INSTANTIATE_MERGE(u64, u64, false, MINB64)

@@ -34,7 +34,7 @@ const DESC_BYTES: usize = 32;
 /// Path positions per merge thread (`ITEMS` in the kernel source) and threads per merge
 /// block, unless set for an experiment.
 const MERGE_ITEMS: u32 = 8;
-const MERGE_THREADS: u32 = 128;
+const MERGE_THREADS: u32 = 256;
 /// Threads of a gather block (one warp per tile).
 const GATHER_THREADS: u32 = 256;
 /// Elements per block of the scan kernels, and their threads.
