@@ -7,7 +7,12 @@
 // step. Each step is a batched two-list intersection A ∩ B over all rows at once:
 //
 //   plan       one thread per row: the step's A and B ranges and its merge-path length
-//              |A| + |B| (0 for a NULL row or one with an empty list).
+//              |A| + |B| (0 for a NULL row or one with an empty list). A list whose rows are
+//              known to be strictly increasing (a device-resident column: `row_order` ran when
+//              it was uploaded) skips the merge's order check, and a row whose B is such a list
+//              and at least `ratio` times longer than A keeps B out of the path altogether:
+//              its path is A alone, and each A element binary-searches B in global memory
+//              (work |A| log |B| instead of reading |A| + |B|).
 //   compact    the rows with a path, in order (scan of a 0/1 flag, then a scatter).
 //   scan_*     exclusive scan of their path lengths: the rows' merge paths, concatenated,
 //              are cut into tiles of TILE positions whatever the row sizes, so a 1e7-element
@@ -26,6 +31,8 @@
 //   gather     every tile's matches to its place in the output (scan of the tile counts);
 //              the row offsets are the scan of row_cnt. Results come out as Arrow values,
 //              ascending per row.
+//
+//   row_order  (once per resident column, at upload) which rows are strictly increasing.
 //
 // Elements are 32- or 64-bit words; signed types are compared on the bits with the sign bit
 // flipped (equality on the bits). Keys are converted on load and back on store.
@@ -46,6 +53,13 @@ typedef long long i64;
 #define MINB32 (THREADS == 256 ? 6 : THREADS == 128 ? 12 : 20)
 #endif
 #define MINB64 (THREADS == 256 ? 4 : THREADS == 128 ? 8 : 12)
+
+// Flags in the top bits of the per-row lengths a_len / b_len that plan writes (lengths are
+// below 2^62): the list is known to be strictly increasing (no order check), and, on b_len,
+// B is not in the row's path (A's elements search it in global memory).
+#define LEN_KNOWN (1ull << 63)
+#define LEN_SEARCH (1ull << 62)
+#define LEN_MASK (LEN_SEARCH - 1)
 
 // ---------------------------------------------------------------------------------------
 // Small helpers
@@ -88,13 +102,17 @@ __device__ __forceinline__ u64 merge_path_global(const W* a, u64 na, const W* b,
 // of the combined input buffer. A NULL row (validity bit clear) has no path: its result is
 // empty, as is any row with an empty list. `nz` is 1 for a row with a path (the rows the
 // step works on), `row_cnt` (the row's match count, summed by the merge) starts at 0.
+// `ord_ptrs[j]`, when not 0, points at list j's row-order flags (`row_order`: 1 = the row is
+// strictly increasing), indexed like its offsets. From step 2 on A is known to be increasing:
+// a step's result is, unless the row was flagged, and a flagged row's result is discarded.
+// `ratio` > 0: a row whose B is known increasing and |B| >= ratio |A| searches B (LEN_SEARCH).
 // ---------------------------------------------------------------------------------------
 
 template <typename O>
 __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
-                          const u8* valid, u64 valid_off, const u64* prev_off, u32* sel,
-                          u64* a_pos, u64* a_len, u64* b_pos, u64* b_len, u64* plen, u64* nz,
-                          u64* row_cnt) {
+                          const u8* valid, u64 valid_off, const u64* prev_off,
+                          const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos, u64* a_len,
+                          u64* b_pos, u64* b_len, u64* plen, u64* nz, u64* row_cnt) {
     u32 r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
     bool is_null = false;
@@ -104,6 +122,7 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
     }
     u32 s;
     u64 ap, al;
+    bool a_known = true;
     if (step == 1) {
         s = 0;
         u64 best = ~0ull;
@@ -116,6 +135,8 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
         const O* off = (const O*)off_ptrs[s];
         ap = (u64)(bases[s] + (i64)off[r]);
         al = best;
+        const u8* ord = (const u8*)ord_ptrs[s];
+        a_known = ord != nullptr && ord[r] != 0;
     } else {
         s = sel[r];
         ap = prev_off[r];
@@ -125,9 +146,15 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
     const O* boff = (const O*)off_ptrs[bj];
     u64 bp = (u64)(bases[bj] + (i64)boff[r]);
     u64 bl = (u64)(boff[r + 1] - boff[r]);
+    const u8* bord = (const u8*)ord_ptrs[bj];
+    const bool b_known = bord != nullptr && bord[r] != 0;
     if (is_null) { al = 0; bl = 0; }
-    a_pos[r] = ap; a_len[r] = al; b_pos[r] = bp; b_len[r] = bl;
-    const u64 len = (al == 0 || bl == 0) ? 0 : al + bl;
+    const bool search = ratio > 0 && b_known && bl >= (u64)ratio * al;
+    a_pos[r] = ap;
+    a_len[r] = al | (a_known ? LEN_KNOWN : 0);
+    b_pos[r] = bp;
+    b_len[r] = bl | (b_known ? LEN_KNOWN : 0) | (search ? LEN_SEARCH : 0);
+    const u64 len = (al == 0 || bl == 0) ? 0 : (search ? al : al + bl);
     plen[r] = len;
     nz[r] = len > 0 ? 1 : 0;
     row_cnt[r] = 0;
@@ -135,15 +162,15 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
 
 #define PLAN_ARGS                                                                          \
     u32 n, u32 k, u32 step, const u64 *off_ptrs, const i64 *bases, const u8 *valid,        \
-        u64 valid_off, const u64 *prev_off, u32 *sel, u64 *a_pos, u64 *a_len, u64 *b_pos,  \
-        u64 *b_len, u64 *plen, u64 *nz, u64 *row_cnt
+        u64 valid_off, const u64 *prev_off, const u64 *ord_ptrs, u32 ratio, u32 *sel,       \
+        u64 *a_pos, u64 *a_len, u64 *b_pos, u64 *b_len, u64 *plen, u64 *nz, u64 *row_cnt
 extern "C" __global__ void plan_o32(PLAN_ARGS) {
-    plan_impl<int>(n, k, step, off_ptrs, bases, valid, valid_off, prev_off, sel, a_pos, a_len,
-                   b_pos, b_len, plen, nz, row_cnt);
+    plan_impl<int>(n, k, step, off_ptrs, bases, valid, valid_off, prev_off, ord_ptrs, ratio, sel,
+                   a_pos, a_len, b_pos, b_len, plen, nz, row_cnt);
 }
 extern "C" __global__ void plan_o64(PLAN_ARGS) {
-    plan_impl<i64>(n, k, step, off_ptrs, bases, valid, valid_off, prev_off, sel, a_pos, a_len,
-                   b_pos, b_len, plen, nz, row_cnt);
+    plan_impl<i64>(n, k, step, off_ptrs, bases, valid, valid_off, prev_off, ord_ptrs, ratio, sel,
+                   a_pos, a_len, b_pos, b_len, plen, nz, row_cnt);
 }
 
 // The rows with a path, in order: act_row[j] is the j-th such row, act_len[j] its path length
@@ -274,14 +301,19 @@ __device__ void partition_impl(u32 n, u32 tile, const u64* act_start, const u32*
         const u64 d1 = (d0 + tile < total) ? d0 + tile : total;
         const u32 j0 = find_row(act_start, n, d0);
         const u32 j1 = find_row(act_start, n, d1 - 1);
+        // A row that searches B has A alone as its path.
         u32 r = act_row[j0];
         const u64 e0 = d0 - act_start[j0];
-        const u64 a0 = merge_path_global<W, SIGNED>(a_vals + a_pos[r], a_len[r], b_vals + b_pos[r],
-                                                    b_len[r], e0);
+        u64 bl = b_len[r];
+        const u64 a0 = (bl & LEN_SEARCH) ? e0
+                                         : merge_path_global<W, SIGNED>(a_vals + a_pos[r], a_len[r] & LEN_MASK,
+                                                                        b_vals + b_pos[r], bl & LEN_MASK, e0);
         r = act_row[j1];
-        const u64 na = a_len[r], nb = b_len[r];
+        bl = b_len[r];
+        const u64 na = a_len[r] & LEN_MASK, nb = bl & LEN_MASK;
         const u64 e1 = d1 - act_start[j1];
-        const u64 a1 = (e1 == na + nb)
+        const u64 a1 = (bl & LEN_SEARCH) ? e1
+                       : (e1 == na + nb)
                            ? na
                            : merge_path_global<W, SIGNED>(a_vals + a_pos[r], na, b_vals + b_pos[r], nb, e1);
         const bool bad = j0 == j1 && (a1 < a0 || e1 - a1 < e0 - a0);
@@ -334,7 +366,7 @@ __device__ void partition_impl(u32 n, u32 tile, const u64* act_start, const u32*
 #define WALK_SEGS 8
 
 // Largest i < n with starts[i * stride] <= p (starts[0] == 0, nondecreasing).
-__device__ __forceinline__ u32 seg_of(const u32* starts, u32 n, u32 stride, u32 p) {
+__device__ __forceinline__ u32 seg_of(const unsigned short* starts, u32 n, u32 stride, u32 p) {
     u32 lo = 0, hi = n - 1;
     while (lo < hi) {
         u32 mid = (lo + hi + 1) >> 1;
@@ -345,7 +377,7 @@ __device__ __forceinline__ u32 seg_of(const u32* starts, u32 n, u32 stride, u32 
 
 // The part of tile position c: walking forward from (k, pb, pe) when `walk`, else a binary
 // search over the np parts.
-__device__ __forceinline__ void part_of(const u32* s_p, u32 np, bool walk, u32 c, u32& k,
+__device__ __forceinline__ void part_of(const unsigned short* s_p, u32 np, bool walk, u32 c, u32& k,
                                         u32& pb, u32& pe) {
     if (walk) {
         while (pe <= c) {
@@ -367,9 +399,13 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
                            u64* row_cnt, u64* tile_cnt, u64* tile_pos, u64* scratch_top,
                            u64 scratch_cap, u8* flags, W* scratch, u32* err) {
     __shared__ W s_in[TILE + 1];
-    __shared__ u32 s_p[MAXPART + 1];  // part starts (tile positions); s_p[2 * nseg] = len
+    // Part starts (tile positions, <= TILE <= 2048); s_p[2 * nseg] = len.
+    __shared__ unsigned short s_p[MAXPART + 1];
     __shared__ const W* s_src[MAXPART];  // each part's first element in global memory
     __shared__ u32 s_segcnt[MAXSEG];
+    // Per segment: bit 0 its A, bit 1 its B known to be increasing (no check); bit 2 its B is
+    // searched in global memory (s_src of its B part: B's first element; the part is empty).
+    __shared__ u8 s_info[MAXSEG];
     __shared__ u32 s_rank[ROUNDS];
     __shared__ W s_la[2];
     __shared__ u32 s_has_la[2];
@@ -403,7 +439,9 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
         const u32 j = j0 + i;
         const u32 r = act_row[j];
         const u64 st = act_start[j];
-        const u64 na = a_len[r], nb = b_len[r];
+        const u64 al_raw = a_len[r], bl_raw = b_len[r];
+        const u64 na = al_raw & LEN_MASK, nb = bl_raw & LEN_MASK;
+        const bool srch = (bl_raw & LEN_SEARCH) != 0;
         const u64 next = act_start[j + 1];
         const u64 lo = i == 0 ? d0 - st : 0;
         const u64 hi = (next < d1 ? next : d1) - st;
@@ -411,16 +449,19 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
         const u64 a_hi = i == nseg - 1 ? desc.a1 : na;
         const u64 b_lo = lo - a_lo;
         const u32 s = (u32)(st + lo - d0);
-        s_p[2 * i] = s;
-        s_p[2 * i + 1] = s + (u32)(a_hi - a_lo);
+        // A searching row's path is A alone, so b_lo and b_hi below are 0.
+        s_p[2 * i] = (unsigned short)s;
+        s_p[2 * i + 1] = (unsigned short)(s + (u32)(a_hi - a_lo));
         s_segcnt[i] = 0;
+        s_info[i] = (u8)(((al_raw & LEN_KNOWN) ? 1u : 0u) | ((bl_raw & LEN_KNOWN) ? 2u : 0u) |
+                         (srch ? 4u : 0u));
         s_src[2 * i] = a_vals + a_pos[r] + a_lo;
         s_src[2 * i + 1] = b_vals + b_pos[r] + b_lo;
         if (i == nseg - 1) {
             const u64 b_hi = hi - a_hi;
-            s_p[np] = len;
+            s_p[np] = (unsigned short)len;
             s_has_la[0] = a_hi < na;
-            s_has_la[1] = b_hi < nb;
+            s_has_la[1] = !srch && b_hi < nb;
             s_la[0] = a_hi < na ? to_key<W, SIGNED>(a_vals[a_pos[r] + a_hi]) : (W)0;
             s_la[1] = b_hi < nb ? to_key<W, SIGNED>(b_vals[b_pos[r] + b_hi]) : (W)0;
         }
@@ -463,26 +504,44 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
                 part_of(s_p, np, walk, c, k, pb, pe);
                 const bool is_a = (k & 1u) == 0;
                 const bool last_row = k + 2 >= np;
-                bool bad;
-                if (c + 1 < pe) {
-                    bad = x[j] >= s_in[c + 1];
-                } else if (last_row) {
-                    bad = is_a ? (has0 && x[j] >= la0) : (has1 && x[j] >= la1);
-                } else {
-                    bad = false;
-                }
-                if (bad) flags[act_row[j0 + (k >> 1)]] = 1;
-                if (is_a) {
-                    // Lower bound of x in the segment's B part [pe, be).
-                    const u32 be = s_p[k + 2];
-                    u32 lo = pe, m = be - pe;
-                    while (m > 0) {
-                        const u32 h = m >> 1;
-                        const bool lt = s_in[lo + h] < x[j];
-                        lo = lt ? lo + h + 1 : lo;
-                        m = lt ? m - h - 1 : h;
+                const u32 info = s_info[k >> 1];
+                if (((info >> (k & 1u)) & 1u) == 0) {  // order not known: check it
+                    bool bad;
+                    if (c + 1 < pe) {
+                        bad = x[j] >= s_in[c + 1];
+                    } else if (last_row) {
+                        bad = is_a ? (has0 && x[j] >= la0) : (has1 && x[j] >= la1);
+                    } else {
+                        bad = false;
                     }
-                    const bool hit = lo < be ? s_in[lo] == x[j] : (last_row && has1 && x[j] == la1);
+                    if (bad) flags[act_row[j0 + (k >> 1)]] = 1;
+                }
+                if (is_a) {
+                    bool hit;
+                    if (info & 4u) {
+                        // Lower bound of x in the whole of B, in global memory.
+                        const W* bsrc = s_src[k + 1];
+                        const u64 nb = b_len[act_row[j0 + (k >> 1)]] & LEN_MASK;
+                        u64 lo = 0, m = nb;
+                        while (m > 0) {
+                            const u64 h = m >> 1;
+                            const bool lt = to_key<W, SIGNED>(bsrc[lo + h]) < x[j];
+                            lo = lt ? lo + h + 1 : lo;
+                            m = lt ? m - h - 1 : h;
+                        }
+                        hit = lo < nb && to_key<W, SIGNED>(bsrc[lo]) == x[j];
+                    } else {
+                        // Lower bound of x in the segment's B part [pe, be).
+                        const u32 be = s_p[k + 2];
+                        u32 lo = pe, m = be - pe;
+                        while (m > 0) {
+                            const u32 h = m >> 1;
+                            const bool lt = s_in[lo + h] < x[j];
+                            lo = lt ? lo + h + 1 : lo;
+                            m = lt ? m - h - 1 : h;
+                        }
+                        hit = lo < be ? s_in[lo] == x[j] : (last_row && has1 && x[j] == la1);
+                    }
                     if (hit) {
                         mask |= 1u << j;
                         atomicAdd(&s_segcnt[k >> 1], 1u);
@@ -594,12 +653,51 @@ INSTANTIATE_PARTITION(u32, u32, false)
 INSTANTIATE_PARTITION(i32, u32, true)
 INSTANTIATE_PARTITION(u64, u64, false)
 INSTANTIATE_PARTITION(i64, u64, true)
-// Shared memory per block (256 threads x 8 positions): about 37 KB for 32-bit elements, 45 KB
+// Shared memory per block (256 threads x 8 positions): about 34 KB for 32-bit elements, 42 KB
 // for 64-bit ones; half that with 128 threads.
 INSTANTIATE_MERGE(u32, u32, false, MINB32)
 INSTANTIATE_MERGE(i32, u32, true, MINB32)
 INSTANTIATE_MERGE(u64, u64, false, MINB64)
 INSTANTIATE_MERGE(i64, u64, true, MINB64)
+
+// ---------------------------------------------------------------------------------------
+// row_order: which rows of a list column are strictly increasing (`sorted`, one byte per row,
+// set to 1 by the host first; a row with a descent gets 0). One thread per pair of neighbouring
+// values over the values the offsets cover (grid-stride, a streaming read); a descent found is
+// placed in its row by a binary search of the offsets, so on sorted data only the descents
+// between rows pay one. `vals` is the column's first value (offsets index from it), `nrows` >=
+// 1 rows, offsets nondecreasing.
+// ---------------------------------------------------------------------------------------
+
+template <typename W, bool SIGNED, typename O>
+__device__ void row_order_impl(const W* vals, const O* offs, u64 nrows, u8* sorted) {
+    const u64 v0 = (u64)offs[0], v1 = (u64)offs[nrows];
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = v0 + (u64)blockIdx.x * blockDim.x + threadIdx.x; i + 1 < v1; i += stride) {
+        if (to_key<W, SIGNED>(vals[i]) >= to_key<W, SIGNED>(vals[i + 1])) {
+            u64 lo = 0, hi = nrows - 1;  // the row: largest r with offs[r] <= i
+            while (lo < hi) {
+                const u64 mid = (lo + hi + 1) >> 1;
+                if ((u64)offs[mid] <= i) lo = mid; else hi = mid - 1;
+            }
+            if (i + 1 < (u64)offs[lo + 1]) sorted[lo] = 0;
+        }
+    }
+}
+
+#define INSTANTIATE_ROW_ORDER(NAME, W, SIGNED)                                                \
+    extern "C" __global__ void row_order_##NAME##_o32(const W* vals, const int* offs,         \
+                                                      u64 nrows, u8* sorted) {                \
+        row_order_impl<W, SIGNED, int>(vals, offs, nrows, sorted);                            \
+    }                                                                                         \
+    extern "C" __global__ void row_order_##NAME##_o64(const W* vals, const i64* offs,         \
+                                                      u64 nrows, u8* sorted) {                \
+        row_order_impl<W, SIGNED, i64>(vals, offs, nrows, sorted);                            \
+    }
+INSTANTIATE_ROW_ORDER(u32, u32, false)
+INSTANTIATE_ROW_ORDER(i32, u32, true)
+INSTANTIATE_ROW_ORDER(u64, u64, false)
+INSTANTIATE_ROW_ORDER(i64, u64, true)
 
 // Fault injection (src/backend/gpu/fault.rs, `DFSETS_GPU_FAULT=kernel`): a kernel that
 // faults, queued before a wait so the host's error path meets a real launch failure.

@@ -22,21 +22,26 @@ template <> struct K<u32, false> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_u32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
+    template <class... A> static void order(A... a) { row_order_u32_o32(a...); }
 };
 template <> struct K<u32, true> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_i32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_i32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
+    template <class... A> static void order(A... a) { row_order_i32_o32(a...); }
 };
 template <> struct K<u64, false> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u64* av, const u64* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u64(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_u64(a...); }
     template <class... A> static void gather(A... a) { gather_64(a...); }
+    template <class... A> static void order(A... a) { row_order_u64_o32(a...); }
 };
 
-// rows[r][j] = list j of row r (values as W bit patterns); valid[r]
+// rows[r][j] = list j of row r (values as W bit patterns); valid[r]. known: which lists get
+// row-order flags (bit j: list j; computed by row_order and checked against the rows), as a
+// resident column has them; ratio: plan's search ratio (0: no row searches B).
 template <typename W, bool SIGNED>
-int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, bool counts, const char* name) {
+int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, bool counts, u32 known, u32 ratio, const char* name) {
     u32 n = rows.size();
     u32 k = rows[0].size();
     // input: per list a values section, offsets start at 7 (sliced-like)
@@ -57,6 +62,23 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
     in.push_back(0);
     vector<u64> ptrs(k);
     for (u32 j = 0; j < k; j++) ptrs[j] = (u64)offs[j].data();
+    int bad = 0;
+    vector<vector<u8>> ord(k, vector<u8>(n, 1));
+    vector<u64> ords(k, 0);
+    for (u32 j = 0; j < k; j++) {
+        if (!((known >> j) & 1)) continue;
+        const W* vals = in.data() + bases[j];
+        const int* of = offs[j].data();
+        u8* so = ord[j].data();
+        launch(3, 64, [&] { K<W, SIGNED>::order(vals, of, (u64)n, so); });
+        for (u32 r = 0; r < n; r++) {
+            bool inc = true;
+            for (size_t i = 1; i < rows[r][j].size(); i++)
+                if (to_key<W, SIGNED>(rows[r][j][i - 1]) >= to_key<W, SIGNED>(rows[r][j][i])) inc = false;
+            if (inc != (ord[j][r] != 0)) { printf("%s row %u list %u: row_order says %d\n", name, r, j, ord[j][r]); bad++; }
+        }
+        ords[j] = (u64)so;
+    }
     vector<u8> vbits((n + 7) / 8 + 1);
     for (u32 r = 0; r < n; r++) if (valid[r]) vbits[r >> 3] |= 1 << (r & 7);
     size_t cap = SIZE_MAX, maxb = 0;
@@ -79,7 +101,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         const W* a_vals = step == 1 ? in.data() : res[(step + 1) % 2];
         W* dst = last ? (counts ? nullptr : outv.data()) : res[step % 2];
         W* scr = dst ? scratch.data() : nullptr;
-        launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
+        launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
         scan(nz.data(), n, act_at.data());
         launch((n + 255) / 256, 256, [&] { compact_rows(n, plen.data(), act_at.data(), act_row.data(), act_len.data()); });
         scan(act_len.data(), n, act_start.data());
@@ -93,7 +115,8 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         scan(row_cnt.data(), n, this_off);
     }
     if (err) { printf("%s: err set\n", name); return 1; }
-    int bad = 0;
+    u64 searching = 0;
+    for (u32 r = 0; r < n; r++) searching += (b_len[r] & LEN_SEARCH) ? 1 : 0;  // last step's
     for (u32 r = 0; r < n; r++) {
         bool sorted = true;
         for (u32 j = 0; j < k; j++)
@@ -145,7 +168,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
                 if (to_key<W, SIGNED>(rows[r][j][i - 1]) >= to_key<W, SIGNED>(rows[r][j][i])) uns = true;
         if (uns && !flags[r]) { printf("%s row %u: unsorted but not flagged\n", name, r); bad++; }
     }
-    printf("%s: n=%u k=%u tiles_max=%llu total=%llu results=%llu bad=%d\n", name, n, k, tiles_max, (unsigned long long)act_start[n], (unsigned long long)outoff[n], bad);
+    printf("%s: n=%u k=%u known=%u ratio=%u tiles_max=%llu total=%llu searching=%llu results=%llu bad=%d\n", name, n, k, known, ratio, tiles_max, (unsigned long long)act_start[n], (unsigned long long)searching, (unsigned long long)outoff[n], bad);
     return bad;
 }
 
@@ -159,7 +182,7 @@ vector<W> sorted_list(mt19937_64& g, size_t len, u64 lo_gap, u64 hi_gap, W start
 }
 
 template <typename W, bool SIGNED>
-int suite(u64 seed, u32 k, bool counts, const char* name) {
+int suite(u64 seed, u32 k, bool counts, u32 known, u32 ratio, const char* name) {
     mt19937_64 g(seed);
     vector<vector<vector<W>>> rows;
     vector<bool> valid;
@@ -200,17 +223,25 @@ int suite(u64 seed, u32 k, bool counts, const char* name) {
     shuffle(idx.begin(), idx.end(), g);
     vector<vector<vector<W>>> r2; vector<bool> v2;
     for (size_t i : idx) { r2.push_back(rows[i]); v2.push_back(valid[i]); }
-    return run_case<W, SIGNED>(r2, v2, counts, name);
+    return run_case<W, SIGNED>(r2, v2, counts, known, ratio, name);
 }
 
 int main() {
     int bad = 0;
-    bad += suite<u32, false>(1, 2, false, "u32 k2");
-    bad += suite<u32, false>(2, 2, true, "u32 k2 counts");
-    bad += suite<u32, false>(3, 3, false, "u32 k3");
-    bad += suite<u32, true>(4, 2, false, "i32 k2");
-    bad += suite<u64, false>(5, 2, false, "u64 k2");
-    bad += suite<u32, false>(6, 4, true, "u32 k4 counts");
+    // Staged lists (no row-order flags), then lists with flags (as resident columns), rows
+    // searching B where |B| >= ratio |A|.
+    bad += suite<u32, false>(1, 2, false, 0, 0, "u32 k2");
+    bad += suite<u32, false>(2, 2, true, 0, 0, "u32 k2 counts");
+    bad += suite<u32, false>(3, 3, false, 0, 0, "u32 k3");
+    bad += suite<u32, true>(4, 2, false, 0, 0, "i32 k2");
+    bad += suite<u64, false>(5, 2, false, 0, 0, "u64 k2");
+    bad += suite<u32, false>(6, 4, true, 0, 0, "u32 k4 counts");
+    bad += suite<u32, false>(7, 2, false, 3, 2, "u32 k2 known, search");
+    bad += suite<u32, false>(8, 2, true, 2, 2, "u32 k2 counts, B known, search");
+    bad += suite<u32, false>(9, 3, false, 6, 3, "u32 k3 lists 1, 2 known, search");
+    bad += suite<u32, true>(10, 2, false, 3, 2, "i32 k2 known, search");
+    bad += suite<u64, false>(11, 2, false, 1, 2, "u64 k2 A known");
+    bad += suite<u32, false>(12, 4, false, 15, 0, "u32 k4 known, no search");
     printf(bad ? "FAIL\n" : "OK\n");
     return bad != 0;
 }

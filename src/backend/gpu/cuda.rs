@@ -115,6 +115,8 @@ struct Kernels {
     merge: [CudaFunction; 4],
     /// 32-bit and 64-bit elements.
     gather: [CudaFunction; 2],
+    /// Row order of a resident column, by [`elem_index`], then 32- / 64-bit offsets.
+    row_order: [[CudaFunction; 2]; 4],
     /// A kernel that faults ([`Fault::Kernel`]).
     trap: CudaFunction,
 }
@@ -293,7 +295,7 @@ pub(super) struct Workspace {
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
     /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
-    columns: ColumnCache<DevBuf>,
+    columns: ColumnCache<ResidentCol>,
 }
 
 // SAFETY: the raw pointers are owned allocations, only touched under the workspace mutex.
@@ -491,6 +493,12 @@ fn init() -> Result<Gpu, GpuError> {
             f("merge_i64")?,
         ],
         gather: [f("gather_32")?, f("gather_64")?],
+        row_order: [
+            [f("row_order_u32_o32")?, f("row_order_u32_o64")?],
+            [f("row_order_i32_o32")?, f("row_order_i32_o64")?],
+            [f("row_order_u64_o32")?, f("row_order_u64_o64")?],
+            [f("row_order_i64_o32")?, f("row_order_i64_o64")?],
+        ],
         trap: f("fault_trap")?,
     };
     let sms = ctx
@@ -740,17 +748,69 @@ fn default_column_budget(g: &Gpu) -> usize {
         .unwrap_or(g.info.total_memory / 4)
 }
 
+/// A list column kept on the device: one allocation holding its values buffer (at 0), its
+/// offsets buffer (at `offs_at`) and, when known, the order of its rows.
+pub(super) struct ResidentCol {
+    buf: DevBuf,
+    order: Option<RowOrder>,
+}
+
+/// Where a resident column's row-order flags are (one byte per entry of the offsets buffer but
+/// the last, 1 = the row is strictly increasing) and what they were computed for: the child
+/// values starting `v_shift` bytes into the values buffer, compared as elements of kind
+/// `variant` ([`elem_index`]). A call that reads the buffers otherwise does not use them.
+#[derive(Clone, Copy)]
+struct RowOrder {
+    at: usize,
+    v_shift: usize,
+    variant: usize,
+}
+
+/// What [`upload_column`] computes the row order for: the element kind, the offset width in
+/// bytes and the byte shift of the child values in the values buffer.
+struct OrderOf {
+    variant: usize,
+    osz: usize,
+    v_shift: usize,
+}
+
 /// Copy a column's values and offsets buffers into one new device allocation (values at 0,
 /// offsets at `offs_at`), in pieces staged through the two pinned buffers so that staging a
-/// piece overlaps the copy of the one before.
+/// piece overlaps the copy of the one before; then, with `order`, find which of its rows are
+/// strictly increasing (`row_order`, a streaming pass on the device; not when the offsets
+/// address values outside the buffer).
 fn upload_column(
     g: &Gpu,
     pins: [&mut Option<Pinned>; 2],
     values: &[u8],
     offsets: &[u8],
     offs_at: usize,
-) -> Result<DevBuf, GpuError> {
-    let bytes = (offs_at + offsets.len()).max(ALIGN);
+    order: Option<OrderOf>,
+) -> Result<ResidentCol, GpuError> {
+    let esz_of = |variant: usize| if variant < 2 { 4 } else { 8 };
+    // Rows of the offsets buffer whose order is computed, and where the flags go.
+    let order = order.and_then(|o| {
+        let rows = (offsets.len() / o.osz).checked_sub(1).filter(|&r| r > 0)?;
+        let entry = |i: usize| -> Option<usize> {
+            let b = &offsets[i * o.osz..(i + 1) * o.osz];
+            let v = if o.osz == 4 {
+                i64::from(i32::from_le_bytes(b.try_into().ok()?))
+            } else {
+                i64::from_le_bytes(b.try_into().ok()?)
+            };
+            usize::try_from(v).ok()
+        };
+        let (first, last) = (entry(0)?, entry(rows)?);
+        let esz = esz_of(o.variant);
+        let room = values.len().checked_sub(o.v_shift)? / esz;
+        (o.v_shift % esz == 0 && first <= last && last <= room).then_some((o, rows))
+    });
+    let ord_at = align(offs_at + offsets.len());
+    let bytes = match order {
+        Some((_, rows)) => ord_at + rows,
+        None => offs_at + offsets.len(),
+    }
+    .max(ALIGN);
     if fault::armed(Fault::OutOfMemory) {
         return Err(GpuError::OutOfMemory("resident column allocation"));
     }
@@ -794,13 +854,44 @@ fn upload_column(
             .map_err(drv("event record"))?;
         in_flight[slot] = true;
     }
+    let order = match order {
+        Some((o, rows)) => {
+            let flags = ptr + ord_at as u64;
+            let vals = ptr + o.v_shift as u64;
+            let offs = ptr + offs_at as u64;
+            let rows64 = rows as u64;
+            let threads = ROW_THREADS;
+            let blocks = (values.len() / esz_of(o.variant))
+                .div_ceil(threads as usize)
+                .clamp(1, g.info.multiprocessors as usize * 32) as u32;
+            // SAFETY: `flags` holds `rows` bytes of the allocation; the kernel reads the
+            // offsets buffer's `rows + 1` entries and the values they address, which lie in
+            // the values buffer (checked above: first <= last <= its elements past v_shift).
+            unsafe {
+                result::memset_d8_async(flags, 1, rows, g.stream.cu_stream())
+                    .map_err(drv("memset"))?;
+                g.launch(
+                    &g.kernels.row_order[o.variant][usize::from(o.osz == 8)],
+                    blocks,
+                    threads,
+                    &mut [arg(&vals), arg(&offs), arg(&rows64), arg(&flags)],
+                )?;
+            }
+            Some(RowOrder {
+                at: ord_at,
+                v_shift: o.v_shift,
+                variant: o.variant,
+            })
+        }
+        None => None,
+    };
     g.sync()?;
-    Ok(buf)
+    Ok(ResidentCol { buf, order })
 }
 
-/// Device addresses of a list argument kept on the device: its first value and its first
-/// offset (the call's `values[0]` and `offsets[0]`).
-type ResidentAt = Option<(u64, u64)>;
+/// Device addresses of a list argument kept on the device: its first value, its first offset
+/// (the call's `values[0]` and `offsets[0]`) and its first row's order flag (0: not known).
+type ResidentAt = Option<(u64, u64, u64)>;
 
 /// Find or make resident the list columns of a call that can be: columns with an Arrow
 /// identity whose rows in the call cover at least half of their values buffer and
@@ -808,11 +899,13 @@ type ResidentAt = Option<(u64, u64)>;
 fn resident_columns<T: SetElem>(
     g: &Gpu,
     ws: &mut Workspace,
+    variant: usize,
     lists: &[HostList<'_, T>],
     budget: usize,
     t: &mut Timings,
 ) -> Vec<ResidentAt> {
     let esz = std::mem::size_of::<T>();
+    let with_order = super::known_order() != super::KnownOrder::Ignore;
     let stamp = ws.columns.begin_call();
     let mut failed = false;
     lists
@@ -842,11 +935,27 @@ fn resident_columns<T: SetElem>(
             }
             let key = ColumnKey::new(vbuf, obuf, esz, osz);
             let offs_at = align(vbuf.len());
-            let bytes = offs_at + obuf.len();
-            let base = if let Some(d) = ws.columns.get(&key, stamp) {
+            // Values, offsets and a byte of row order per offset.
+            let bytes = align(offs_at + obuf.len()) + obuf.len() / osz;
+            let at = |d: &ResidentCol| {
+                let base = d.buf.ptr;
+                let ord = match d.order {
+                    Some(o) if with_order && o.v_shift == v_shift && o.variant == variant => {
+                        base + (o.at + o_shift / osz) as u64
+                    }
+                    _ => 0,
+                };
+                (
+                    base + v_shift as u64,
+                    base + (offs_at + o_shift) as u64,
+                    ord,
+                )
+            };
+            if let Some(d) = ws.columns.get(&key, stamp) {
                 t.columns_reused += 1;
-                d.ptr
-            } else {
+                return Some(at(d));
+            }
+            {
                 let Workspace {
                     columns,
                     pin_in,
@@ -866,12 +975,17 @@ fn resident_columns<T: SetElem>(
                             vbuf.as_slice(),
                             obuf.as_slice(),
                             offs_at,
+                            Some(OrderOf {
+                                variant,
+                                osz,
+                                v_shift,
+                            }),
                         )
                     },
                 );
                 match admitted {
                     Ok(Admitted::Now(d)) => {
-                        let ptr = d.ptr;
+                        let got = at(d);
                         t.columns_uploaded += 1;
                         t.h2d_bytes += (vbuf.len() + obuf.len()) as u64;
                         log::debug!(
@@ -880,19 +994,18 @@ fn resident_columns<T: SetElem>(
                             columns.len(),
                             columns.bytes()
                         );
-                        ptr
+                        Some(got)
                     }
-                    Ok(Admitted::DoesNotFit) => return None,
+                    Ok(Admitted::DoesNotFit) => None,
                     Err(e) => {
                         log::debug!(
                             "datafusion-sets: list column staged, not kept on the device: {e}"
                         );
                         failed = true;
-                        return None;
+                        None
                     }
                 }
-            };
-            Some((base + v_shift as u64, base + (offs_at + o_shift) as u64))
+            }
         })
         .collect()
 }
@@ -974,7 +1087,7 @@ pub fn intersect<T: SetElem>(
     let mut resident = match columns_budget {
         Some(b) => {
             let budget = if b == 0 { default_column_budget(g) } else { b };
-            resident_columns(g, &mut ws, lists, budget, &mut out.timings)
+            resident_columns(g, &mut ws, variant, lists, budget, &mut out.timings)
         }
         None => vec![None; lists.len()],
     };
@@ -1085,6 +1198,8 @@ fn run_chunk<T: SetElem>(
     pos += align(k * 8);
     let bases_at = pos;
     pos += align(k * 8);
+    let ords_at = pos;
+    pos += align(k * 8);
     let in_bytes = pos;
 
     let cap = counts.iter().copied().min().unwrap_or(0);
@@ -1157,15 +1272,18 @@ fn run_chunk<T: SetElem>(
             // resident copy holds the whole values buffer, so an offset indexes it as is (the
             // staged section starts at the group's first offset instead); it may lie below
             // `d_in` (a negative base; the device's 64-bit address arithmetic wraps back).
-            let (p, base) = match resident[j] {
-                Some((vals, offs)) => (
+            // A resident list's row-order flags (0: not known; staged lists are checked).
+            let (p, base, ord) = match resident[j] {
+                Some((vals, offs, ord)) => (
                     offs + (r0 * osz) as u64,
                     (vals as i64).wrapping_sub(d_in as i64) / esz as i64,
+                    if ord == 0 { 0 } else { ord + r0 as u64 },
                 ),
-                None => (d_in + off_at[j] as u64, (val_at[j] / esz) as i64 - first),
+                None => (d_in + off_at[j] as u64, (val_at[j] / esz) as i64 - first, 0),
             };
             pin[ptrs_at + 8 * j..ptrs_at + 8 * j + 8].copy_from_slice(&p.to_le_bytes());
             pin[bases_at + 8 * j..bases_at + 8 * j + 8].copy_from_slice(&base.to_le_bytes());
+            pin[ords_at + 8 * j..ords_at + 8 * j + 8].copy_from_slice(&ord.to_le_bytes());
         }
         // SAFETY (copies): `d_in` holds `in_bytes` bytes; each pinned source range is written
         // before its copy is queued and never again until the stream is synchronized below
@@ -1217,6 +1335,11 @@ fn run_chunk<T: SetElem>(
     }
     let ptrs = d_in + ptrs_at as u64;
     let bases = d_in + bases_at as u64;
+    let ords = d_in + ords_at as u64;
+    let ratio: u32 = match super::known_order() {
+        super::KnownOrder::Search(r) => r,
+        _ => 0,
+    };
     let (valid_ptr, valid_bit) = match valid {
         Some((_, bit)) => (d_in + valid_at as u64, bit),
         None => (0u64, 0u64),
@@ -1279,6 +1402,8 @@ fn run_chunk<T: SetElem>(
                     arg(&valid_ptr),
                     arg(&valid_bit),
                     arg(&prev_off),
+                    arg(&ords),
+                    arg(&ratio),
                     arg(&sel),
                     arg(&a_pos),
                     arg(&a_len),

@@ -78,6 +78,58 @@ pub fn stage_piece() -> usize {
     v
 }
 
+/// How a step of the GPU intersection uses what it knows of a resident column's row order
+/// (each resident list column's strictly increasing rows are found once, when it is copied to
+/// the device): `u32::MAX` unset; 0 ignores it (every element is order-checked, as for staged
+/// lists); otherwise rows known increasing skip the check, and a row whose B is known
+/// increasing and at least this many times longer than A searches B in device memory instead
+/// of reading it. Unset: `DFSETS_GPU_SEARCH_RATIO`, else 4 (kernels/NOTES.md, "Known order").
+static SEARCH_RATIO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+/// What the GPU intersection does with known row order (see [`known_order`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KnownOrder {
+    /// Check every element's order, as for staged lists.
+    Ignore,
+    /// Skip the order check of rows known increasing; never search.
+    CheckOnly,
+    /// Skip the check, and search B when `|B| >= ratio * |A|` (ratio >= 1).
+    Search(u32),
+}
+
+/// Sets the use of known row order for later calls of the process (benchmarks and tests).
+pub fn set_known_order(k: KnownOrder) {
+    let v = match k {
+        KnownOrder::Ignore => 0,
+        KnownOrder::CheckOnly => u32::MAX - 1,
+        KnownOrder::Search(r) => r.clamp(1, u32::MAX - 2),
+    };
+    SEARCH_RATIO.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The use of known row order (`DFSETS_GPU_SEARCH_RATIO`: 0 ignore, `off` check only, N search
+/// at ratio N; default: search at 4).
+pub fn known_order() -> KnownOrder {
+    let mut v = SEARCH_RATIO.load(std::sync::atomic::Ordering::Relaxed);
+    if v == u32::MAX {
+        v = match std::env::var("DFSETS_GPU_SEARCH_RATIO")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("off") => u32::MAX - 1,
+            Some(s) => s.parse::<u32>().map_or(4, |r| r.min(u32::MAX - 2)),
+            None => 4,
+        };
+        SEARCH_RATIO.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+    match v {
+        0 => KnownOrder::Ignore,
+        v if v == u32::MAX - 1 => KnownOrder::CheckOnly,
+        r => KnownOrder::Search(r),
+    }
+}
+
 /// The device the backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
