@@ -366,7 +366,8 @@ __device__ void partition_impl(u32 n, u32 tile, const u64* act_start, const u32*
 #define WALK_SEGS 8
 
 // Largest i < n with starts[i * stride] <= p (starts[0] == 0, nondecreasing).
-__device__ __forceinline__ u32 seg_of(const unsigned short* starts, u32 n, u32 stride, u32 p) {
+template <typename P>
+__device__ __forceinline__ u32 seg_of(const P* starts, u32 n, u32 stride, u32 p) {
     u32 lo = 0, hi = n - 1;
     while (lo < hi) {
         u32 mid = (lo + hi + 1) >> 1;
@@ -377,7 +378,8 @@ __device__ __forceinline__ u32 seg_of(const unsigned short* starts, u32 n, u32 s
 
 // The part of tile position c: walking forward from (k, pb, pe) when `walk`, else a binary
 // search over the np parts.
-__device__ __forceinline__ void part_of(const unsigned short* s_p, u32 np, bool walk, u32 c, u32& k,
+template <typename P>
+__device__ __forceinline__ void part_of(const P* s_p, u32 np, bool walk, u32 c, u32& k,
                                         u32& pb, u32& pe) {
     if (walk) {
         while (pe <= c) {
@@ -392,15 +394,23 @@ __device__ __forceinline__ void part_of(const unsigned short* s_p, u32 np, bool 
     }
 }
 
-template <typename W, bool SIGNED>
+template <bool KNOWN> struct PartStart { typedef u32 T; };
+template <> struct PartStart<true> { typedef unsigned short T; };
+
+// KNOWN: the merge_known_* kernels, run when a list of the call is resident with its row
+// order known (plan may set LEN_KNOWN / LEN_SEARCH on a row's lists); the merge_* kernels
+// (KNOWN false) check every element and never search: their loop has none of that code.
+template <typename W, bool SIGNED, bool KNOWN>
 __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, const W* a_vals,
                            const W* b_vals, const u64* a_pos, const u64* a_len,
                            const u64* b_pos, const u64* b_len, const TileDesc* descs,
                            u64* row_cnt, u64* tile_cnt, u64* tile_pos, u64* scratch_top,
                            u64 scratch_cap, u8* flags, W* scratch, u32* err) {
     __shared__ W s_in[TILE + 1];
-    // Part starts (tile positions, <= TILE <= 2048); s_p[2 * nseg] = len.
-    __shared__ unsigned short s_p[MAXPART + 1];
+    // Part starts (tile positions, <= TILE <= 2048); s_p[2 * nseg] = len. 16-bit in the known
+    // kernel (with s_info, 32-bit starts made it ~10% slower on the H200, likely fewer blocks
+    // per SM); 32-bit in the other, as measured before known order existed.
+    __shared__ typename PartStart<KNOWN>::T s_p[MAXPART + 1];
     __shared__ const W* s_src[MAXPART];  // each part's first element in global memory
     __shared__ u32 s_segcnt[MAXSEG];
     // Per segment: bit 0 its A, bit 1 its B known to be increasing (no check); bit 2 its B is
@@ -441,7 +451,7 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
         const u64 st = act_start[j];
         const u64 al_raw = a_len[r], bl_raw = b_len[r];
         const u64 na = al_raw & LEN_MASK, nb = bl_raw & LEN_MASK;
-        const bool srch = (bl_raw & LEN_SEARCH) != 0;
+        const bool srch = KNOWN && (bl_raw & LEN_SEARCH) != 0;
         const u64 next = act_start[j + 1];
         const u64 lo = i == 0 ? d0 - st : 0;
         const u64 hi = (next < d1 ? next : d1) - st;
@@ -450,16 +460,16 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
         const u64 b_lo = lo - a_lo;
         const u32 s = (u32)(st + lo - d0);
         // A searching row's path is A alone, so b_lo and b_hi below are 0.
-        s_p[2 * i] = (unsigned short)s;
-        s_p[2 * i + 1] = (unsigned short)(s + (u32)(a_hi - a_lo));
+        s_p[2 * i] = (typename PartStart<KNOWN>::T)s;
+        s_p[2 * i + 1] = (typename PartStart<KNOWN>::T)(s + (u32)(a_hi - a_lo));
         s_segcnt[i] = 0;
-        s_info[i] = (u8)(((al_raw & LEN_KNOWN) ? 1u : 0u) | ((bl_raw & LEN_KNOWN) ? 2u : 0u) |
+        if (KNOWN) s_info[i] = (u8)(((al_raw & LEN_KNOWN) ? 1u : 0u) | ((bl_raw & LEN_KNOWN) ? 2u : 0u) |
                          (srch ? 4u : 0u));
         s_src[2 * i] = a_vals + a_pos[r] + a_lo;
         s_src[2 * i + 1] = b_vals + b_pos[r] + b_lo;
         if (i == nseg - 1) {
             const u64 b_hi = hi - a_hi;
-            s_p[np] = (unsigned short)len;
+            s_p[np] = (typename PartStart<KNOWN>::T)len;
             s_has_la[0] = a_hi < na;
             s_has_la[1] = !srch && b_hi < nb;
             s_la[0] = a_hi < na ? to_key<W, SIGNED>(a_vals[a_pos[r] + a_hi]) : (W)0;
@@ -504,7 +514,7 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
                 part_of(s_p, np, walk, c, k, pb, pe);
                 const bool is_a = (k & 1u) == 0;
                 const bool last_row = k + 2 >= np;
-                const u32 info = s_info[k >> 1];
+                const u32 info = KNOWN ? s_info[k >> 1] : 0u;
                 if (((info >> (k & 1u)) & 1u) == 0) {  // order not known: check it
                     bool bad;
                     if (c + 1 < pe) {
@@ -518,7 +528,7 @@ __device__ void merge_impl(u32 n, const u64* act_start, const u32* act_row, cons
                 }
                 if (is_a) {
                     bool hit;
-                    if (info & 4u) {
+                    if (KNOWN && (info & 4u)) {
                         // Lower bound of x in the whole of B, in global memory.
                         const W* bsrc = s_src[k + 1];
                         const u64 nb = b_len[act_row[j0 + (k >> 1)]] & LEN_MASK;
@@ -644,16 +654,25 @@ extern "C" __global__ void gather_64(u64 tiles, const u64* tile_cnt, const u64* 
         const u64* a_pos, const u64* a_len, const u64* b_pos, const u64* b_len,               \
         const TileDesc* descs, u64* row_cnt, u64* tile_cnt, u64* tile_pos, u64* scratch_top,  \
         u64 scratch_cap, u8* flags, W* scratch, u32* err) {                                   \
-        merge_impl<W, SIGNED>(n, act_start, act_row, a_vals, b_vals, a_pos, a_len, b_pos,     \
-                              b_len, descs, row_cnt, tile_cnt, tile_pos, scratch_top,         \
-                              scratch_cap, flags, scratch, err);                              \
+        merge_impl<W, SIGNED, false>(n, act_start, act_row, a_vals, b_vals, a_pos, a_len,     \
+                                     b_pos, b_len, descs, row_cnt, tile_cnt, tile_pos,        \
+                                     scratch_top, scratch_cap, flags, scratch, err);          \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB) merge_known_##NAME(           \
+        u32 n, const u64* act_start, const u32* act_row, const W* a_vals, const W* b_vals,    \
+        const u64* a_pos, const u64* a_len, const u64* b_pos, const u64* b_len,               \
+        const TileDesc* descs, u64* row_cnt, u64* tile_cnt, u64* tile_pos, u64* scratch_top,  \
+        u64 scratch_cap, u8* flags, W* scratch, u32* err) {                                   \
+        merge_impl<W, SIGNED, true>(n, act_start, act_row, a_vals, b_vals, a_pos, a_len,      \
+                                    b_pos, b_len, descs, row_cnt, tile_cnt, tile_pos,         \
+                                    scratch_top, scratch_cap, flags, scratch, err);           \
     }
 
 INSTANTIATE_PARTITION(u32, u32, false)
 INSTANTIATE_PARTITION(i32, u32, true)
 INSTANTIATE_PARTITION(u64, u64, false)
 INSTANTIATE_PARTITION(i64, u64, true)
-// Shared memory per block (256 threads x 8 positions): about 34 KB for 32-bit elements, 42 KB
+// Shared memory per block (256 threads x 8 positions): about 37 KB for 32-bit elements, 45 KB
 // for 64-bit ones; half that with 128 threads.
 INSTANTIATE_MERGE(u32, u32, false, MINB32)
 INSTANTIATE_MERGE(i32, u32, true, MINB32)

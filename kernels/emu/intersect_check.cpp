@@ -21,18 +21,21 @@ struct K;
 template <> struct K<u32, false> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_u32(a...); }
+    template <class... A> static void merge_known(A... a) { merge_known_u32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
     template <class... A> static void order(A... a) { row_order_u32_o32(a...); }
 };
 template <> struct K<u32, true> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_i32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_i32(a...); }
+    template <class... A> static void merge_known(A... a) { merge_known_i32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
     template <class... A> static void order(A... a) { row_order_i32_o32(a...); }
 };
 template <> struct K<u64, false> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u64* av, const u64* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u64(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_u64(a...); }
+    template <class... A> static void merge_known(A... a) { merge_known_u64(a...); }
     template <class... A> static void gather(A... a) { gather_64(a...); }
     template <class... A> static void order(A... a) { row_order_u64_o32(a...); }
 };
@@ -107,7 +110,12 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         scan(act_len.data(), n, act_start.data());
         scratch_top = 0;
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
-        launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
+        // As the host: the known-order merge when a list has row-order flags.
+        if (known != 0) {
+            launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge_known(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
+        } else {
+            launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
+        }
         if (dst) {
             scan(tile_cnt.data(), tiles_max, tile_excl.data());
             launch((tiles_max * 32 + 255) / 256, 256, [&] { K<W, SIGNED>::gather(tiles_max, tile_cnt.data(), tile_pos.data(), tile_excl.data(), (const W*)scratch.data(), dst); });

@@ -113,6 +113,9 @@ struct Kernels {
     partition: [CudaFunction; 4],
     /// Indexed by [`elem_index`].
     merge: [CudaFunction; 4],
+    /// The same for calls where a list's row order is known (a resident column's flags):
+    /// skips the order check of known rows, searches B where plan says so.
+    merge_known: [CudaFunction; 4],
     /// 32-bit and 64-bit elements.
     gather: [CudaFunction; 2],
     /// Row order of a resident column, by [`elem_index`], then 32- / 64-bit offsets.
@@ -491,6 +494,12 @@ fn init() -> Result<Gpu, GpuError> {
             f("merge_i32")?,
             f("merge_u64")?,
             f("merge_i64")?,
+        ],
+        merge_known: [
+            f("merge_known_u32")?,
+            f("merge_known_i32")?,
+            f("merge_known_u64")?,
+            f("merge_known_i64")?,
         ],
         gather: [f("gather_32")?, f("gather_64")?],
         row_order: [
@@ -1208,7 +1217,15 @@ fn run_chunk<T: SetElem>(
     // Every step's merge path is at most the shortest list's values (A: the row's shortest
     // list, or the previous step's result) plus the longest list's (B).
     let tiles_max = ((cap + max_b) as u64).div_ceil(g.tile()).max(1);
-    let merge = &g.kernels.merge[variant];
+    // The merge without the known-order code unless a list's row order is known.
+    let merge = if resident
+        .iter()
+        .any(|r| matches!(r, Some((_, _, ord)) if *ord != 0))
+    {
+        &g.kernels.merge_known[variant]
+    } else {
+        &g.kernels.merge[variant]
+    };
     let gather = &g.kernels.gather[usize::from(esz == 8)];
     let n64 = n as u64;
 
