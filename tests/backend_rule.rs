@@ -211,3 +211,81 @@ async fn explain_analyze_shows_resident_list_columns() {
     assert!(b2 * 50.0 < b1, "{first}\n{second}");
     assert_eq!((up3, re3), (0, 0), "{third}");
 }
+
+/// `auto` keeps `list_intersect` on the CPU for a table of 16,384 rows (two lists of 600
+/// values a row; staged, the GPU would be slower), but a table queried again is another
+/// matter: the first query runs on the CPU and notes its columns, the second copies them to
+/// the device and runs there, the third reads them there; the answers equal the CPU's. With
+/// `sets.gpu_resident_columns = false` every batch stays on the CPU. Without a GPU the plan
+/// says why and every batch runs on the CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_runs_a_table_queried_again_on_device_resident_columns() {
+    let has_gpu = gpu::device().is_ok();
+    // A smaller table without a GPU: only the CPU path is checked there.
+    let rows = if has_gpu { 16_384 } else { 2_048 };
+    let ctx = new_context();
+    for s in [
+        format!(
+            "CREATE TABLE t AS SELECT range(v, v + 600) AS a, range(v + 300, v + 900) AS b FROM generate_series(1, {rows}) AS s(v)"
+        ),
+        "SET sets.backend = 'auto'".to_string(),
+    ] {
+        ctx.sql(&s).await.unwrap().collect().await.unwrap();
+    }
+    let run = |sql: String| {
+        let ctx = ctx.clone();
+        async move {
+            let out = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+            pretty_format_batches(&out).unwrap().to_string()
+        }
+    };
+    let query = "EXPLAIN ANALYZE SELECT cardinality(list_intersect(a, b)) AS n FROM t";
+    let total = "SELECT sum(cardinality(list_intersect(a, b))) AS n FROM t";
+    let first = run(query.to_string()).await;
+    let second = run(query.to_string()).await;
+    let third = run(query.to_string()).await;
+    let answer_auto = run(total.to_string()).await;
+    run("SET sets.gpu_resident_columns = false".to_string()).await;
+    let off = run(query.to_string()).await;
+    run("SET sets.backend = 'cpu'".to_string()).await;
+    let answer_cpu = run(total.to_string()).await;
+    assert_eq!(answer_auto, answer_cpu);
+    assert!(
+        answer_cpu.contains(&format!("| {} |", 300 * rows)),
+        "{answer_cpu}"
+    );
+    for plan in [&first, &second, &third, &off] {
+        // Printed scaled: "16.38 K".
+        let got = metric_scaled(plan, "rows");
+        assert!((got - rows as f64).abs() <= 0.01 * rows as f64, "{plan}");
+    }
+    let e = match gpu::device() {
+        Err(e) => e,
+        Ok(_) => {
+            assert!(
+                first.contains("list_intersect=cpu (auto: ")
+                    && first.contains("queried before runs on the GPU"),
+                "{first}"
+            );
+            assert_eq!(metric(&first, "gpu_batches"), 0, "{first}");
+            assert!(metric(&first, "cpu_batches") >= 1, "{first}");
+            // Every batch's two columns go up once, in the second query.
+            assert!(metric(&second, "gpu_batches") >= 1, "{second}");
+            assert_eq!(metric(&second, "cpu_batches"), 0, "{second}");
+            let uploaded = metric(&second, "gpu_columns_uploaded");
+            assert_eq!(uploaded, 2 * metric(&second, "gpu_batches"), "{second}");
+            assert_eq!(metric(&third, "gpu_columns_uploaded"), 0, "{third}");
+            assert_eq!(metric(&third, "gpu_columns_reused"), uploaded, "{third}");
+            assert_eq!(metric(&off, "gpu_batches"), 0, "{off}");
+            assert!(!off.contains("queried before"), "{off}");
+            return;
+        }
+    };
+    for plan in [&first, &second, &third] {
+        assert!(
+            plan.contains(&format!("list_intersect=cpu (no GPU: {e})")),
+            "{plan}"
+        );
+        assert_eq!(metric(plan, "gpu_batches"), 0, "{plan}");
+    }
+}

@@ -14,6 +14,10 @@ pub struct BackendPlan {
     pub backend: BackendChoice,
     pub reason: String,
     pub metrics: BackendMetrics,
+    /// `auto` chose the CPU, but a batch whose list columns an earlier call met (a table
+    /// queried again) runs on the GPU, its columns kept there, when the cost model prices
+    /// the batch faster on device-resident columns than on the CPU.
+    pub resident_on_gpu: bool,
 }
 
 impl BackendPlan {
@@ -22,6 +26,7 @@ impl BackendPlan {
             backend,
             reason: reason.into(),
             metrics: BackendMetrics::default(),
+            resident_on_gpu: false,
         }
     }
 }

@@ -9,7 +9,12 @@
 //! whose buffers nobody else holds any more belongs to dropped data and is freed at the next
 //! call. The device side is generic (`D`, the allocation) so the policy is tested without a GPU.
 
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
 use datafusion::arrow::buffer::Buffer;
+
+use super::{HostList, HostOffsets};
 
 /// Identity of a list column: element width, offset width and its two buffers' extents.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +42,106 @@ impl ColumnKey {
             offsets: span(offsets),
         }
     }
+}
+
+/// Columns whose rows in a call hold fewer value bytes are always staged: copying them is
+/// cheaper than keeping them.
+pub(crate) const MIN_RESIDENT_BYTES: usize = 64 << 10;
+
+/// Where a call's list lies in its column's Arrow buffers.
+pub(crate) struct Placement {
+    pub(crate) key: ColumnKey,
+    /// Byte offset of the call's first value in the values buffer.
+    pub(crate) v_shift: usize,
+    /// Byte offset of the call's first offset in the offsets buffer.
+    pub(crate) o_shift: usize,
+    /// Bytes per offset (4 or 8).
+    pub(crate) osz: usize,
+}
+
+/// The placement of `l` in its column when the column is worth keeping on the device: it
+/// has an Arrow identity, and the call's rows cover at least half of its values buffer and
+/// [`MIN_RESIDENT_BYTES`]. `None`: stage it.
+pub(crate) fn placement<T>(l: &HostList<'_, T>) -> Option<Placement> {
+    let (vbuf, obuf) = l.column?;
+    let esz = std::mem::size_of::<T>();
+    let n = l.offsets.rows();
+    let used = (l.offsets.at(n) - l.offsets.at(0)) * esz;
+    if used < MIN_RESIDENT_BYTES || 2 * used < vbuf.len() {
+        return None;
+    }
+    let (osz, offs_ptr, offs_len) = match l.offsets {
+        HostOffsets::I32(o) => (4, o.as_ptr() as usize, o.len() * 4),
+        HostOffsets::I64(o) => (8, o.as_ptr() as usize, o.len() * 8),
+    };
+    // Where the call's slices lie in the buffers (whole buffers are copied).
+    let v_shift = (l.values.as_ptr() as usize).checked_sub(vbuf.as_ptr() as usize)?;
+    let o_shift = offs_ptr.checked_sub(obuf.as_ptr() as usize)?;
+    if v_shift + std::mem::size_of_val(l.values) > vbuf.len()
+        || o_shift + offs_len > obuf.len()
+        || v_shift % esz != 0
+    {
+        return None;
+    }
+    Some(Placement {
+        key: ColumnKey::new(vbuf, obuf, esz, osz),
+        v_shift,
+        o_shift,
+        osz,
+    })
+}
+
+/// How many columns [`SeenColumns`] remembers.
+const SEEN_CAP: usize = 64;
+
+/// The columns worth keeping that calls met, most recent last (keys only: nothing is pinned,
+/// so a key may outlive its data, and a new column at the same addresses counts as met; the
+/// cost of that is one early copy, never a wrong answer).
+#[derive(Default)]
+pub(crate) struct SeenColumns {
+    keys: VecDeque<ColumnKey>,
+}
+
+impl SeenColumns {
+    /// Record `key` as met now; whether it had been met before.
+    pub(crate) fn meet(&mut self, key: &ColumnKey) -> bool {
+        let before = match self.keys.iter().position(|k| k == key) {
+            Some(i) => {
+                self.keys.remove(i);
+                true
+            }
+            None => false,
+        };
+        if self.keys.len() == SEEN_CAP {
+            self.keys.pop_front();
+        }
+        self.keys.push_back(key.clone());
+        before
+    }
+}
+
+static SEEN: Mutex<SeenColumns> = Mutex::new(SeenColumns {
+    keys: VecDeque::new(),
+});
+
+/// Record the column of `key` as met by a call (every call that keeps or reads a column on
+/// the device does).
+pub(crate) fn meet(key: &ColumnKey) -> bool {
+    SEEN.lock().unwrap_or_else(|p| p.into_inner()).meet(key)
+}
+
+/// Whether every list of a call is worth keeping on the device and its column was met by an
+/// earlier call (a table queried again); every such column is recorded as met either way.
+pub(crate) fn all_met_before<T>(lists: &[HostList<'_, T>]) -> bool {
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut all = true;
+    for l in lists {
+        match placement(l) {
+            Some(p) => all &= seen.meet(&p.key),
+            None => all = false,
+        }
+    }
+    all
 }
 
 struct Entry<D> {
@@ -235,6 +340,65 @@ mod tests {
                 Admitted::DoesNotFit => None,
             }
         }
+    }
+
+    #[test]
+    fn seen_columns_remember_the_most_recent_keys() {
+        let cols: Vec<[Buffer; 2]> = (1..=SEEN_CAP + 1).map(column).collect();
+        let mut seen = SeenColumns::default();
+        assert!(!seen.meet(&key(&cols[0])));
+        assert!(seen.meet(&key(&cols[0])));
+        // SEEN_CAP others push the first out, oldest first.
+        for c in &cols[1..] {
+            assert!(!seen.meet(&key(c)));
+        }
+        assert!(!seen.meet(&key(&cols[0])));
+        // Meeting a key again makes it the most recent: cols[2] survives SEEN_CAP - 1 more.
+        assert!(seen.meet(&key(&cols[2])));
+        for c in &cols[3..] {
+            assert!(seen.meet(&key(c)));
+        }
+        assert!(seen.meet(&key(&cols[2])));
+        assert_eq!(seen.keys.len(), SEEN_CAP);
+    }
+
+    #[test]
+    fn placement_takes_columns_whose_rows_cover_half_their_buffer() {
+        let n = MIN_RESIDENT_BYTES; // values of 4 bytes: 4x the minimum
+        let values = Buffer::from_vec((0..n as u32).collect::<Vec<u32>>());
+        let offsets = Buffer::from_vec(vec![0i32, (n / 2) as i32, n as i32]);
+        let vals: &[u32] = values.typed_data();
+        let offs: &[i32] = offsets.typed_data();
+        let list = |rows: std::ops::Range<usize>, column: bool| HostList {
+            offsets: HostOffsets::I32(&offs[rows.start..=rows.end]),
+            values: vals,
+            column: column.then_some((&values, &offsets)),
+        };
+        let whole = placement(&list(0..2, true)).expect("whole column");
+        assert_eq!((whole.v_shift, whole.o_shift, whole.osz), (0, 0, 4));
+        assert_eq!(whole.key, ColumnKey::new(&values, &offsets, 4, 4));
+        // Half of the values buffer: still kept; its offsets start one entry in.
+        let half = placement(&list(1..2, true)).expect("second half");
+        assert_eq!((half.o_shift, half.key), (4, whole.key));
+        // No Arrow identity: staged.
+        assert!(placement(&list(0..2, false)).is_none());
+        // Fewer than MIN_RESIDENT_BYTES: staged.
+        let small = Buffer::from_vec((0..100u32).collect::<Vec<u32>>());
+        let small_offs = Buffer::from_vec(vec![0i32, 100]);
+        let l = HostList {
+            offsets: HostOffsets::I32(small_offs.typed_data()),
+            values: small.typed_data::<u32>(),
+            column: Some((&small, &small_offs)),
+        };
+        assert!(placement(&l).is_none());
+        // Rows covering under half of the buffer: staged.
+        let quarter = Buffer::from_vec(vec![0i32, (n / 4) as i32]);
+        let l = HostList {
+            offsets: HostOffsets::I32(quarter.typed_data()),
+            values: vals,
+            column: Some((&values, &quarter)),
+        };
+        assert!(placement(&l).is_none());
     }
 
     #[test]

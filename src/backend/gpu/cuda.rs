@@ -19,7 +19,7 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use datafusion::arrow::buffer::Buffer;
 use rayon::prelude::*;
 
-use super::columns::{Admitted, ColumnCache, ColumnKey};
+use super::columns::{self, Admitted, ColumnCache, Placement};
 use super::fault::{self, Fault};
 use super::{
     Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, HostOffsets, Mode, RowValidity, Timings,
@@ -742,9 +742,6 @@ fn chunk_end<T>(
     lo
 }
 
-/// Columns whose rows in a call hold fewer value bytes are always staged: copying them is
-/// cheaper than keeping them.
-const MIN_RESIDENT_BYTES: usize = 64 << 10;
 /// Piece size of a column's upload through the two pinned staging buffers.
 const UPLOAD_PIECE: usize = 8 << 20;
 
@@ -902,9 +899,8 @@ fn upload_column(
 /// (the call's `values[0]` and `offsets[0]`) and its first row's order flag (0: not known).
 type ResidentAt = Option<(u64, u64, u64)>;
 
-/// Find or make resident the list columns of a call that can be: columns with an Arrow
-/// identity whose rows in the call cover at least half of their values buffer and
-/// [`MIN_RESIDENT_BYTES`]. The rest (and every column after an upload error) are staged.
+/// Find or make resident the list columns of a call that can be (see
+/// [`columns::placement`]). The rest (and every column after an upload error) are staged.
 fn resident_columns<T: SetElem>(
     g: &Gpu,
     ws: &mut Workspace,
@@ -913,7 +909,6 @@ fn resident_columns<T: SetElem>(
     budget: usize,
     t: &mut Timings,
 ) -> Vec<ResidentAt> {
-    let esz = std::mem::size_of::<T>();
     let with_order = super::known_order() != super::KnownOrder::Ignore;
     let stamp = ws.columns.begin_call();
     let mut failed = false;
@@ -924,25 +919,13 @@ fn resident_columns<T: SetElem>(
             if failed {
                 return None;
             }
-            let n = l.offsets.rows();
-            let used = (l.offsets.at(n) - l.offsets.at(0)) * esz;
-            if used < MIN_RESIDENT_BYTES || 2 * used < vbuf.len() {
-                return None;
-            }
-            let (osz, offs_ptr, offs_len) = match l.offsets {
-                HostOffsets::I32(o) => (4, o.as_ptr() as usize, o.len() * 4),
-                HostOffsets::I64(o) => (8, o.as_ptr() as usize, o.len() * 8),
-            };
-            // Where the call's slices lie in the buffers (whole buffers are copied).
-            let v_shift = (l.values.as_ptr() as usize).checked_sub(vbuf.as_ptr() as usize)?;
-            let o_shift = offs_ptr.checked_sub(obuf.as_ptr() as usize)?;
-            if v_shift + std::mem::size_of_val(l.values) > vbuf.len()
-                || o_shift + offs_len > obuf.len()
-                || v_shift % esz != 0
-            {
-                return None;
-            }
-            let key = ColumnKey::new(vbuf, obuf, esz, osz);
+            let Placement {
+                key,
+                v_shift,
+                o_shift,
+                osz,
+            } = columns::placement(l)?;
+            columns::meet(&key);
             let offs_at = align(vbuf.len());
             // Values, offsets and a byte of row order per offset.
             let bytes = align(offs_at + obuf.len()) + obuf.len() / osz;
@@ -1040,6 +1023,37 @@ pub fn intersect<T: SetElem>(
     columns_budget: Option<usize>,
     share_values: bool,
 ) -> Result<GpuOutput<T>, GpuError> {
+    intersect_in(lists, validity, mode, columns_budget, share_values, false)
+}
+
+/// As [`intersect`] with the columns kept on the device within `columns_budget`, but only
+/// when every list's column is resident or is made resident now: otherwise
+/// [`GpuError::Unsupported`], before any kernel runs (`auto` runs such calls on the CPU).
+pub fn intersect_resident<T: SetElem>(
+    lists: &[HostList<'_, T>],
+    validity: Option<RowValidity<'_>>,
+    mode: Mode,
+    columns_budget: usize,
+    share_values: bool,
+) -> Result<GpuOutput<T>, GpuError> {
+    intersect_in(
+        lists,
+        validity,
+        mode,
+        Some(columns_budget),
+        share_values,
+        true,
+    )
+}
+
+fn intersect_in<T: SetElem>(
+    lists: &[HostList<'_, T>],
+    validity: Option<RowValidity<'_>>,
+    mode: Mode,
+    columns_budget: Option<usize>,
+    share_values: bool,
+    resident_only: bool,
+) -> Result<GpuOutput<T>, GpuError> {
     let Some(variant) = elem_index::<T>() else {
         return Err(GpuError::Unsupported(format!("{}-bit elements", T::BITS)));
     };
@@ -1100,6 +1114,11 @@ pub fn intersect<T: SetElem>(
         }
         None => vec![None; lists.len()],
     };
+    if resident_only && resident.iter().any(Option::is_none) {
+        return Err(GpuError::Unsupported(
+            "a list column is not on the device".into(),
+        ));
+    }
     let mut r0 = 0;
     while r0 < n {
         let budget_elems = (ws.budget / esz).max(1);

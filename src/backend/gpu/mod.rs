@@ -39,7 +39,7 @@ mod simjoin;
 #[cfg(feature = "cuda")]
 pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
-pub use cuda::{device, intersect, measure_ceilings};
+pub use cuda::{device, intersect, intersect_resident, measure_ceilings};
 #[cfg(feature = "cuda")]
 pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
 
@@ -47,8 +47,8 @@ pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_p
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, measure_ceilings,
-    submit_pairs, upload_sets, verify_pairs,
+    DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, intersect_resident,
+    measure_ceilings, submit_pairs, upload_sets, verify_pairs,
 };
 
 /// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each

@@ -43,11 +43,32 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
     opts: &EngineOptions,
     mode: Mode,
 ) -> Option<(GpuOutput<T>, Vec<usize>)> {
-    if opts.backend != BackendChoice::Gpu {
-        return None;
-    }
+    // `auto` chose the CPU: a batch over columns met before may still run on them resident.
+    let resident_budget = match (&opts.plan, opts.gpu_columns) {
+        _ if opts.backend == BackendChoice::Gpu => None,
+        (Some(p), Some(budget)) if p.resident_on_gpu => Some(budget),
+        _ => return None,
+    };
     if !matches!(T::BITS, 32 | 64) || lists.len() < 2 || lists[0].is_empty() {
         return None;
+    }
+    if resident_budget.is_some() {
+        let n = lists[0].len();
+        let values: usize = lists
+            .iter()
+            .map(|l| {
+                let o = l.parts().0;
+                o[n].as_usize().saturating_sub(o[0].as_usize())
+            })
+            .sum();
+        let (cpu_ms, gpu_ms) = crate::optimizer::backend_rule::estimate_resident_ms(
+            values,
+            n,
+            rayon::current_num_threads(),
+        );
+        if gpu_ms >= cpu_ms {
+            return None;
+        }
     }
     let mut host = Vec::with_capacity(lists.len());
     let mut row_nulls: Option<NullBuffer> = None;
@@ -68,7 +89,16 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         bit_offset: nb.inner().offset(),
     });
     let share = mode == Mode::Values;
-    let out = match super::intersect(&host, validity, mode, opts.gpu_columns, share) {
+    let out = match resident_budget {
+        None => super::intersect(&host, validity, mode, opts.gpu_columns, share),
+        Some(budget) => {
+            if !super::columns::all_met_before(&host) {
+                return None;
+            }
+            super::intersect_resident(&host, validity, mode, budget, share)
+        }
+    };
+    let out = match out {
         Ok(out) => out,
         Err(e) => {
             log::debug!("datafusion-sets: list intersection on the CPU: {e}");

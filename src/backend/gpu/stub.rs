@@ -27,6 +27,17 @@ pub fn intersect<T: SetElem>(
     Err(GpuError::NotCompiled)
 }
 
+/// Not available without the `cuda` feature.
+pub fn intersect_resident<T: SetElem>(
+    _lists: &[HostList<'_, T>],
+    _validity: Option<RowValidity<'_>>,
+    _mode: Mode,
+    _columns_budget: usize,
+    _share_values: bool,
+) -> Result<GpuOutput<T>, GpuError> {
+    Err(GpuError::NotCompiled)
+}
+
 /// Transfer ceilings: not available without the `cuda` feature.
 pub fn measure_ceilings(_bytes: usize) -> Result<Ceilings, GpuError> {
     Err(GpuError::NotCompiled)
