@@ -324,12 +324,7 @@ impl Column {
     fn new(rng: &mut Rng, rows: usize) -> Self {
         let cols = log_uniform_columns(rng, rows, 10.0, 400.0, 4);
         let (offs, vals) = &cols[0];
-        let list = u32_lists(offs, vals)
-            .as_any()
-            .downcast_ref::<GenericListArray<i32>>()
-            .expect("list")
-            .clone();
-        Column { list }
+        Self::from_parts(offs, vals)
     }
 
     fn sliced(&self, from: usize, rows: usize) -> Self {
