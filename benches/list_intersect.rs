@@ -51,6 +51,7 @@ use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, UInt32Type, UInt64Type};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::AggregateUDFImpl;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_sets::SessionStateBuilderExt;
 use datafusion_sets::backend::cpu::{self, Kernel};
@@ -828,6 +829,95 @@ fn bench_gcide(c: &mut Criterion) {
     g.bench_function("kernel", |bch| {
         let q = lists_of(get());
         bch.iter(|| black_box(kernel_total(q)));
+    });
+    g.finish();
+    let exp = *expected.get_or_init(|| kernel_total(lists_of(get())));
+    bench_gcide_grouped(c, get(), exp);
+}
+
+/// `list_intersect_agg` over DataFusion's adapter for plain accumulators: the function as it is
+/// but without its `GroupsAccumulator`, so `GROUP BY` goes through
+/// `GroupsAccumulatorAdapter` (the state before the groups accumulator; side by side).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct AdapterAgg(datafusion_sets::functions::list_intersect_agg::ListIntersectAgg);
+
+impl AggregateUDFImpl for AdapterAgg {
+    fn name(&self) -> &str {
+        "list_intersect_agg_adapter"
+    }
+    fn signature(&self) -> &datafusion::logical_expr::Signature {
+        self.0.signature()
+    }
+    fn coerce_types(&self, t: &[DataType]) -> datafusion::common::Result<Vec<DataType>> {
+        self.0.coerce_types(t)
+    }
+    fn return_type(&self, t: &[DataType]) -> datafusion::common::Result<DataType> {
+        self.0.return_type(t)
+    }
+    fn state_fields(
+        &self,
+        a: datafusion::logical_expr::function::StateFieldsArgs,
+    ) -> datafusion::common::Result<Vec<datafusion::arrow::datatypes::FieldRef>> {
+        self.0.state_fields(a)
+    }
+    fn accumulator(
+        &self,
+        a: datafusion::logical_expr::function::AccumulatorArgs,
+    ) -> datafusion::common::Result<Box<dyn datafusion::logical_expr::Accumulator>> {
+        self.0.accumulator(a)
+    }
+}
+
+/// All queries in one SQL statement: a `(qid, term)` table joined with the postings and
+/// grouped by query.
+fn bench_gcide_grouped(c: &mut Criterion, d: &'static Gcide, expected: u64) {
+    let mut qids = Vec::new();
+    let mut terms = Vec::new();
+    for (i, q) in d.queries.iter().enumerate() {
+        for t in q {
+            qids.push(i as u32);
+            terms.push(t.clone());
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("qid", DataType::UInt32, false),
+        Field::new("term", DataType::Utf8, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(UInt32Array::from(qids)),
+            Arc::new(StringArray::from(terms)),
+        ],
+    )
+    .unwrap();
+    let table = MemTable::try_new(schema, vec![vec![batch]]).unwrap();
+    d.oc.ctx.deregister_table("qterms").unwrap();
+    d.oc.ctx.register_table("qterms", Arc::new(table)).unwrap();
+    d.oc.ctx
+        .register_udaf(datafusion::logical_expr::AggregateUDF::new_from_impl(
+            AdapterAgg(datafusion_sets::functions::list_intersect_agg::ListIntersectAgg::new()),
+        ));
+    let mut g = c.benchmark_group("agg/gcide_grouped");
+    configure(&mut g);
+    for (name, f) in [
+        ("groups_accumulator", "list_intersect_agg"),
+        ("adapter", "list_intersect_agg_adapter"),
+    ] {
+        let sql = format!(
+            "SELECT {f}(p.doc_ids) AS r, q.qid FROM qterms q JOIN postings p ON q.term = p.term \
+             GROUP BY q.qid"
+        );
+        let got = total(&d.oc.run(&sql));
+        assert_eq!(
+            got, expected,
+            "agg/gcide_grouped/{name}: results differ from the kernel's"
+        );
+        g.bench_function(name, |bch| bch.iter(|| black_box(total(&d.oc.run(&sql)))));
+    }
+    g.bench_function("join_only", |bch| {
+        let sql = "SELECT p.doc_ids, q.qid FROM qterms q JOIN postings p ON q.term = p.term";
+        bch.iter(|| black_box(total(&d.oc.run(sql))))
     });
     g.finish();
 }

@@ -1210,6 +1210,92 @@ fn bench_auto_rows() {
     }
 }
 
+/// `sets.backend = 'auto'` on a table queried again, through SQL in one session: a memory
+/// table of one batch (the foundation issue's W1 and W2 scaled 4x in rows), queried seven
+/// times under `auto` (the first on the CPU, noting its columns; the second copying them to
+/// the device; the rest reading them there) and five times under `'cpu'`; the answers equal.
+#[test]
+#[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
+fn bench_auto_resident() {
+    if !gpu_or_skip("bench_auto_resident") {
+        return;
+    }
+    let mut rng = Rng(43);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio");
+    let mut report = vec![format!(
+        "auto on a table queried again, list_intersect_count through SQL, one batch, {} threads",
+        rayon_threads()
+    )];
+    println!("{}", report[0]);
+    for (shape, rows, lo, hi) in [
+        ("W1x4", 800_000usize, 10f64, 1000f64),
+        ("W2x4", 8_000, 1e3, 1e5),
+    ] {
+        let columns = log_uniform_columns(&mut rng, rows, lo, hi, 4);
+        let values: usize = columns.iter().map(|(_, v)| v.len()).sum();
+        let arrays: Vec<ArrayRef> = columns.iter().map(|(o, v)| u32_lists(o, v)).collect();
+        drop(columns);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", arrays[0].data_type().clone(), true),
+            Field::new("b", arrays[1].data_type().clone(), true),
+        ]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), arrays).expect("batch");
+        let ctx = datafusion_sets::new_context();
+        let table = MemTable::try_new(schema, vec![vec![batch]]).expect("table");
+        ctx.register_table("t", Arc::new(table)).expect("register");
+        let run = |backend: &str| {
+            runtime.block_on(async {
+                let set = format!("SET sets.backend = '{backend}'");
+                ctx.sql(&set).await.unwrap().collect().await.unwrap();
+                let t = Instant::now();
+                let out = ctx
+                    .sql("SELECT list_intersect_count(a, b) AS c FROM t")
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let sum: u64 = out
+                    .iter()
+                    .map(|b| {
+                        b.column(0)
+                            .as_primitive::<datafusion::arrow::datatypes::UInt64Type>()
+                            .values()
+                            .iter()
+                            .sum::<u64>()
+                    })
+                    .sum();
+                (ms, sum)
+            })
+        };
+        let before = gpu::batches_run();
+        let auto: Vec<(f64, u64)> = (0..7).map(|_| run("auto")).collect();
+        let on_gpu = gpu::batches_run() - before;
+        let cpu: Vec<(f64, u64)> = (0..5).map(|_| run("cpu")).collect();
+        let answer = cpu[0].1;
+        assert!(
+            auto.iter().chain(&cpu).all(|r| r.1 == answer),
+            "{shape}: answers differ"
+        );
+        // Runs 2..7 on the GPU (the first on the CPU).
+        assert_eq!(on_gpu, 6, "{shape}: auto runs on the GPU");
+        let rest = median(auto[2..].iter().map(|r| r.0).collect());
+        let cpu_ms = median(cpu.iter().map(|r| r.0).collect());
+        let line = format!(
+            "{shape:5} {rows} rows, {values} values: auto 1st {:.1} ms (CPU, notes the columns), 2nd {:.1} ms (copies them to the device), then {rest:.1} ms (resident, median of 5); cpu {cpu_ms:.1} ms (median of 5) = {:.1}x auto's resident runs",
+            auto[0].0,
+            auto[1].0,
+            cpu_ms / rest
+        );
+        println!("{line}");
+        report.push(line);
+    }
+    if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
+        let _ = std::fs::write(format!("{path}.auto_resident"), report.join("\n") + "\n");
+    }
+}
+
 /// Two list columns (offsets, values) of `rows` rows: each list of log-uniform length in
 /// `min_len..max_len`, strictly increasing with gaps uniform in `1..=max_gap`.
 fn log_uniform_columns(

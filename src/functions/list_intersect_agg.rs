@@ -11,13 +11,16 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{Result, ScalarValue, internal_err, plan_err};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, Expr, GroupsAccumulator, Signature,
+    Volatility,
 };
 use datafusion_macros::user_doc;
 
 use super::common::IntLists;
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::dispatch_integer;
+
+mod groups;
 
 /// The `list_intersect_agg` UDAF singleton.
 pub fn list_intersect_agg_udaf() -> Arc<AggregateUDF> {
@@ -132,6 +135,23 @@ impl AggregateUDFImpl for ListIntersectAgg {
             _ => internal_err!("list_intersect_agg: {element} is not an integer type"))
     }
 
+    fn groups_accumulator_supported(&self, _args: AccumulatorArgs) -> bool {
+        true
+    }
+
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn GroupsAccumulator>> {
+        let ret = args.return_field.data_type();
+        let element = match ret {
+            DataType::List(f) | DataType::LargeList(f) => f.data_type(),
+            other => return internal_err!("list_intersect_agg: unexpected return type {other}"),
+        };
+        dispatch_integer!(element, P => Ok(Box::new(groups::IntersectGroups::<P>::new(ret)?)),
+            _ => internal_err!("list_intersect_agg: {element} is not an integer type"))
+    }
+
     fn documentation(&self) -> Option<&Documentation> {
         self.doc()
     }
@@ -140,6 +160,26 @@ impl AggregateUDFImpl for ListIntersectAgg {
 /// Lists held back before they are folded into the running result, so that a group's lists
 /// are intersected shortest first. Rows are referenced (the input array is shared), not copied.
 const FLUSH_VALUES: usize = 1 << 22;
+
+/// Row `row` of `view` as a set: its non-NULL values strictly increasing, borrowed from the
+/// Arrow buffer when the row already is (checked, never assumed), otherwise sorted and
+/// deduplicated into `buf`. `has_null`: whether the row holds a NULL element.
+fn row_as_set<'a, O: OffsetSizeTrait, T: SetElem>(
+    view: &IntLists<'a, O, T>,
+    row: usize,
+    has_null: bool,
+    buf: &'a mut Vec<T>,
+) -> &'a [T] {
+    let values = view.row(row);
+    if !has_null && cpu::sortedness(values) == Sortedness::Strict {
+        return values;
+    }
+    buf.clear();
+    buf.extend(view.row_options(row).flatten());
+    buf.sort_unstable();
+    buf.dedup();
+    buf
+}
 
 /// Accumulates the intersection of a group's lists.
 struct IntersectAccumulator<P: ArrowPrimitiveType>
@@ -245,16 +285,7 @@ where
         if matches!(&self.result, Some(r) if r.is_empty()) {
             return Ok(()); // nothing can come back; only the NULL flag still changes
         }
-        let values = view.row(row);
-        let sorted: &[P::Native] = if !has_null && cpu::sortedness(values) == Sortedness::Strict {
-            values
-        } else {
-            self.row_buf.clear();
-            self.row_buf.extend(view.row_options(row).flatten());
-            self.row_buf.sort_unstable();
-            self.row_buf.dedup();
-            &self.row_buf
-        };
+        let sorted = row_as_set(&view, row, has_null, &mut self.row_buf);
         match &mut self.result {
             None => self.result = Some(sorted.to_vec()),
             Some(cur) => {

@@ -1,0 +1,609 @@
+//! `list_intersect_agg` with `GROUP BY`: one accumulator for every group of a partition.
+//!
+//! DataFusion's adapter for plain accumulators copies each batch's lists into group order
+//! (`take`) and hands every group a slice of that copy, so each group would hold, and count
+//! in its size, the whole copied batch. This accumulator instead keeps each input array once,
+//! by reference, with one `(group, array, row)` entry per list, and folds a group's lists
+//! shortest first when the held values outgrow the folded results (amortised: every value is
+//! folded once) or when groups are emitted. A group's folded result is a strictly increasing
+//! run of one flat buffer (offsets per group), so the state of millions of groups is three
+//! vectors, not millions of allocations.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, GenericListArray, OffsetSizeTrait,
+    PrimitiveArray,
+};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
+use datafusion::arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::{Result, internal_err};
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+
+use super::{FLUSH_VALUES, row_as_set};
+use crate::backend::cpu::{self, SetElem};
+use crate::functions::common::IntLists;
+
+/// One input list waiting to be folded into its group.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    group: usize,
+    /// Index into `IntersectGroups::arrays`.
+    array: u32,
+    row: u32,
+}
+
+/// The `GroupsAccumulator` of `list_intersect_agg` over element type `P`.
+pub(super) struct IntersectGroups<P: ArrowPrimitiveType>
+where
+    P::Native: SetElem,
+{
+    /// The result's list field (`List` or `LargeList` of `P`).
+    field: FieldRef,
+    large: bool,
+    /// Per group: whether a non-NULL list was folded in (else the group's result is NULL).
+    seen: Vec<bool>,
+    /// Per group: whether every list folded in so far held a NULL element.
+    null_in_all: Vec<bool>,
+    /// Group `g`'s folded intersection is `values[offsets[g]..offsets[g + 1]]`.
+    offsets: Vec<usize>,
+    values: Vec<P::Native>,
+    /// Input arrays the entries point into, each held once.
+    arrays: Vec<ArrayRef>,
+    /// Memory of `arrays`.
+    array_bytes: usize,
+    entries: Vec<Entry>,
+    /// Values referenced by `entries`.
+    pending_values: usize,
+    cur: Vec<P::Native>,
+    tmp: Vec<P::Native>,
+    row_buf: Vec<P::Native>,
+}
+
+impl<P: ArrowPrimitiveType> IntersectGroups<P>
+where
+    P::Native: SetElem,
+{
+    /// `return_type`: `List` or `LargeList` of `P` (the aggregate's return type).
+    pub(super) fn new(return_type: &DataType) -> Result<Self> {
+        let (field, large) = match return_type {
+            DataType::List(f) => (Arc::clone(f), false),
+            DataType::LargeList(f) => (Arc::clone(f), true),
+            other => return internal_err!("list_intersect_agg: unexpected return type {other}"),
+        };
+        Ok(Self {
+            field,
+            large,
+            seen: Vec::new(),
+            null_in_all: Vec::new(),
+            offsets: vec![0],
+            values: Vec::new(),
+            arrays: Vec::new(),
+            array_bytes: 0,
+            entries: Vec::new(),
+            pending_values: 0,
+            cur: Vec::new(),
+            tmp: Vec::new(),
+            row_buf: Vec::new(),
+        })
+    }
+
+    fn groups(&self) -> usize {
+        self.seen.len()
+    }
+
+    fn resize(&mut self, total_num_groups: usize) {
+        if total_num_groups > self.groups() {
+            let end = self.values.len();
+            self.seen.resize(total_num_groups, false);
+            self.null_in_all.resize(total_num_groups, true);
+            self.offsets.resize(total_num_groups + 1, end);
+        }
+    }
+
+    fn add(
+        &mut self,
+        lists: &ArrayRef,
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.resize(total_num_groups);
+        if self.large {
+            self.hold::<i64>(lists, group_indices, opt_filter)?;
+        } else {
+            self.hold::<i32>(lists, group_indices, opt_filter)?;
+        }
+        // Fold once the held lists outweigh the folded results: each value is then folded a
+        // bounded number of times, and at most about twice the results' size is held.
+        if self.pending_values + self.entries.len()
+            >= FLUSH_VALUES.max(self.values.len() + self.groups())
+        {
+            self.fold()?;
+        }
+        Ok(())
+    }
+
+    fn hold<O: OffsetSizeTrait>(
+        &mut self,
+        lists: &ArrayRef,
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+    ) -> Result<()> {
+        let Some(list) = lists.as_list_opt::<O>() else {
+            return internal_err!(
+                "list_intersect_agg: unexpected input type {}",
+                lists.data_type()
+            );
+        };
+        if group_indices.len() != list.len() {
+            return internal_err!(
+                "list_intersect_agg: {} group indices for {} rows",
+                group_indices.len(),
+                list.len()
+            );
+        }
+        let Ok(array) = u32::try_from(self.arrays.len()) else {
+            return internal_err!("list_intersect_agg: too many input batches held");
+        };
+        let offsets = list.value_offsets();
+        let before = self.entries.len();
+        for (row, &group) in group_indices.iter().enumerate() {
+            if list.is_null(row) || opt_filter.is_some_and(|f| !f.is_valid(row) || !f.value(row)) {
+                continue;
+            }
+            if group >= self.groups() {
+                return internal_err!(
+                    "list_intersect_agg: group index {group} of {} groups",
+                    self.groups()
+                );
+            }
+            self.pending_values += (offsets[row + 1] - offsets[row]).as_usize();
+            self.entries.push(Entry {
+                group,
+                array,
+                // A batch has fewer than 2^32 rows (its offsets are at most i64, its length usize,
+                // but DataFusion batches are far smaller); checked to stay exact.
+                row: u32::try_from(row).map_err(|_| {
+                    datafusion::common::DataFusionError::Internal(
+                        "list_intersect_agg: a batch of 2^32 rows or more".into(),
+                    )
+                })?,
+            });
+        }
+        if self.entries.len() > before {
+            self.array_bytes += lists.get_array_memory_size();
+            self.arrays.push(Arc::clone(lists));
+        }
+        Ok(())
+    }
+
+    /// Fold every held list into its group's result, shortest first per group, and release
+    /// the held arrays.
+    fn fold(&mut self) -> Result<()> {
+        if self.entries.is_empty() {
+            return Ok(());
+        }
+        if self.large {
+            self.fold_with::<i64>()
+        } else {
+            self.fold_with::<i32>()
+        }
+    }
+
+    fn fold_with<O: OffsetSizeTrait>(&mut self) -> Result<()> {
+        let arrays = std::mem::take(&mut self.arrays);
+        let mut entries = std::mem::take(&mut self.entries);
+        let mut views = Vec::with_capacity(arrays.len());
+        for a in &arrays {
+            let Some(list) = a.as_list_opt::<O>() else {
+                return internal_err!(
+                    "list_intersect_agg: unexpected input type {}",
+                    a.data_type()
+                );
+            };
+            views.push(IntLists::<O, P::Native>::new::<P>(list));
+        }
+        let len = |e: &Entry| views[e.array as usize].range(e.row as usize).len();
+        entries.sort_unstable_by_key(|e| (e.group, len(e)));
+
+        let groups = self.groups();
+        let mut values = Vec::with_capacity(self.values.len() + self.pending_values / 4);
+        let mut offsets = Vec::with_capacity(groups + 1);
+        offsets.push(0);
+        let mut next = 0;
+        for g in 0..groups {
+            let old = &self.values[self.offsets[g]..self.offsets[g + 1]];
+            let start = next;
+            while next < entries.len() && entries[next].group == g {
+                next += 1;
+            }
+            if start == next {
+                values.extend_from_slice(old);
+                offsets.push(values.len());
+                continue;
+            }
+            let mut have = self.seen[g];
+            self.cur.clear();
+            self.cur.extend_from_slice(old);
+            for e in &entries[start..next] {
+                let view = &views[e.array as usize];
+                let row = e.row as usize;
+                let has_null = view.row_has_null_element(row);
+                self.null_in_all[g] &= has_null;
+                if have && self.cur.is_empty() {
+                    continue; // nothing can come back; only the NULL flag still changes
+                }
+                let set = row_as_set(view, row, has_null, &mut self.row_buf);
+                if have {
+                    self.tmp.clear();
+                    cpu::intersect_auto(&self.cur, set, &mut self.tmp);
+                    std::mem::swap(&mut self.cur, &mut self.tmp);
+                } else {
+                    self.cur.extend_from_slice(set);
+                    have = true;
+                }
+            }
+            self.seen[g] = have;
+            values.extend_from_slice(&self.cur);
+            offsets.push(values.len());
+        }
+        self.values = values;
+        self.offsets = offsets;
+        entries.clear();
+        self.entries = entries;
+        self.pending_values = 0;
+        self.array_bytes = 0;
+        Ok(())
+    }
+
+    /// The first `n` groups' results as a list array (a NULL list for a group with no
+    /// non-NULL list; one trailing NULL element where every list held one), removed from the
+    /// state; the remaining groups move down by `n`.
+    fn emit(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        self.fold()?;
+        let n = match emit_to {
+            EmitTo::All => self.groups(),
+            EmitTo::First(n) => n.min(self.groups()),
+        };
+        let with_null = |g: usize| self.seen[g] && self.null_in_all[g];
+        let extra = (0..n).filter(|&g| with_null(g)).count();
+        let end = self.offsets[n];
+        let mut values = Vec::with_capacity(end + extra);
+        let mut lengths = Vec::with_capacity(n);
+        let mut element_valid = (extra > 0).then(|| Vec::with_capacity(end + extra));
+        for g in 0..n {
+            let run = &self.values[self.offsets[g]..self.offsets[g + 1]];
+            values.extend_from_slice(run);
+            let mut len = run.len();
+            if let Some(v) = element_valid.as_mut() {
+                v.extend(std::iter::repeat_n(true, run.len()));
+            }
+            if with_null(g) {
+                values.push(P::Native::default());
+                len += 1;
+                if let Some(v) = element_valid.as_mut() {
+                    v.push(false);
+                }
+            }
+            lengths.push(len);
+        }
+        let list_valid = NullBuffer::from(self.seen[..n].to_vec());
+        let list_nulls = (list_valid.null_count() > 0).then_some(list_valid);
+        let element = Arc::new(PrimitiveArray::<P>::new(
+            values.into(),
+            element_valid.map(NullBuffer::from),
+        ));
+        let field = Arc::clone(&self.field);
+        let out: ArrayRef = if self.large {
+            Arc::new(GenericListArray::<i64>::try_new(
+                field,
+                OffsetBuffer::from_lengths(lengths),
+                element,
+                list_nulls,
+            )?)
+        } else {
+            Arc::new(GenericListArray::<i32>::try_new(
+                field,
+                OffsetBuffer::from_lengths(lengths),
+                element,
+                list_nulls,
+            )?)
+        };
+        // Drop the emitted groups.
+        self.values.drain(..end);
+        self.offsets.drain(..n);
+        for o in &mut self.offsets {
+            *o -= end;
+        }
+        self.seen.drain(..n);
+        self.null_in_all.drain(..n);
+        Ok(out)
+    }
+
+    /// One input list per row as this aggregate's state: the list itself under the state's
+    /// field (a list's state is the list), NULL where the filter drops the row.
+    fn as_state<O: OffsetSizeTrait>(
+        &self,
+        lists: &ArrayRef,
+        opt_filter: Option<&BooleanArray>,
+    ) -> Result<ArrayRef> {
+        let Some(list) = lists.as_list_opt::<O>() else {
+            return internal_err!(
+                "list_intersect_agg: unexpected input type {}",
+                lists.data_type()
+            );
+        };
+        let filter_nulls = opt_filter.map(|f| {
+            // A row passes where the filter is true (not NULL, not false).
+            let keep = match f.nulls() {
+                Some(n) => f.values() & n.inner(),
+                None => f.values().clone(),
+            };
+            NullBuffer::new(keep)
+        });
+        let nulls = NullBuffer::union(list.nulls(), filter_nulls.as_ref());
+        Ok(Arc::new(GenericListArray::<O>::try_new(
+            Arc::clone(&self.field),
+            list.offsets().clone(),
+            Arc::clone(list.values()),
+            nulls,
+        )?))
+    }
+}
+
+impl<P: ArrowPrimitiveType> std::fmt::Debug for IntersectGroups<P>
+where
+    P::Native: SetElem,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntersectGroups")
+            .field("field", &self.field)
+            .field("groups", &self.groups())
+            .field("values", &self.values.len())
+            .field("entries", &self.entries.len())
+            .finish()
+    }
+}
+
+impl<P: ArrowPrimitiveType> GroupsAccumulator for IntersectGroups<P>
+where
+    P::Native: SetElem,
+{
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        match values {
+            [lists] => self.add(lists, group_indices, opt_filter, total_num_groups),
+            _ => internal_err!(
+                "list_intersect_agg expects one input column, got {}",
+                values.len()
+            ),
+        }
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        self.emit(emit_to)
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        // A partial result is a list like any input list (see `Accumulator::state` of the
+        // plain accumulator), so the state is the result.
+        Ok(vec![self.emit(emit_to)?])
+    }
+
+    fn merge_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.update_batch(values, group_indices, None, total_num_groups)
+    }
+
+    fn convert_to_state(
+        &self,
+        values: &[ArrayRef],
+        opt_filter: Option<&BooleanArray>,
+    ) -> Result<Vec<ArrayRef>> {
+        let [lists] = values else {
+            return internal_err!(
+                "list_intersect_agg expects one input column, got {}",
+                values.len()
+            );
+        };
+        Ok(vec![if self.large {
+            self.as_state::<i64>(lists, opt_filter)?
+        } else {
+            self.as_state::<i32>(lists, opt_filter)?
+        }])
+    }
+
+    fn size(&self) -> usize {
+        size_of_val(self)
+            + (self.seen.capacity() + self.null_in_all.capacity())
+            + self.offsets.capacity() * size_of::<usize>()
+            + (self.values.capacity()
+                + self.cur.capacity()
+                + self.tmp.capacity()
+                + self.row_buf.capacity())
+                * size_of::<P::Native>()
+            + self.arrays.capacity() * size_of::<ArrayRef>()
+            + self.array_bytes
+            + self.entries.capacity() * size_of::<Entry>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use datafusion::arrow::array::{Int32Builder, ListBuilder};
+    use datafusion::arrow::datatypes::Int32Type;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    type Row = (usize, Option<Vec<Option<i32>>>);
+
+    fn list_array(rows: &[Row], large: bool) -> ArrayRef {
+        let mut b = ListBuilder::new(Int32Builder::new());
+        for (_, l) in rows {
+            match l {
+                None => b.append_null(),
+                Some(v) => {
+                    for x in v {
+                        b.values().append_option(*x);
+                    }
+                    b.append(true);
+                }
+            }
+        }
+        let a: ArrayRef = Arc::new(b.finish());
+        if large {
+            datafusion::arrow::compute::cast(&a, &DataType::new_large_list(DataType::Int32, true))
+                .unwrap()
+        } else {
+            a
+        }
+    }
+
+    /// Per group: None (no non-NULL list) or (distinct non-NULL common values ascending,
+    /// whether every list held a NULL).
+    fn reference(rows: &[(Row, bool)], groups: usize) -> Vec<Option<(Vec<i32>, bool)>> {
+        let mut out: Vec<Option<(BTreeSet<i32>, bool)>> = vec![None; groups];
+        for ((g, l), keep) in rows {
+            let (Some(l), true) = (l, keep) else { continue };
+            let set: BTreeSet<i32> = l.iter().flatten().copied().collect();
+            let has_null = l.iter().any(Option::is_none);
+            out[*g] = Some(match out[*g].take() {
+                None => (set, has_null),
+                Some((cur, all)) => (cur.intersection(&set).copied().collect(), all && has_null),
+            });
+        }
+        out.into_iter()
+            .map(|o| o.map(|(s, n)| (s.into_iter().collect(), n)))
+            .collect()
+    }
+
+    fn decode(a: &ArrayRef) -> Vec<Option<(Vec<i32>, bool)>> {
+        let rows: Vec<Option<ArrayRef>> = if let Some(l) = a.as_list_opt::<i32>() {
+            l.iter().collect()
+        } else {
+            a.as_list::<i64>().iter().collect()
+        };
+        rows.into_iter()
+            .map(|r| {
+                r.map(|v| {
+                    let v = v.as_primitive::<Int32Type>();
+                    let vals: Vec<Option<i32>> = v.iter().collect();
+                    let has_null = vals.last() == Some(&None);
+                    // At most one NULL, and only last.
+                    assert!(
+                        vals[..vals.len() - usize::from(has_null)]
+                            .iter()
+                            .all(Option::is_some)
+                    );
+                    (vals.into_iter().flatten().collect(), has_null)
+                })
+            })
+            .collect()
+    }
+
+    fn rows_strategy() -> impl Strategy<Value = (usize, Vec<(Row, bool)>)> {
+        (1usize..12).prop_flat_map(|groups| {
+            let elem = prop_oneof![9 => (0i32..24).prop_map(Some), 1 => Just(None)];
+            let list = prop_oneof![
+                1 => Just(None),
+                8 => proptest::collection::vec(elem, 0..20).prop_map(Some),
+            ];
+            (
+                Just(groups),
+                proptest::collection::vec(((0..groups, list), prop::bool::weighted(0.85)), 0..60),
+            )
+        })
+    }
+
+    /// Feed `rows` to a fresh accumulator in batches of `batch` rows: even batches through
+    /// `update_batch` (with the filter), odd ones through `convert_to_state` + `merge_batch` of
+    /// a second accumulator's states (as a two-phase aggregation does).
+    fn run(
+        rows: &[(Row, bool)],
+        groups: usize,
+        batch: usize,
+        large: bool,
+        first: usize,
+    ) -> Vec<Option<(Vec<i32>, bool)>> {
+        let ret = if large {
+            DataType::new_large_list(DataType::Int32, true)
+        } else {
+            DataType::new_list(DataType::Int32, true)
+        };
+        let mut acc = IntersectGroups::<Int32Type>::new(&ret).unwrap();
+        let mut other = IntersectGroups::<Int32Type>::new(&ret).unwrap();
+        for (i, chunk) in rows.chunks(batch.max(1)).enumerate() {
+            let plain: Vec<Row> = chunk.iter().map(|(r, _)| r.clone()).collect();
+            let lists = list_array(&plain, large);
+            let filter = BooleanArray::from(chunk.iter().map(|(_, k)| *k).collect::<Vec<_>>());
+            let gi: Vec<usize> = chunk.iter().map(|((g, _), _)| *g).collect();
+            if i % 2 == 0 {
+                acc.update_batch(&[lists], &gi, Some(&filter), groups)
+                    .unwrap();
+            } else {
+                let state = other.convert_to_state(&[lists], Some(&filter)).unwrap();
+                assert_eq!(state[0].data_type(), &ret);
+                other.merge_batch(&state, &gi, groups).unwrap();
+            }
+        }
+        // Two-phase: the second accumulator's partial results merged into the first.
+        let partial = other.state(EmitTo::All).unwrap();
+        let identity: Vec<usize> = (0..partial[0].len()).collect();
+        acc.merge_batch(&partial, &identity, groups).unwrap();
+        assert!(acc.size() > 0);
+        // Emit the first groups, then the rest.
+        let mut out = decode(&acc.evaluate(EmitTo::First(first.min(groups))).unwrap());
+        out.extend(decode(&acc.evaluate(EmitTo::All).unwrap()));
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn groups_match_reference(
+            (groups, rows) in rows_strategy(),
+            batch in 1usize..20,
+            large in any::<bool>(),
+            first in 0usize..12,
+        ) {
+            let expected = reference(&rows, groups);
+            prop_assert_eq!(run(&rows, groups, batch, large, first), expected);
+        }
+    }
+
+    /// Many small batches over few groups: the held lists are folded while rows still come
+    /// in (not only at the end), and what is held after each fold stays bounded.
+    #[test]
+    fn folds_while_adding() {
+        let ret = DataType::new_list(DataType::Int32, true);
+        let mut acc = IntersectGroups::<Int32Type>::new(&ret).unwrap();
+        let n = 3 * (FLUSH_VALUES / 1000) + 7;
+        let mut peak = 0;
+        for i in 0..n {
+            // Group i % 2: lists 0..1000 step 1 with one value dropped per row, so the
+            // intersection shrinks row by row.
+            let drop = (i / 2) as i32 % 1000;
+            let row: Vec<Option<i32>> = (0..1000).filter(|&x| x != drop).map(Some).collect();
+            let lists = list_array(&[(i % 2, Some(row))], false);
+            acc.update_batch(&[lists], &[i % 2], None, 2).unwrap();
+            peak = peak.max(acc.pending_values);
+        }
+        assert!(peak <= FLUSH_VALUES + 1000, "held {peak} values");
+        let out = decode(&acc.evaluate(EmitTo::All).unwrap());
+        // Every value 0..1000 was dropped by some row of each group: nothing is common.
+        assert_eq!(out, vec![Some((vec![], false)), Some((vec![], false))]);
+    }
+}
