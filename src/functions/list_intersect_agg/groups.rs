@@ -294,21 +294,22 @@ where
             values.into(),
             element_valid.map(NullBuffer::from),
         ));
-        let field = Arc::clone(&self.field);
-        let out: ArrayRef = if self.large {
-            Arc::new(GenericListArray::<i64>::try_new(
-                field,
-                OffsetBuffer::from_lengths(lengths),
-                element,
-                list_nulls,
-            )?)
+        fn list<O: OffsetSizeTrait>(
+            field: FieldRef,
+            lengths: Vec<usize>,
+            element: ArrayRef,
+            nulls: Option<NullBuffer>,
+        ) -> Result<ArrayRef> {
+            let offsets = OffsetBuffer::<O>::from_lengths(lengths);
+            Ok(Arc::new(GenericListArray::<O>::try_new(
+                field, offsets, element, nulls,
+            )?))
+        }
+        let (field, element): (_, ArrayRef) = (Arc::clone(&self.field), element);
+        let out = if self.large {
+            list::<i64>(field, lengths, element, list_nulls)?
         } else {
-            Arc::new(GenericListArray::<i32>::try_new(
-                field,
-                OffsetBuffer::from_lengths(lengths),
-                element,
-                list_nulls,
-            )?)
+            list::<i32>(field, lengths, element, list_nulls)?
         };
         // Drop the emitted groups.
         self.values.drain(..end);
