@@ -212,6 +212,66 @@ async fn explain_analyze_shows_resident_list_columns() {
     assert_eq!((up3, re3), (0, 0), "{third}");
 }
 
+/// A memory table of one large batch, which DataFusion hands on in slices of 8,192 rows (each
+/// slice's offsets a buffer of its own, over the same values), queried twice on the GPU: the
+/// first query stages its first slices and keeps the values buffers once the slices read cover
+/// half of them, the later slices and every slice of the second query read them there
+/// (`gpu_columns_reused`; only offsets go to the device). Answers equal the CPU's. Without a
+/// GPU every counter stays 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_of_one_large_batch_keep_their_values_on_the_device() {
+    let ctx = new_context();
+    let built = ctx
+        .sql("SELECT range(v, v + 40) AS a, range(v + 7, v + 90, 3) AS b FROM generate_series(1, 40000) AS s(v)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let schema = built[0].schema();
+    let one = datafusion::arrow::compute::concat_batches(&schema, &built).unwrap();
+    assert_eq!(one.num_rows(), 40_000);
+    let table = datafusion::datasource::MemTable::try_new(schema, vec![vec![one]]).unwrap();
+    ctx.register_table("t", std::sync::Arc::new(table)).unwrap();
+    let run = |sql: &str| {
+        let (ctx, sql) = (ctx.clone(), sql.to_string());
+        async move {
+            let out = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+            pretty_format_batches(&out).unwrap().to_string()
+        }
+    };
+    run("SET sets.backend = 'gpu'").await;
+    let query = "EXPLAIN ANALYZE SELECT list_intersect_count(a, b) AS n FROM t";
+    let total = "SELECT sum(list_intersect_count(a, b)) AS n FROM t";
+    let first = run(query).await;
+    let second = run(query).await;
+    let answer_gpu = run(total).await;
+    run("SET sets.backend = 'cpu'").await;
+    let answer_cpu = run(total).await;
+    assert_eq!(answer_gpu, answer_cpu);
+    assert!(answer_cpu.contains("| 440000 |"), "{answer_cpu}");
+    let counts = |plan: &str| {
+        (
+            metric(plan, "gpu_batches"),
+            metric(plan, "gpu_columns_uploaded"),
+            metric(plan, "gpu_columns_reused"),
+            metric_scaled(plan, "bytes_to_device"),
+        )
+    };
+    let ((g1, up1, re1, b1), (g2, up2, re2, b2)) = (counts(&first), counts(&second));
+    if gpu::device().is_err() {
+        assert_eq!((g1, up1, re1, g2, up2, re2), (0, 0, 0, 0, 0, 0), "{second}");
+        return;
+    }
+    // 40,000 rows: 5 slices, each on the GPU.
+    assert_eq!((g1, g2), (5, 5), "{first}\n{second}");
+    // Two values buffers go up once, with the third slice (the first three cover 60% of
+    // them); slices 4 and 5 and every slice of the second query read them there.
+    assert_eq!((up1, re1), (2, 4), "{first}");
+    assert_eq!((up2, re2), (0, 10), "{second}");
+    assert!(b2 * 50.0 < b1, "{first}\n{second}");
+}
+
 /// `auto` keeps `list_intersect` on the CPU for a table of 16,384 rows (two lists of 600
 /// values a row; staged, the GPU would be slower), but a table queried again is another
 /// matter: the first query runs on the CPU and notes its columns, the second copies them to

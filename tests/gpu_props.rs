@@ -1215,8 +1215,8 @@ fn bench_auto_rows() {
 /// times under `auto` (the first on the CPU, noting the columns; then each batch where the
 /// resident model prices it, its columns copied once and read on the device after), five
 /// times under `'cpu'` and five under `'gpu'`; the answers equal. DataFusion hands a batch of
-/// more than 8,192 rows on in slices of 8,192 (W1x4: 98), and a slice's offsets are a buffer
-/// of their own, so such slices are never kept on the device: they stay on the CPU.
+/// more than 8,192 rows on in slices of 8,192 (W1x4: 98), each with offsets of its own: the
+/// values buffer is kept once half of it was read, and each slice copies its offsets.
 #[test]
 #[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
 fn bench_auto_resident() {

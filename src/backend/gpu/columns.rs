@@ -42,6 +42,21 @@ impl ColumnKey {
             offsets: span(offsets),
         }
     }
+
+    /// The key of a values buffer kept on the device alone (its calls' offsets are staged).
+    fn values_only(values: &Buffer, element_bytes: usize) -> Self {
+        ColumnKey {
+            element_bytes,
+            offset_bytes: 0,
+            values: (values.as_ptr() as usize, values.len()),
+            offsets: (0, 0),
+        }
+    }
+
+    /// Bytes of the values buffer.
+    fn values_len(&self) -> usize {
+        self.values.1
+    }
 }
 
 /// Columns whose rows in a call hold fewer value bytes are always staged: copying them is
@@ -57,17 +72,20 @@ pub(crate) struct Placement {
     pub(crate) o_shift: usize,
     /// Bytes per offset (4 or 8).
     pub(crate) osz: usize,
+    /// Only the values buffer is kept (the key names it alone); the call's offsets are staged
+    /// with the call. A slice of a large batch: its offsets are a buffer of their own.
+    pub(crate) values_only: bool,
 }
 
-/// The placement of `l` in its column when the column is worth keeping on the device: it
-/// has an Arrow identity, and the call's rows cover at least half of its values buffer and
-/// [`MIN_RESIDENT_BYTES`]. `None`: stage it.
-pub(crate) fn placement<T>(l: &HostList<'_, T>) -> Option<Placement> {
+/// Where `l`'s rows lie in its column's buffers (the key names both buffers), and how many
+/// value bytes they hold, when the column has an Arrow identity and the rows hold at least
+/// [`MIN_RESIDENT_BYTES`].
+fn locate<T>(l: &HostList<'_, T>) -> Option<(Placement, usize)> {
     let (vbuf, obuf) = l.column?;
     let esz = std::mem::size_of::<T>();
     let n = l.offsets.rows();
     let used = (l.offsets.at(n) - l.offsets.at(0)) * esz;
-    if used < MIN_RESIDENT_BYTES || 2 * used < vbuf.len() {
+    if used < MIN_RESIDENT_BYTES {
         return None;
     }
     let (osz, offs_ptr, offs_len) = match l.offsets {
@@ -83,39 +101,75 @@ pub(crate) fn placement<T>(l: &HostList<'_, T>) -> Option<Placement> {
     {
         return None;
     }
-    Some(Placement {
+    let p = Placement {
         key: ColumnKey::new(vbuf, obuf, esz, osz),
         v_shift,
         o_shift,
         osz,
-    })
+        values_only: false,
+    };
+    Some((p, used))
+}
+
+/// Whether a call over `used` value bytes of a column whose values buffer holds `whole`
+/// bytes covers half of it.
+fn covers_half(used: usize, whole: usize) -> bool {
+    2 * used >= whole
+}
+
+/// The placement of `l` when its column is worth keeping on the device, the call recorded
+/// as met in `seen`: it has an Arrow identity, the call's rows hold at least
+/// [`MIN_RESIDENT_BYTES`], and either they cover at least half of its values buffer (the
+/// column is kept whole: values, offsets and row order), or they are a slice of a larger
+/// batch (DataFusion hands a large in-memory batch on in slices of `batch_size` rows, each
+/// with offsets of its own over the same values) and the slices read so far, this one
+/// included, cover half of the values: the values buffer is kept alone, each call's offsets
+/// staged with it. `None`: stage it.
+fn placement_in<T>(seen: &mut SeenColumns, l: &HostList<'_, T>) -> Option<Placement> {
+    let (mut p, used) = locate(l)?;
+    let whole = p.key.values_len();
+    if covers_half(used, whole) {
+        seen.meet(&p.key, used);
+        return Some(p);
+    }
+    let (vbuf, _) = l.column?;
+    p.key = ColumnKey::values_only(vbuf, std::mem::size_of::<T>());
+    p.o_shift = 0;
+    p.values_only = true;
+    let before = seen.meet(&p.key, used);
+    covers_half(before.saturating_add(used), whole).then_some(p)
+}
+
+/// [`placement_in`] with the process's record of the columns calls met.
+pub(crate) fn placement<T>(l: &HostList<'_, T>) -> Option<Placement> {
+    placement_in(&mut SEEN.lock().unwrap_or_else(|p| p.into_inner()), l)
 }
 
 /// How many columns [`SeenColumns`] remembers.
 const SEEN_CAP: usize = 64;
 
-/// The columns worth keeping that calls met, most recent last (keys only: nothing is pinned,
-/// so a key may outlive its data, and a new column at the same addresses counts as met; the
-/// cost of that is one early copy, never a wrong answer).
+/// The columns worth keeping that calls met, most recent last, with the value bytes the calls
+/// read of each (keys only: nothing is pinned, so a key may outlive its data, and a new
+/// column at the same addresses counts as met; the cost of that is one early copy, never a
+/// wrong answer).
 #[derive(Default)]
 pub(crate) struct SeenColumns {
-    keys: VecDeque<ColumnKey>,
+    keys: VecDeque<(ColumnKey, usize)>,
 }
 
 impl SeenColumns {
-    /// Record `key` as met now; whether it had been met before.
-    pub(crate) fn meet(&mut self, key: &ColumnKey) -> bool {
-        let before = match self.keys.iter().position(|k| k == key) {
-            Some(i) => {
-                self.keys.remove(i);
-                true
-            }
-            None => false,
+    /// Record a call over `used` value bytes of the column `key`; the bytes earlier calls
+    /// read of it (0: not met before).
+    pub(crate) fn meet(&mut self, key: &ColumnKey, used: usize) -> usize {
+        let before = match self.keys.iter().position(|(k, _)| k == key) {
+            Some(i) => self.keys.remove(i).map_or(0, |(_, b)| b),
+            None => 0,
         };
         if self.keys.len() == SEEN_CAP {
             self.keys.pop_front();
         }
-        self.keys.push_back(key.clone());
+        self.keys
+            .push_back((key.clone(), before.saturating_add(used.max(1))));
         before
     }
 }
@@ -124,22 +178,31 @@ static SEEN: Mutex<SeenColumns> = Mutex::new(SeenColumns {
     keys: VecDeque::new(),
 });
 
-/// Record the column of `key` as met by a call (every call that keeps or reads a column on
-/// the device does).
-pub(crate) fn meet(key: &ColumnKey) -> bool {
-    SEEN.lock().unwrap_or_else(|p| p.into_inner()).meet(key)
+/// Whether every list of a call is worth keeping on the device and its column was met by
+/// earlier calls (a table queried again): a column read in batches that cover half of it, by
+/// an earlier call; a slice of a larger batch, when earlier slices covered all of its values
+/// (a scan before this one). Every such column is recorded as met either way.
+pub(crate) fn all_met_before<T>(lists: &[HostList<'_, T>]) -> bool {
+    all_met_before_in(&mut SEEN.lock().unwrap_or_else(|p| p.into_inner()), lists)
 }
 
-/// Whether every list of a call is worth keeping on the device and its column was met by an
-/// earlier call (a table queried again); every such column is recorded as met either way.
-pub(crate) fn all_met_before<T>(lists: &[HostList<'_, T>]) -> bool {
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+fn all_met_before_in<T>(seen: &mut SeenColumns, lists: &[HostList<'_, T>]) -> bool {
     let mut all = true;
     for l in lists {
-        match placement(l) {
-            Some(p) => all &= seen.meet(&p.key),
-            None => all = false,
-        }
+        let Some((p, used)) = locate(l) else {
+            all = false;
+            continue;
+        };
+        let whole = p.key.values_len();
+        let met = match (covers_half(used, whole), l.column) {
+            (true, _) => seen.meet(&p.key, used) > 0,
+            (false, Some((vbuf, _))) => {
+                let key = ColumnKey::values_only(vbuf, std::mem::size_of::<T>());
+                seen.meet(&key, used) >= whole
+            }
+            (false, None) => false,
+        };
+        all &= met;
     }
     all
 }
@@ -346,59 +409,130 @@ mod tests {
     fn seen_columns_remember_the_most_recent_keys() {
         let cols: Vec<[Buffer; 2]> = (1..=SEEN_CAP + 1).map(column).collect();
         let mut seen = SeenColumns::default();
-        assert!(!seen.meet(&key(&cols[0])));
-        assert!(seen.meet(&key(&cols[0])));
+        assert_eq!(seen.meet(&key(&cols[0]), 10), 0);
+        assert_eq!(seen.meet(&key(&cols[0]), 5), 10);
+        assert_eq!(seen.meet(&key(&cols[0]), 1), 15);
         // SEEN_CAP others push the first out, oldest first.
         for c in &cols[1..] {
-            assert!(!seen.meet(&key(c)));
+            assert_eq!(seen.meet(&key(c), 1), 0);
         }
-        assert!(!seen.meet(&key(&cols[0])));
+        assert_eq!(seen.meet(&key(&cols[0]), 1), 0);
         // Meeting a key again makes it the most recent: cols[2] survives SEEN_CAP - 1 more.
-        assert!(seen.meet(&key(&cols[2])));
+        assert_eq!(seen.meet(&key(&cols[2]), 1), 1);
         for c in &cols[3..] {
-            assert!(seen.meet(&key(c)));
+            assert_eq!(seen.meet(&key(c), 1), 1);
         }
-        assert!(seen.meet(&key(&cols[2])));
+        assert_eq!(seen.meet(&key(&cols[2]), 1), 2);
         assert_eq!(seen.keys.len(), SEEN_CAP);
+    }
+
+    /// A column of 4 * MIN_RESIDENT_BYTES bytes of u32 values in four rows of equal length.
+    fn four_rows() -> (Buffer, Buffer) {
+        let n = MIN_RESIDENT_BYTES;
+        let values = Buffer::from_vec((0..n as u32).collect::<Vec<u32>>());
+        let q = (n / 4) as i32;
+        let offsets = Buffer::from_vec(vec![0i32, q, 2 * q, 3 * q, 4 * q]);
+        (values, offsets)
+    }
+
+    /// Rows `rows` of the column as an Arrow list sliced to them hands them over: the whole
+    /// values buffer, the rows' offsets as a buffer of their own (`Buffer::slice`).
+    fn slice_of(c: &(Buffer, Buffer), rows: std::ops::Range<usize>) -> (Buffer, Buffer) {
+        let offsets = c.1.slice_with_length(rows.start * 4, (rows.len() + 1) * 4);
+        (c.0.clone(), offsets)
+    }
+
+    fn list_of(c: &(Buffer, Buffer), column: bool) -> HostList<'_, u32> {
+        HostList {
+            offsets: HostOffsets::I32(c.1.typed_data::<i32>()),
+            values: c.0.typed_data(),
+            column: column.then_some((&c.0, &c.1)),
+        }
     }
 
     #[test]
     fn placement_takes_columns_whose_rows_cover_half_their_buffer() {
-        let n = MIN_RESIDENT_BYTES; // values of 4 bytes: 4x the minimum
-        let values = Buffer::from_vec((0..n as u32).collect::<Vec<u32>>());
-        let offsets = Buffer::from_vec(vec![0i32, (n / 2) as i32, n as i32]);
-        let vals: &[u32] = values.typed_data();
-        let offs: &[i32] = offsets.typed_data();
-        let list = |rows: std::ops::Range<usize>, column: bool| HostList {
-            offsets: HostOffsets::I32(&offs[rows.start..=rows.end]),
-            values: vals,
-            column: column.then_some((&values, &offsets)),
-        };
-        let whole = placement(&list(0..2, true)).expect("whole column");
+        let c = four_rows();
+        let mut seen = SeenColumns::default();
+        let whole = placement_in(&mut seen, &list_of(&c, true)).expect("whole column");
         assert_eq!((whole.v_shift, whole.o_shift, whole.osz), (0, 0, 4));
-        assert_eq!(whole.key, ColumnKey::new(&values, &offsets, 4, 4));
-        // Half of the values buffer: still kept; its offsets start one entry in.
-        let half = placement(&list(1..2, true)).expect("second half");
-        assert_eq!((half.o_shift, half.key), (4, whole.key));
+        assert_eq!(whole.key, ColumnKey::new(&c.0, &c.1, 4, 4));
+        assert!(!whole.values_only);
+        // Half of the values, the offsets buffer shared with the whole column (an offset 2
+        // entries in): kept whole too.
+        let (v, o) = (&c.0, &c.1);
+        let l = HostList {
+            offsets: HostOffsets::I32(&o.typed_data::<i32>()[2..]),
+            values: v.typed_data::<u32>(),
+            column: Some((v, o)),
+        };
+        let half = placement_in(&mut seen, &l).expect("second half");
+        assert_eq!(
+            (half.o_shift, &half.key, half.values_only),
+            (8, &whole.key, false)
+        );
         // No Arrow identity: staged.
-        assert!(placement(&list(0..2, false)).is_none());
+        assert!(placement_in(&mut seen, &list_of(&c, false)).is_none());
         // Fewer than MIN_RESIDENT_BYTES: staged.
         let small = Buffer::from_vec((0..100u32).collect::<Vec<u32>>());
         let small_offs = Buffer::from_vec(vec![0i32, 100]);
-        let l = HostList {
-            offsets: HostOffsets::I32(small_offs.typed_data()),
-            values: small.typed_data::<u32>(),
-            column: Some((&small, &small_offs)),
-        };
-        assert!(placement(&l).is_none());
-        // Rows covering under half of the buffer: staged.
-        let quarter = Buffer::from_vec(vec![0i32, (n / 4) as i32]);
-        let l = HostList {
-            offsets: HostOffsets::I32(quarter.typed_data()),
-            values: vals,
-            column: Some((&values, &quarter)),
-        };
-        assert!(placement(&l).is_none());
+        assert!(placement_in(&mut seen, &list_of(&(small, small_offs), true)).is_none());
+    }
+
+    /// Slices of one large batch: staged until the slices read cover half of the values,
+    /// then the values buffer is kept alone (one key for every slice), offsets staged.
+    #[test]
+    fn slices_keep_their_values_once_half_of_them_was_read() {
+        let c = four_rows();
+        let mut seen = SeenColumns::default();
+        let s0 = slice_of(&c, 0..1);
+        assert!(placement_in(&mut seen, &list_of(&s0, true)).is_none());
+        let s1 = slice_of(&c, 1..2);
+        let p1 = placement_in(&mut seen, &list_of(&s1, true)).expect("half read");
+        assert!(p1.values_only);
+        assert_eq!((p1.v_shift, p1.o_shift), (0, 0));
+        let s3 = slice_of(&c, 3..4);
+        let p3 = placement_in(&mut seen, &list_of(&s3, true)).expect("later slice");
+        assert_eq!(p3.key, p1.key);
+        assert_ne!(p1.key, ColumnKey::new(&c.0, &c.1, 4, 4));
+        // Another column's slices start over.
+        let d = four_rows();
+        assert!(placement_in(&mut seen, &list_of(&slice_of(&d, 3..4), true)).is_none());
+    }
+
+    /// `auto`'s test of a table queried again: met by an earlier call (a batch covering half
+    /// of its column or more), or, for slices, earlier slices covering all of the values.
+    #[test]
+    fn met_before_for_batches_and_for_slices() {
+        let (a, b) = (four_rows(), four_rows());
+        let mut seen = SeenColumns::default();
+        let both = [list_of(&a, true), list_of(&b, true)];
+        assert!(!all_met_before_in(&mut seen, &both));
+        assert!(all_met_before_in(&mut seen, &both));
+        // In slices: the first scan's slices are all new; the next scan's are met.
+        let (a, b) = (four_rows(), four_rows());
+        let mut seen = SeenColumns::default();
+        let slices = |r: usize| (slice_of(&a, r..r + 1), slice_of(&b, r..r + 1));
+        for r in 0..4 {
+            let (x, y) = slices(r);
+            assert!(!all_met_before_in(
+                &mut seen,
+                &[list_of(&x, true), list_of(&y, true)]
+            ));
+        }
+        for r in 0..4 {
+            let (x, y) = slices(r);
+            assert!(all_met_before_in(
+                &mut seen,
+                &[list_of(&x, true), list_of(&y, true)]
+            ));
+        }
+        // A list without an Arrow identity is never met.
+        let (x, y) = slices(0);
+        assert!(!all_met_before_in(
+            &mut seen,
+            &[list_of(&x, true), list_of(&y, false)]
+        ));
     }
 
     #[test]

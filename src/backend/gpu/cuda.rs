@@ -896,8 +896,14 @@ fn upload_column(
 }
 
 /// Device addresses of a list argument kept on the device: its first value, its first offset
-/// (the call's `values[0]` and `offsets[0]`) and its first row's order flag (0: not known).
+/// (the call's `values[0]` and `offsets[0]`; 0 when only the values are kept and the call's
+/// offsets are staged) and its first row's order flag (0: not known).
 type ResidentAt = Option<(u64, u64, u64)>;
+
+/// Whether the call stages list `r`'s offsets (not kept on the device with its values).
+fn stages_offsets(r: &ResidentAt) -> bool {
+    !matches!(r, Some((_, offs, _)) if *offs != 0)
+}
 
 /// Find or make resident the list columns of a call that can be (see
 /// [`columns::placement`]). The rest (and every column after an upload error) are staged.
@@ -924,9 +930,46 @@ fn resident_columns<T: SetElem>(
                 v_shift,
                 o_shift,
                 osz,
+                values_only,
             } = columns::placement(l)?;
-            columns::meet(&key);
             let offs_at = align(vbuf.len());
+            if values_only {
+                // The values alone: the kernels read them there, the call stages its offsets
+                // (an offsets address of 0 says so; row order is not known).
+                if let Some(d) = ws.columns.get(&key, stamp) {
+                    t.columns_reused += 1;
+                    return Some((d.buf.ptr + v_shift as u64, 0, 0));
+                }
+                let Workspace {
+                    columns,
+                    pin_in,
+                    pin_out,
+                    ..
+                } = &mut *ws;
+                let admitted = columns.admit(
+                    key,
+                    [vbuf.clone(), obuf.clone()],
+                    offs_at.max(ALIGN),
+                    budget,
+                    stamp,
+                    || upload_column(g, [pin_in, pin_out], vbuf.as_slice(), &[], offs_at, None),
+                );
+                return match admitted {
+                    Ok(Admitted::Now(d)) => {
+                        t.columns_uploaded += 1;
+                        t.h2d_bytes += vbuf.len() as u64;
+                        Some((d.buf.ptr + v_shift as u64, 0, 0))
+                    }
+                    Ok(Admitted::DoesNotFit) => None,
+                    Err(e) => {
+                        log::debug!(
+                            "datafusion-sets: list values staged, not kept on the device: {e}"
+                        );
+                        failed = true;
+                        None
+                    }
+                };
+            }
             // Values, offsets and a byte of row order per offset.
             let bytes = align(offs_at + obuf.len()) + obuf.len() / osz;
             let at = |d: &ResidentCol| {
@@ -1211,7 +1254,7 @@ fn run_chunk<T: SetElem>(
     let mut off_at = Vec::with_capacity(k);
     for r in resident {
         off_at.push(pos);
-        if r.is_none() {
+        if stages_offsets(r) {
             pos += align((n + 1) * osz);
         }
     }
@@ -1293,7 +1336,7 @@ fn run_chunk<T: SetElem>(
     {
         let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
         for (j, l) in lists.iter().enumerate() {
-            if resident[j].is_some() {
+            if !stages_offsets(&resident[j]) {
                 continue;
             }
             let ob = offsets_bytes(&l.offsets, r0, r1);
@@ -1309,7 +1352,13 @@ fn run_chunk<T: SetElem>(
             // staged section starts at the group's first offset instead); it may lie below
             // `d_in` (a negative base; the device's 64-bit address arithmetic wraps back).
             // A resident list's row-order flags (0: not known; staged lists are checked).
+            // Values kept alone: the staged offsets index the kept values as is.
             let (p, base, ord) = match resident[j] {
+                Some((vals, 0, _)) => (
+                    d_in + off_at[j] as u64,
+                    (vals as i64).wrapping_sub(d_in as i64) / esz as i64,
+                    0,
+                ),
                 Some((vals, offs, ord)) => (
                     offs + (r0 * osz) as u64,
                     (vals as i64).wrapping_sub(d_in as i64) / esz as i64,
