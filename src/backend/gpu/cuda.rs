@@ -933,47 +933,25 @@ fn resident_columns<T: SetElem>(
                 values_only,
             } = columns::placement(l)?;
             let offs_at = align(vbuf.len());
-            if values_only {
-                // The values alone: the kernels read them there, the call stages its offsets
-                // (an offsets address of 0 says so; row order is not known).
-                if let Some(d) = ws.columns.get(&key, stamp) {
-                    t.columns_reused += 1;
-                    return Some((d.buf.ptr + v_shift as u64, 0, 0));
-                }
-                let Workspace {
-                    columns,
-                    pin_in,
-                    pin_out,
-                    ..
-                } = &mut *ws;
-                let admitted = columns.admit(
-                    key,
-                    [vbuf.clone(), obuf.clone()],
-                    offs_at.max(ALIGN),
-                    budget,
-                    stamp,
-                    || upload_column(g, [pin_in, pin_out], vbuf.as_slice(), &[], offs_at, None),
-                );
-                return match admitted {
-                    Ok(Admitted::Now(d)) => {
-                        t.columns_uploaded += 1;
-                        t.h2d_bytes += vbuf.len() as u64;
-                        Some((d.buf.ptr + v_shift as u64, 0, 0))
-                    }
-                    Ok(Admitted::DoesNotFit) => None,
-                    Err(e) => {
-                        log::debug!(
-                            "datafusion-sets: list values staged, not kept on the device: {e}"
-                        );
-                        failed = true;
-                        None
-                    }
+            // What is kept: values, offsets and a byte of row order per offset; or the values
+            // alone (a slice of a larger batch: the call stages its offsets, whose address is
+            // then 0, and row order is not known).
+            let (bytes, offsets, order) = if values_only {
+                (offs_at.max(ALIGN), &[][..], None)
+            } else {
+                let order = OrderOf {
+                    variant,
+                    osz,
+                    v_shift,
                 };
-            }
-            // Values, offsets and a byte of row order per offset.
-            let bytes = align(offs_at + obuf.len()) + obuf.len() / osz;
+                let bytes = align(offs_at + obuf.len()) + obuf.len() / osz;
+                (bytes, obuf.as_slice(), Some(order))
+            };
             let at = |d: &ResidentCol| {
                 let base = d.buf.ptr;
+                if values_only {
+                    return (base + v_shift as u64, 0, 0);
+                }
                 let ord = match d.order {
                     Some(o) if with_order && o.v_shift == v_shift && o.variant == variant => {
                         base + (o.at + o_shift / osz) as u64
@@ -1008,13 +986,9 @@ fn resident_columns<T: SetElem>(
                             g,
                             [pin_in, pin_out],
                             vbuf.as_slice(),
-                            obuf.as_slice(),
+                            offsets,
                             offs_at,
-                            Some(OrderOf {
-                                variant,
-                                osz,
-                                v_shift,
-                            }),
+                            order,
                         )
                     },
                 );
@@ -1022,7 +996,7 @@ fn resident_columns<T: SetElem>(
                     Ok(Admitted::Now(d)) => {
                         let got = at(d);
                         t.columns_uploaded += 1;
-                        t.h2d_bytes += (vbuf.len() + obuf.len()) as u64;
+                        t.h2d_bytes += (vbuf.len() + offsets.len()) as u64;
                         log::debug!(
                             "datafusion-sets: list column of {bytes} bytes kept on the device \
                              ({} columns, {} bytes resident)",
