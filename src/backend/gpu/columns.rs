@@ -77,9 +77,9 @@ pub(crate) struct Placement {
     pub(crate) values_only: bool,
 }
 
-/// Where `l`'s rows lie in its column's buffers (the key names both buffers), and how many
-/// value bytes they hold, when the column has an Arrow identity and the rows hold at least
-/// [`MIN_RESIDENT_BYTES`].
+/// Where `l`'s rows lie in its column's buffers, and how many value bytes they hold, when the
+/// column has an Arrow identity and the rows hold at least [`MIN_RESIDENT_BYTES`]; the key
+/// names both buffers, or the values buffer alone for a slice (see [`placement_in`]).
 fn locate<T>(l: &HostList<'_, T>) -> Option<(Placement, usize)> {
     let (vbuf, obuf) = l.column?;
     let esz = std::mem::size_of::<T>();
@@ -101,12 +101,24 @@ fn locate<T>(l: &HostList<'_, T>) -> Option<(Placement, usize)> {
     {
         return None;
     }
-    let p = Placement {
-        key: ColumnKey::new(vbuf, obuf, esz, osz),
-        v_shift,
-        o_shift,
-        osz,
-        values_only: false,
+    // Rows over half of the values or more: the column is kept whole. Fewer: a slice of a
+    // larger batch, whose values buffer alone is named (every slice has offsets of its own).
+    let p = if covers_half(used, vbuf.len()) {
+        Placement {
+            key: ColumnKey::new(vbuf, obuf, esz, osz),
+            v_shift,
+            o_shift,
+            osz,
+            values_only: false,
+        }
+    } else {
+        Placement {
+            key: ColumnKey::values_only(vbuf, esz),
+            v_shift,
+            o_shift: 0,
+            osz,
+            values_only: true,
+        }
     };
     Some((p, used))
 }
@@ -126,18 +138,9 @@ fn covers_half(used: usize, whole: usize) -> bool {
 /// included, cover half of the values: the values buffer is kept alone, each call's offsets
 /// staged with it. `None`: stage it.
 fn placement_in<T>(seen: &mut SeenColumns, l: &HostList<'_, T>) -> Option<Placement> {
-    let (mut p, used) = locate(l)?;
-    let whole = p.key.values_len();
-    if covers_half(used, whole) {
-        seen.meet(&p.key, used);
-        return Some(p);
-    }
-    let (vbuf, _) = l.column?;
-    p.key = ColumnKey::values_only(vbuf, std::mem::size_of::<T>());
-    p.o_shift = 0;
-    p.values_only = true;
+    let (p, used) = locate(l)?;
     let before = seen.meet(&p.key, used);
-    covers_half(before.saturating_add(used), whole).then_some(p)
+    (!p.values_only || covers_half(before.saturating_add(used), p.key.values_len())).then_some(p)
 }
 
 /// [`placement_in`] with the process's record of the columns calls met.
@@ -189,20 +192,14 @@ pub(crate) fn all_met_before<T>(lists: &[HostList<'_, T>]) -> bool {
 fn all_met_before_in<T>(seen: &mut SeenColumns, lists: &[HostList<'_, T>]) -> bool {
     let mut all = true;
     for l in lists {
-        let Some((p, used)) = locate(l) else {
-            all = false;
-            continue;
-        };
-        let whole = p.key.values_len();
-        let met = match (covers_half(used, whole), l.column) {
-            (true, _) => seen.meet(&p.key, used) > 0,
-            (false, Some((vbuf, _))) => {
-                let key = ColumnKey::values_only(vbuf, std::mem::size_of::<T>());
-                seen.meet(&key, used) >= whole
+        all &= locate(l).is_some_and(|(p, used)| {
+            let before = seen.meet(&p.key, used);
+            if p.values_only {
+                before >= p.key.values_len()
+            } else {
+                before > 0
             }
-            (false, None) => false,
-        };
-        all &= met;
+        });
     }
     all
 }
