@@ -15,9 +15,11 @@
 //!    [`GPU_NS_PER_VALUE`] per input value and [`GPU_NS_PER_ROW`] per row (pageable
 //!    staging, copies, kernels; 2 lists); the CPU [`CPU_NS_PER_VALUE`] per value and
 //!    [`CPU_NS_PER_ROW`] per row (the row's check and kernel call) on one thread, divided by
-//!    the threads it has. On that 16-core host the CPU wins at every size (the GPU through
-//!    SQL measured 1.3-4x slower from 10 to 10 M rows); with few threads the GPU wins large
-//!    inputs. With 3 or more lists the CPU's shortest-first galloping skips most values and
+//!    the threads the batches keep busy ([`cpu_threads_used`]: a batch below
+//!    `sets.parallel_min_values` runs on one thread, beside the other batches). On that
+//!    16-core host the CPU wins from 10,000 to 10 M rows (the GPU through SQL measured
+//!    1.3-4x slower) and below ~800 rows; one batch of 1,000-3,000 small rows, too small to
+//!    split across threads, goes to the GPU; with few threads the GPU wins large inputs. With 3 or more lists the CPU's shortest-first galloping skips most values and
 //!    the GPU lost every measurement (81 vs 22 ms), so `auto` sends only 2-list calls to the
 //!    GPU. Unknown size → CPU. The bytes come from DataFusion's statistics, which count
 //!    whole buffers (a table of slices of one array reports that array once per slice), so
@@ -381,8 +383,13 @@ pub fn choose(
     let Some(bytes) = size.bytes else {
         return cpu("auto: input size unknown".to_string());
     };
-    let (values, threads) = (bytes / (width / 8), rayon::current_num_threads());
-    let (cpu_ms, gpu_ms) = estimate_ms(values, size, threads);
+    let values = bytes / (width / 8);
+    let batches = size
+        .rows
+        .map_or(1, |r| r.div_ceil(size.batch_rows.max(1)).max(1));
+    let all = rayon::current_num_threads();
+    let threads = cpu_threads_used(values, batches, all, cfg.parallel_min_values);
+    let (cpu_ms, gpu_ms) = estimate_ms(values, size, all, cfg.parallel_min_values);
     let rows = size.rows.map_or("?".to_string(), |r| r.to_string());
     let why = format!(
         "auto: <= {values} values, {rows} rows, est. CPU {cpu_ms:.2} ms on {threads} threads vs GPU {gpu_ms:.2} ms"
@@ -408,15 +415,39 @@ pub fn estimate_resident_ms(values: usize, rows: usize, threads: usize) -> (f64,
     (cpu_ms, gpu_ms)
 }
 
-/// The model's estimates (ms) for `values` input values (CPU on `threads` threads, GPU).
-pub fn estimate_ms(values: usize, size: InputSize, threads: usize) -> (f64, f64) {
-    let (values, threads) = (values as f64, threads.max(1) as f64);
-    let rows = size.rows.unwrap_or(0) as f64;
+/// The threads the CPU backend keeps busy on `batches` batches of `values` input values in
+/// all: a batch of at least `split_values` values (`sets.parallel_min_values`; 0 never) is
+/// split across every thread, a smaller one runs on one, beside the other batches.
+pub fn cpu_threads_used(
+    values: usize,
+    batches: usize,
+    threads: usize,
+    split_values: usize,
+) -> usize {
+    let (batches, threads) = (batches.max(1), threads.max(1));
+    if split_values > 0 && values / batches >= split_values {
+        threads
+    } else {
+        threads.min(batches)
+    }
+}
+
+/// The model's estimates (ms) for `values` input values (CPU on `threads` threads, as many as
+/// [`cpu_threads_used`] says the batches keep busy with `split_values`; GPU).
+pub fn estimate_ms(
+    values: usize,
+    size: InputSize,
+    threads: usize,
+    split_values: usize,
+) -> (f64, f64) {
     let batches = size
         .rows
         .unwrap_or(0)
         .div_ceil(size.batch_rows.max(1))
-        .max(1) as f64;
+        .max(1);
+    let threads = cpu_threads_used(values, batches, threads, split_values) as f64;
+    let (values, batches) = (values as f64, batches as f64);
+    let rows = size.rows.unwrap_or(0) as f64;
     let cpu_ms = (values * CPU_NS_PER_VALUE + rows * CPU_NS_PER_ROW) / threads / 1e6;
     let gpu_ms =
         (batches * GPU_NS_PER_BATCH + values * GPU_NS_PER_VALUE + rows * GPU_NS_PER_ROW) / 1e6;
@@ -433,6 +464,9 @@ mod tests {
             ..SetsConfig::default()
         }
     }
+
+    /// `sets.parallel_min_values`'s default.
+    const SPLIT: usize = 1 << 18;
 
     fn size(bytes: Option<usize>, rows: Option<usize>) -> InputSize {
         InputSize {
@@ -465,7 +499,8 @@ mod tests {
                 Ok(_) if backend == Gpu => assert_eq!(p.backend, Gpu),
                 Ok(_) => {
                     // The cost model decides, and says what it estimated.
-                    let (cpu, gpu) = estimate_ms(1 << 28, big, rayon::current_num_threads());
+                    let (cpu, gpu) =
+                        estimate_ms(1 << 28, big, rayon::current_num_threads(), 1 << 18);
                     assert_eq!(p.backend == Gpu, gpu < cpu, "{}", p.reason);
                     assert!(p.reason.contains("4194304 rows"), "{}", p.reason);
                     let p = choose(&cfg(Auto), Some(&i32t), 3, big);
@@ -544,10 +579,10 @@ mod tests {
         let near = |got: f64, want: f64| (got - want).abs() <= 0.15 * want;
         // 10 M rows of two lists of 10..100 values (780 M values): CPU 259 ms, GPU 828 ms.
         let s = size(None, Some(10_000_000));
-        let (cpu, gpu) = estimate_ms(780_000_000, s, 16);
+        let (cpu, gpu) = estimate_ms(780_000_000, s, 16, SPLIT);
         assert!(near(cpu, 259.0) && near(gpu, 828.0), "{cpu} {gpu}");
         // W1 (200,000 rows, 86 M values): CPU 6-12 ms, GPU 31-34 ms.
-        let (cpu, gpu) = estimate_ms(86_000_000, size(None, Some(200_000)), 16);
+        let (cpu, gpu) = estimate_ms(86_000_000, size(None, Some(200_000)), 16, SPLIT);
         assert!(
             (6.0..=12.0).contains(&cpu) && near(gpu, 32.5),
             "{cpu} {gpu}"
@@ -556,18 +591,45 @@ mod tests {
         // inputs and loses small ones; more threads never favour the GPU.
         for rows in [1usize, 100, 10_000, 1_000_000, 10_000_000] {
             let values = rows * 78;
-            let (cpu, gpu) = estimate_ms(values, size(None, Some(rows)), 16);
+            let (cpu, gpu) = estimate_ms(values, size(None, Some(rows)), 16, SPLIT);
             assert!(cpu < gpu, "{rows} rows: {cpu} {gpu}");
             let mut last = f64::INFINITY;
             for threads in [1, 2, 4, 8, 16, 64] {
-                let (cpu, _) = estimate_ms(values, size(None, Some(rows)), threads);
+                let (cpu, _) = estimate_ms(values, size(None, Some(rows)), threads, SPLIT);
                 assert!(cpu <= last);
                 last = cpu;
             }
         }
-        let (cpu, gpu) = estimate_ms(78_000_000, size(None, Some(1_000_000)), 1);
+        let (cpu, gpu) = estimate_ms(78_000_000, size(None, Some(1_000_000)), 1, SPLIT);
         assert!(gpu < cpu, "{cpu} {gpu}");
-        let (cpu, gpu) = estimate_ms(780, size(None, Some(10)), 1);
+        let (cpu, gpu) = estimate_ms(780, size(None, Some(10)), 1, SPLIT);
         assert!(cpu < gpu, "{cpu} {gpu}");
+    }
+
+    /// A batch below `sets.parallel_min_values` runs on one thread however many there are:
+    /// one batch of 1,000 rows of two lists of 10..100 values (78 K values) is priced on one
+    /// thread, which sends it to the GPU (H100 host, 16 threads: CPU 0.95-0.97 ms, GPU
+    /// 0.73-0.86 ms; H200 host: 0.52 vs 0.53 and 0.92 vs 0.84 ms), while 100 rows stay on
+    /// the CPU and two batches of 10,000 rows (each above the split) are priced on every
+    /// thread, as before.
+    #[test]
+    fn small_batches_are_priced_on_the_threads_they_use() {
+        assert_eq!(cpu_threads_used(78_000, 1, 16, SPLIT), 1);
+        assert_eq!(cpu_threads_used(78_000 * 3, 3, 16, SPLIT), 3);
+        assert_eq!(cpu_threads_used(780_000, 2, 16, SPLIT), 16);
+        assert_eq!(cpu_threads_used(780_000, 2, 16, 0), 2);
+        assert_eq!(cpu_threads_used(78_000, 100, 16, SPLIT), 16);
+        let (cpu, gpu) = estimate_ms(78_000, size(None, Some(1_000)), 16, SPLIT);
+        assert!(gpu < cpu, "1,000 rows: CPU {cpu} GPU {gpu}");
+        let (cpu16, _) = estimate_ms(78_000, size(None, Some(1_000)), 16, SPLIT);
+        let (cpu1, _) = estimate_ms(78_000, size(None, Some(1_000)), 1, SPLIT);
+        assert_eq!(cpu16, cpu1);
+        let (cpu, gpu) = estimate_ms(7_800, size(None, Some(100)), 16, SPLIT);
+        assert!(cpu < gpu, "100 rows: CPU {cpu} GPU {gpu}");
+        let (cpu, gpu) = estimate_ms(780_000, size(None, Some(10_000)), 16, SPLIT);
+        assert!(cpu < gpu, "10,000 rows: CPU {cpu} GPU {gpu}");
+        let (split, _) = estimate_ms(780_000, size(None, Some(10_000)), 16, SPLIT);
+        let (unsplit, _) = estimate_ms(780_000, size(None, Some(10_000)), 16, 0);
+        assert!(split * 4.0 < unsplit, "{split} {unsplit}");
     }
 }
