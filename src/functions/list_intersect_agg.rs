@@ -16,8 +16,11 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
+use super::backend_plan::{BackendMetrics, BackendPlan, PlanSlot};
 use super::common::IntLists;
 use crate::backend::cpu::{self, SetElem, Sortedness};
+use crate::backend::gpu;
+use crate::config::BackendChoice;
 use crate::dispatch_integer;
 
 mod groups;
@@ -51,6 +54,7 @@ pub fn list_intersect_agg(list: Expr) -> Expr {
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ListIntersectAgg {
     signature: Signature,
+    plan: PlanSlot,
 }
 
 impl Default for ListIntersectAgg {
@@ -64,7 +68,23 @@ impl ListIntersectAgg {
     pub fn new() -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
+            plan: PlanSlot::default(),
         }
+    }
+
+    /// This aggregate bound to a planning-time backend choice (`optimizer::backend_rule`):
+    /// with `Gpu`, a `GROUP BY`'s groups are folded on the device, all groups together
+    /// ([`gpu::fold_groups`]); the call counts its folds for `EXPLAIN ANALYZE`.
+    pub fn with_plan(plan: Arc<BackendPlan>) -> Self {
+        Self {
+            plan: PlanSlot(Some(plan)),
+            ..Self::new()
+        }
+    }
+
+    /// The planning-time choice, if any.
+    pub fn plan(&self) -> Option<&Arc<BackendPlan>> {
+        self.plan.0.as_ref()
     }
 }
 
@@ -131,7 +151,7 @@ impl AggregateUDFImpl for ListIntersectAgg {
             DataType::LargeList(f) => (f.data_type().clone(), true),
             other => return internal_err!("list_intersect_agg: unexpected return type {other}"),
         };
-        dispatch_integer!(&element, P => Ok(Box::new(IntersectAccumulator::<P>::new(ret, large))),
+        dispatch_integer!(&element, P => Ok(Box::new(IntersectAccumulator::<P>::new(ret, large, self.plan.0.clone()))),
             _ => internal_err!("list_intersect_agg: {element} is not an integer type"))
     }
 
@@ -148,7 +168,7 @@ impl AggregateUDFImpl for ListIntersectAgg {
             DataType::List(f) | DataType::LargeList(f) => f.data_type(),
             other => return internal_err!("list_intersect_agg: unexpected return type {other}"),
         };
-        dispatch_integer!(element, P => Ok(Box::new(groups::IntersectGroups::<P>::new(ret)?)),
+        dispatch_integer!(element, P => Ok(Box::new(groups::IntersectGroups::<P>::new(ret, self.plan.0.clone())?)),
             _ => internal_err!("list_intersect_agg: {element} is not an integer type"))
     }
 
@@ -181,6 +201,53 @@ fn row_as_set<'a, O: OffsetSizeTrait, T: SetElem>(
     buf
 }
 
+/// The device's fold of many groups ([`gpu::fold_groups`]; tests pass an emulation).
+type FoldFn<T> =
+    fn(&[std::ops::Range<usize>], &[&[T]]) -> std::result::Result<gpu::FoldOutput<T>, gpu::GpuError>;
+
+/// Groups' sets folded on the GPU when `plan` chose it (see [`gpu::fold_groups`] for the
+/// layout), the call's counters updated; `None` when the CPU must fold them (not chosen, an
+/// element width the kernels do not take, or the device failed: the reason goes to the
+/// debug log).
+fn fold_on_gpu<T: SetElem>(
+    plan: Option<&Arc<BackendPlan>>,
+    groups: &[std::ops::Range<usize>],
+    sets: &[&[T]],
+    fold: FoldFn<T>,
+) -> Option<gpu::FoldOutput<T>> {
+    let plan = plan.filter(|p| p.backend == BackendChoice::Gpu)?;
+    if !matches!(T::BITS, 32 | 64) {
+        return None;
+    }
+    match fold(groups, sets) {
+        Ok(out) => {
+            let (m, t) = (&plan.metrics, &out.timings);
+            BackendMetrics::add(&m.rows, sets.len() as u64);
+            BackendMetrics::add(&m.gpu_batches, out.calls as u64);
+            BackendMetrics::add(&m.gpu_launches, t.chunks as u64);
+            BackendMetrics::add(&m.gpu_rows_redone, out.redone);
+            BackendMetrics::add(&m.kernel_ns, (t.kernel_ms * 1e6) as u64);
+            BackendMetrics::add(&m.gpu_ns, (t.total_ms * 1e6) as u64);
+            BackendMetrics::add(&m.h2d_bytes, t.h2d_bytes);
+            BackendMetrics::add(&m.d2h_bytes, t.d2h_bytes);
+            Some(out)
+        }
+        Err(e) => {
+            log::debug!("datafusion-sets: list_intersect_agg folds on the CPU: {e}");
+            None
+        }
+    }
+}
+
+/// Counts a fold of `lists` lists done on the CPU into `plan`'s counters.
+fn record_cpu_fold(plan: Option<&Arc<BackendPlan>>, lists: usize, started: std::time::Instant) {
+    if let Some(p) = plan {
+        BackendMetrics::add(&p.metrics.rows, lists as u64);
+        BackendMetrics::add(&p.metrics.cpu_batches, 1);
+        BackendMetrics::add(&p.metrics.cpu_ns, started.elapsed().as_nanos() as u64);
+    }
+}
+
 /// Accumulates the intersection of a group's lists.
 struct IntersectAccumulator<P: ArrowPrimitiveType>
 where
@@ -199,14 +266,17 @@ where
     held_bytes: usize,
     tmp: Vec<P::Native>,
     row_buf: Vec<P::Native>,
+    /// The planning-time choice (counters only: one group folds on the CPU).
+    plan: Option<Arc<BackendPlan>>,
 }
 
 impl<P: ArrowPrimitiveType> IntersectAccumulator<P>
 where
     P::Native: SetElem,
 {
-    fn new(return_type: DataType, large: bool) -> Self {
+    fn new(return_type: DataType, large: bool, plan: Option<Arc<BackendPlan>>) -> Self {
         Self {
+            plan,
             return_type,
             large,
             result: None,
@@ -256,6 +326,10 @@ where
 
     /// Fold the pending lists into the result, shortest first.
     fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
         let mut pending = std::mem::take(&mut self.pending);
         pending.sort_by_key(|(_, _, len)| *len);
         for (array, row, _) in &pending {
@@ -265,6 +339,7 @@ where
                 self.fold_row::<i32>(array, *row)?;
             }
         }
+        record_cpu_fold(self.plan.as_ref(), pending.len(), started);
         pending.clear();
         self.pending = pending;
         self.pending_values = 0;

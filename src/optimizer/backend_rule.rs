@@ -46,13 +46,15 @@ use datafusion::common::Result;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::config::ConfigOptions;
-use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::logical_expr::async_udf::AsyncScalarUDF;
+use datafusion::physical_expr::aggregate::AggregateExprBuilder;
 use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::async_func::AsyncFuncExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
@@ -63,6 +65,7 @@ use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::backend_plan::BackendPlan;
 use crate::functions::common::list_element_type;
 use crate::functions::list_intersect::ListIntersect;
+use crate::functions::list_intersect_agg::ListIntersectAgg;
 use crate::functions::list_intersect_count::ListIntersectCount;
 use crate::functions::topk_bm25::{SessionHandle, TopkBm25};
 use crate::search::rank::AUTO_MIN_QUERIES;
@@ -130,6 +133,12 @@ impl PhysicalOptimizerRule for SetsBackendRule {
             if let (Some(a), Some(session)) = (node.downcast_ref::<AsyncFuncExec>(), &self.session)
             {
                 return bind_topk(a, session, &cfg).map(|bound| match bound {
+                    Some(b) => Transformed::yes(b),
+                    None => Transformed::no(node),
+                });
+            }
+            if let Some(a) = node.downcast_ref::<AggregateExec>() {
+                return bind_agg(a, &cfg).map(|bound| match bound {
                     Some(b) => Transformed::yes(b),
                     None => Transformed::no(node),
                 });
@@ -234,6 +243,92 @@ fn bind_topk(
     }
     let exec = Arc::new(AsyncFuncExec::try_new(exprs, Arc::clone(input))?);
     Ok(Some(Arc::new(SetsBackendExec::new(exec, calls))))
+}
+
+/// `node` with every unbound `list_intersect_agg` bound to a backend ([`choose_agg`]),
+/// wrapped in a [`SetsBackendExec`]; `None` when it has none.
+fn bind_agg(node: &AggregateExec, cfg: &SetsConfig) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let grouped = !node.group_expr().expr().is_empty();
+    let mut calls = Vec::new();
+    let mut exprs = Vec::with_capacity(node.aggr_expr().len());
+    for e in node.aggr_expr() {
+        let unbound = e
+            .fun()
+            .inner()
+            .downcast_ref::<ListIntersectAgg>()
+            .is_some_and(|f| f.plan().is_none());
+        if !unbound {
+            exprs.push(Arc::clone(e));
+            continue;
+        }
+        let element = list_element_type(e.field().data_type()).cloned();
+        let plan = Arc::new(choose_agg(cfg, element.as_ref(), grouped));
+        let udaf = AggregateUDF::new_from_impl(ListIntersectAgg::with_plan(Arc::clone(&plan)));
+        let mut b = AggregateExprBuilder::new(Arc::new(udaf), e.expressions())
+            .schema(node.input_schema())
+            .alias(e.name())
+            .order_by(e.order_bys().to_vec())
+            .with_ignore_nulls(e.ignore_nulls())
+            .with_distinct(e.is_distinct())
+            .with_reversed(e.is_reversed());
+        if let Some(h) = e.human_display() {
+            b = b.human_display(h);
+        }
+        if let Some(a) = e.human_display_alias() {
+            b = b.human_display_alias(a);
+        }
+        exprs.push(Arc::new(b.build()?));
+        calls.push(BoundCall {
+            function: e.fun().name().to_string(),
+            plan,
+        });
+    }
+    if calls.is_empty() {
+        return Ok(None);
+    }
+    let agg = Arc::new(node.with_new_aggr_exprs(exprs));
+    Ok(Some(Arc::new(SetsBackendExec::new(agg, calls))))
+}
+
+/// The choice for one `list_intersect_agg` call over lists of `element` (`grouped`: the
+/// aggregate has a `GROUP BY`). The GPU folds the groups of a batch together, one round of
+/// batched intersections per list of the longest group; one group (no `GROUP BY`) is a
+/// chain of dependent intersections with nothing to batch, so it folds on the CPU. `auto`
+/// keeps it on the CPU: a group's shortest-first galloping reads a fraction of its longer
+/// lists, while the device must be sent all of them (as for 3 or more lists in
+/// `list_intersect`, where the GPU lost every measurement).
+pub fn choose_agg(cfg: &SetsConfig, element: Option<&DataType>, grouped: bool) -> BackendPlan {
+    use BackendChoice::{Cpu, Gpu};
+    if cfg.backend == Cpu {
+        return BackendPlan::new(Cpu, "sets.backend = 'cpu'");
+    }
+    let width = match element {
+        Some(t) if t.is_integer() => t.primitive_width().unwrap_or(0) * 8,
+        _ => 0,
+    };
+    if !matches!(width, 32 | 64) {
+        let t = element.map_or("unknown".to_string(), |t| t.to_string());
+        return BackendPlan::new(
+            Cpu,
+            format!("element type {t}: the GPU kernels take 32/64-bit integers"),
+        );
+    }
+    if !grouped {
+        return BackendPlan::new(
+            Cpu,
+            "one group (no GROUP BY): a chain of dependent intersections, nothing to batch on the GPU",
+        );
+    }
+    if let Err(e) = gpu::device() {
+        return BackendPlan::new(Cpu, format!("no GPU: {e}"));
+    }
+    if cfg.backend == Gpu {
+        return BackendPlan::new(Gpu, "sets.backend = 'gpu': the groups fold together on the GPU");
+    }
+    BackendPlan::new(
+        Cpu,
+        "auto: groups fold on the CPU (shortest-first galloping reads a fraction of the longer lists; the GPU must be sent all of them)",
+    )
 }
 
 /// The choice for one `topk_bm25` call in `mode` (`None`: not known at planning time).
@@ -526,6 +621,31 @@ mod tests {
                     );
                     assert!(!choose(&cfg(Gpu), Some(&i32t), 2, big).resident_on_gpu);
                 }
+            }
+        }
+    }
+
+    /// `list_intersect_agg`: the CPU for 'cpu', element types the kernels do not take, one
+    /// group, no GPU, and under `auto`; the GPU only for a `GROUP BY` under 'gpu'.
+    #[test]
+    fn aggregate_choices_and_reasons() {
+        use BackendChoice::{Auto, Cpu, Gpu};
+        let (i32t, i16t) = (DataType::Int32, DataType::Int16);
+        let p = choose_agg(&cfg(Cpu), Some(&i32t), true);
+        assert_eq!((p.backend, p.reason.as_str()), (Cpu, "sets.backend = 'cpu'"));
+        for backend in [Auto, Gpu] {
+            let p = choose_agg(&cfg(backend), Some(&i16t), true);
+            assert_eq!(p.backend, Cpu);
+            assert!(p.reason.contains("element type Int16"), "{}", p.reason);
+            let p = choose_agg(&cfg(backend), Some(&i32t), false);
+            assert_eq!(p.backend, Cpu);
+            assert!(p.reason.starts_with("one group (no GROUP BY)"), "{}", p.reason);
+            let p = choose_agg(&cfg(backend), Some(&DataType::UInt64), true);
+            match gpu::device() {
+                Err(e) => assert_eq!((p.backend, p.reason), (Cpu, format!("no GPU: {e}"))),
+                // 'gpu': the device; auto: the CPU, saying why.
+                Ok(_) if backend == Gpu => assert_eq!(p.backend, Gpu),
+                Ok(_) => assert!(p.backend == Cpu && p.reason.starts_with("auto:"), "{}", p.reason),
             }
         }
     }

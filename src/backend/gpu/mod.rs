@@ -20,6 +20,7 @@
 mod columns;
 mod error;
 pub mod fault;
+mod fold;
 mod pair_buffer;
 pub(crate) mod rows;
 
@@ -28,6 +29,9 @@ use datafusion::arrow::buffer::Buffer;
 use crate::backend::cpu::SetElem;
 
 pub use error::GpuError;
+pub use fold::{FoldOutput, fold_groups};
+#[cfg(test)]
+pub(crate) use fold::fold_groups_emulated;
 pub use pair_buffer::PairBuffer;
 
 #[cfg(feature = "cuda")]

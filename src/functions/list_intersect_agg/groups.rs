@@ -20,8 +20,9 @@ use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::{Result, internal_err};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
-use super::{FLUSH_VALUES, row_as_set};
+use super::{FLUSH_VALUES, FoldFn, fold_on_gpu, record_cpu_fold, row_as_set};
 use crate::backend::cpu::{self, SetElem};
+use crate::functions::backend_plan::BackendPlan;
 use crate::functions::common::IntLists;
 
 /// One input list waiting to be folded into its group.
@@ -58,6 +59,10 @@ where
     cur: Vec<P::Native>,
     tmp: Vec<P::Native>,
     row_buf: Vec<P::Native>,
+    /// The planning-time choice: with `Gpu`, folds run on the device (all groups at once).
+    plan: Option<Arc<BackendPlan>>,
+    /// The device's fold ([`crate::backend::gpu::fold_groups`]).
+    gpu_fold: FoldFn<P::Native>,
 }
 
 impl<P: ArrowPrimitiveType> IntersectGroups<P>
@@ -65,7 +70,7 @@ where
     P::Native: SetElem,
 {
     /// `return_type`: `List` or `LargeList` of `P` (the aggregate's return type).
-    pub(super) fn new(return_type: &DataType) -> Result<Self> {
+    pub(super) fn new(return_type: &DataType, plan: Option<Arc<BackendPlan>>) -> Result<Self> {
         let (field, large) = match return_type {
             DataType::List(f) => (Arc::clone(f), false),
             DataType::LargeList(f) => (Arc::clone(f), true),
@@ -85,6 +90,8 @@ where
             cur: Vec::new(),
             tmp: Vec::new(),
             row_buf: Vec::new(),
+            plan,
+            gpu_fold: crate::backend::gpu::fold_groups::<P::Native>,
         })
     }
 
@@ -206,6 +213,15 @@ where
         }
         let len = |e: &Entry| views[e.array as usize].range(e.row as usize).len();
         entries.sort_unstable_by_key(|e| (e.group, len(e)));
+        if self.fold_on_gpu(&views, &entries) {
+            drop(views);
+            entries.clear();
+            self.entries = entries;
+            self.pending_values = 0;
+            self.array_bytes = 0;
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
 
         let groups = self.groups();
         let mut values = Vec::with_capacity(self.values.len() + self.pending_values / 4);
@@ -250,11 +266,92 @@ where
         }
         self.values = values;
         self.offsets = offsets;
+        record_cpu_fold(self.plan.as_ref(), entries.len(), started);
         entries.clear();
         self.entries = entries;
         self.pending_values = 0;
         self.array_bytes = 0;
         Ok(())
+    }
+
+    /// Every group's held lists folded into its result on the GPU, when the plan chose it:
+    /// each group's operands (its result so far, then its lists as sets, shortest first)
+    /// go to [`crate::backend::gpu::fold_groups`] together. `false`, with nothing changed,
+    /// when the CPU must fold them instead. `entries` are sorted by group, then length.
+    fn fold_on_gpu<O: OffsetSizeTrait>(
+        &mut self,
+        views: &[IntLists<'_, O, P::Native>],
+        entries: &[Entry],
+    ) -> bool {
+        if self.plan.is_none() {
+            return false;
+        }
+        // A set is a row borrowed from its Arrow buffer when it is one already, else its
+        // sorted, deduplicated copy in `owned`.
+        enum Src<'a, T> {
+            Row(&'a [T]),
+            Owned(std::ops::Range<usize>),
+        }
+        let groups = self.groups();
+        let mut owned: Vec<P::Native> = Vec::new();
+        let mut srcs: Vec<Src<'_, P::Native>> = Vec::with_capacity(entries.len() + groups);
+        let mut ranges = Vec::with_capacity(groups);
+        let mut seen = self.seen.clone();
+        let mut null_in_all = self.null_in_all.clone();
+        let mut next = 0;
+        for g in 0..groups {
+            let first = srcs.len();
+            let start = next;
+            while next < entries.len() && entries[next].group == g {
+                next += 1;
+            }
+            let old = &self.values[self.offsets[g]..self.offsets[g + 1]];
+            if seen[g] {
+                srcs.push(Src::Row(old));
+            }
+            // An empty result stays empty; only the NULL flags still change.
+            let settled = seen[g] && old.is_empty();
+            for e in &entries[start..next] {
+                let view = &views[e.array as usize];
+                let row = e.row as usize;
+                let has_null = view.row_has_null_element(row);
+                null_in_all[g] &= has_null;
+                if settled {
+                    continue;
+                }
+                let values = view.row(row);
+                if !has_null && cpu::sortedness(values) == cpu::Sortedness::Strict {
+                    srcs.push(Src::Row(values));
+                } else {
+                    let at = owned.len();
+                    let set = row_as_set(view, row, has_null, &mut self.row_buf);
+                    owned.extend_from_slice(set);
+                    srcs.push(Src::Owned(at..owned.len()));
+                }
+            }
+            seen[g] |= start < next;
+            ranges.push(first..srcs.len());
+        }
+        let mut sets: Vec<&[P::Native]> = srcs
+            .iter()
+            .map(|s| match s {
+                Src::Row(r) => *r,
+                Src::Owned(r) => &owned[r.clone()],
+            })
+            .collect();
+        // Shortest first within each group (the held lists are sorted already; the result so
+        // far goes where its length puts it).
+        for r in &ranges {
+            sets[r.clone()].sort_by_key(|s| s.len());
+        }
+        let Some(out) = fold_on_gpu(self.plan.as_ref(), &ranges, &sets, self.gpu_fold) else {
+            return false;
+        };
+        self.values = out.values;
+        self.offsets = out.offsets;
+        self.seen = seen;
+        self.null_in_all = null_in_all;
+        true
     }
 
     /// The first `n` groups' results as a list array (a NULL list for a group with no
@@ -448,6 +545,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::config::BackendChoice;
+    use crate::functions::backend_plan::BackendMetrics;
 
     type Row = (usize, Option<Vec<Option<i32>>>);
 
@@ -538,14 +637,25 @@ mod tests {
         batch: usize,
         large: bool,
         first: usize,
+        emulated: bool,
     ) -> Vec<Option<(Vec<i32>, bool)>> {
         let ret = if large {
             DataType::new_large_list(DataType::Int32, true)
         } else {
             DataType::new_list(DataType::Int32, true)
         };
-        let mut acc = IntersectGroups::<Int32Type>::new(&ret).unwrap();
-        let mut other = IntersectGroups::<Int32Type>::new(&ret).unwrap();
+        // `emulated`: bound to the GPU, its folds on the emulated device (rounds and redo as
+        // on the GPU, rows computed by the CPU), so the device path's preparation (operands,
+        // NULL flags, results so far) is checked on any machine.
+        let plan = emulated.then(|| Arc::new(BackendPlan::new(BackendChoice::Gpu, "test")));
+        let make = || {
+            let mut acc = IntersectGroups::<Int32Type>::new(&ret, plan.clone()).unwrap();
+            if emulated {
+                acc.gpu_fold = crate::backend::gpu::fold_groups_emulated::<i32>;
+            }
+            acc
+        };
+        let (mut acc, mut other) = (make(), make());
         for (i, chunk) in rows.chunks(batch.max(1)).enumerate() {
             let plain: Vec<Row> = chunk.iter().map(|(r, _)| r.clone()).collect();
             let lists = list_array(&plain, large);
@@ -568,6 +678,10 @@ mod tests {
         // Emit the first groups, then the rest.
         let mut out = decode(&acc.evaluate(EmitTo::First(first.min(groups))).unwrap());
         out.extend(decode(&acc.evaluate(EmitTo::All).unwrap()));
+        if let Some(p) = &plan {
+            // Every fold went to the (emulated) device.
+            assert_eq!(BackendMetrics::get(&p.metrics.cpu_batches), 0);
+        }
         out
     }
 
@@ -579,9 +693,10 @@ mod tests {
             batch in 1usize..20,
             large in any::<bool>(),
             first in 0usize..12,
+            emulated in any::<bool>(),
         ) {
             let expected = reference(&rows, groups);
-            prop_assert_eq!(run(&rows, groups, batch, large, first), expected);
+            prop_assert_eq!(run(&rows, groups, batch, large, first, emulated), expected);
         }
     }
 
@@ -590,7 +705,7 @@ mod tests {
     #[test]
     fn folds_while_adding() {
         let ret = DataType::new_list(DataType::Int32, true);
-        let mut acc = IntersectGroups::<Int32Type>::new(&ret).unwrap();
+        let mut acc = IntersectGroups::<Int32Type>::new(&ret, None).unwrap();
         let n = 3 * (FLUSH_VALUES / 1000) + 7;
         let mut peak = 0;
         for i in 0..n {
