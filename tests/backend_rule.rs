@@ -349,3 +349,63 @@ async fn auto_runs_a_table_queried_again_on_device_resident_columns() {
         assert_eq!(metric(plan, "gpu_batches"), 0, "{plan}");
     }
 }
+
+/// The sum of metric `name=` over every line that has it (an aggregate's partial and final
+/// `SetsBackendExec`).
+fn metric_sum(plan: &str, name: &str) -> u64 {
+    let key = format!("{name}=");
+    plan.match_indices(&key)
+        .map(|(at, _)| {
+            plan[at + key.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{name} is not a count in {plan}"))
+        })
+        .sum()
+}
+
+/// `list_intersect_agg` with `GROUP BY`: `EXPLAIN ANALYZE` shows the choice above the partial
+/// and the final aggregate and what their folds did: on the CPU under 'cpu'; under 'gpu', on
+/// the device (batches, bytes each way) when there is one, else the CPU with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_list_intersect_agg_folds() {
+    let setup = [
+        "CREATE TABLE p AS SELECT v % 40 AS g, range(v % 7, 2000, 1 + v % 3) AS l FROM generate_series(1, 120) AS s(v)",
+    ];
+    let query = "SELECT g, list_intersect_agg(l) FROM p GROUP BY g";
+    let plan = explain_analyze_of("cpu", &setup, query).await;
+    assert_eq!(
+        plan.matches("list_intersect_agg=cpu (sets.backend = 'cpu')")
+            .count(),
+        2,
+        "{plan}"
+    );
+    // The partial folds the 120 lists; the final merges the partial results.
+    assert!(metric_sum(&plan, "rows") >= 120, "{plan}");
+    assert!(metric_sum(&plan, "cpu_batches") >= 1, "{plan}");
+    assert_eq!(metric_sum(&plan, "gpu_batches"), 0, "{plan}");
+
+    let plan = explain_analyze_of("gpu", &setup, query).await;
+    match gpu::device() {
+        Err(e) => {
+            assert!(
+                plan.contains(&format!("list_intersect_agg=cpu (no GPU: {e})")),
+                "{plan}"
+            );
+            assert_eq!(metric_sum(&plan, "gpu_batches"), 0, "{plan}");
+        }
+        Ok(_) => {
+            assert!(
+                plan.contains("list_intersect_agg=gpu (sets.backend = 'gpu'"),
+                "{plan}"
+            );
+            assert!(metric_sum(&plan, "rows") >= 120, "{plan}");
+            assert!(metric_sum(&plan, "gpu_batches") >= 1, "{plan}");
+            assert_eq!(metric_sum(&plan, "cpu_batches"), 0, "{plan}");
+            assert!(metric_sum(&plan, "bytes_to_device") > 0, "{plan}");
+            assert!(metric_sum(&plan, "bytes_from_device") > 0, "{plan}");
+        }
+    }
+}

@@ -1388,3 +1388,181 @@ fn rayon_threads() -> usize {
         .map(|n| n.get())
         .unwrap_or(1)
 }
+
+/// `SELECT g, list_intersect_agg(l) FROM t GROUP BY g` under `backend`, over `batches`, in a
+/// fresh session: the wall times of `runs` runs and the answer (sorted by group, each list
+/// as `i64`s, `None` for a NULL element).
+fn sql_agg(
+    runtime: &tokio::runtime::Runtime,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    backend: &str,
+    runs: usize,
+) -> (Vec<f64>, Vec<(i64, Option<Vec<Option<i64>>>)>) {
+    let ctx = datafusion_sets::new_context();
+    let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
+    ctx.register_table("t", Arc::new(table)).expect("register");
+    runtime.block_on(async {
+        let set = format!("SET sets.backend = '{backend}'");
+        ctx.sql(&set).await.unwrap().collect().await.unwrap();
+        let query = "SELECT g, list_intersect_agg(l) AS r FROM t GROUP BY g";
+        let mut times = Vec::new();
+        let mut answer = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let out = ctx.sql(query).await.unwrap().collect().await.unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            answer.clear();
+            for b in &out {
+                let g = cast(b.column(0), &DataType::Int64).unwrap();
+                let g = g.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+                let r = cast(b.column(1), &DataType::new_list(DataType::Int64, true)).unwrap();
+                let r = r.as_list::<i32>();
+                for i in 0..b.num_rows() {
+                    let list = (!r.is_null(i)).then(|| {
+                        let v = r.value(i);
+                        v.as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+                            .iter()
+                            .collect()
+                    });
+                    answer.push((g.value(i), list));
+                }
+            }
+        }
+        answer.sort();
+        (times, answer)
+    })
+}
+
+/// `list_intersect_agg` with `GROUP BY` under `'gpu'` (every group's lists folded on the
+/// device, all groups together, round by round) equals `'cpu'`, group for group: random
+/// groups of 1-8 lists of every kind `random_row` makes (empty, unsorted, duplicated, NULL
+/// lists and elements, long lists), element types of 32 and 64 bits, List and LargeList; the
+/// GPU ran batches.
+#[test]
+fn gpu_agg_equals_cpu_agg() {
+    if !gpu_or_skip("gpu_agg_equals_cpu_agg") {
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("tokio");
+    let mut rng = Rng(29);
+    for (case, (element, large, groups)) in [
+        (DataType::Int32, false, 300usize),
+        (DataType::UInt32, false, 2_000),
+        (DataType::Int64, true, 700),
+        (DataType::UInt64, false, 50),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut batches = Vec::new();
+        let list_type = if large {
+            DataType::new_large_list(element.clone(), true)
+        } else {
+            DataType::new_list(element.clone(), true)
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("l", list_type, true),
+        ]));
+        for _ in 0..3 {
+            let rows: Vec<(i64, Row)> = (0..groups * 2)
+                .map(|_| {
+                    let g = rng.below(groups as u64) as i64;
+                    (
+                        g,
+                        random_row(&mut rng, element.is_signed_integer(), case == 1),
+                    )
+                })
+                .collect();
+            let lists: Vec<Row> = rows.iter().map(|(_, r)| r.clone()).collect();
+            let l = if large {
+                build::<i64>(&lists, &element, 3)
+            } else {
+                build::<i32>(&lists, &element, 0)
+            };
+            let g: ArrayRef = Arc::new(Int64Array::from(
+                rows.iter().map(|(g, _)| *g).collect::<Vec<_>>(),
+            ));
+            batches.push(RecordBatch::try_new(Arc::clone(&schema), vec![g, l]).expect("batch"));
+        }
+        let (_, cpu) = sql_agg(&runtime, &schema, &batches, "cpu", 1);
+        let before = gpu::batches_run();
+        let (_, on_gpu) = sql_agg(&runtime, &schema, &batches, "gpu", 1);
+        let ran = gpu::batches_run() - before;
+        assert!(ran > 0, "case {case}: no GPU batch ran");
+        assert_eq!(cpu.len(), on_gpu.len(), "case {case}: groups");
+        for (c, g) in cpu.iter().zip(&on_gpu) {
+            assert_eq!(c, g, "case {case}: group {}", c.0);
+        }
+        println!(
+            "gpu_agg_equals_cpu_agg: {element} large={large}: {} groups equal, {ran} GPU batches",
+            cpu.len()
+        );
+    }
+}
+
+/// `list_intersect_agg` with `GROUP BY` through SQL on `'cpu'` (all threads) and `'gpu'`:
+/// groups of 2-5 sorted `list<uint32>` of log-uniform length (small: 10..1,000; large:
+/// 1,000..100,000), gaps 1..8; median of 5 runs each, answers equal. The numbers behind
+/// `auto` keeping the aggregate on the CPU.
+#[test]
+#[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
+fn bench_agg_groups() {
+    if !gpu_or_skip("bench_agg_groups") {
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("tokio");
+    let mut rng = Rng(31);
+    let mut report = vec![format!(
+        "list_intersect_agg GROUP BY, 'cpu' ({} threads) vs 'gpu', median of 5 (ms)",
+        rayon_threads()
+    )];
+    println!("{}", report[0]);
+    for (name, groups, min, max) in [
+        ("small", 100_000usize, 10.0, 1_000.0),
+        ("large", 2_000, 1_000.0, 100_000.0),
+    ] {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("l", DataType::new_list(DataType::UInt32, true), true),
+        ]));
+        let mut gs = Vec::new();
+        for g in 0..groups {
+            for _ in 0..2 + rng.below(4) {
+                gs.push(g as i64);
+            }
+        }
+        // Rows in random order (a group's lists spread over the batches).
+        for i in (1..gs.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            gs.swap(i, j);
+        }
+        let mut batches = Vec::new();
+        let mut values = 0usize;
+        for chunk in gs.chunks(8192) {
+            let cols = log_uniform_columns(&mut rng, chunk.len(), min, max, 8);
+            values += cols[0].1.len();
+            let l = u32_lists(&cols[0].0, &cols[0].1);
+            let g: ArrayRef = Arc::new(Int64Array::from(chunk.to_vec()));
+            batches.push(RecordBatch::try_new(Arc::clone(&schema), vec![g, l]).expect("batch"));
+        }
+        let (cpu_t, cpu) = sql_agg(&runtime, &schema, &batches, "cpu", 5);
+        let before = gpu::batches_run();
+        let (gpu_t, on_gpu) = sql_agg(&runtime, &schema, &batches, "gpu", 5);
+        let ran = gpu::batches_run() - before;
+        assert_eq!(cpu, on_gpu, "{name}: answers differ");
+        let (c, g) = (median(cpu_t), median(gpu_t));
+        let line = format!(
+            "{name}: {groups} groups, {} lists, {values} values: cpu {c:.1}  gpu {g:.1}  cpu/gpu {:.2}  ({} GPU batches a run)",
+            gs.len(),
+            c / g,
+            ran / 5
+        );
+        println!("{line}");
+        report.push(line);
+    }
+    if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
+        let _ = std::fs::write(format!("{path}.agg_groups"), report.join("\n") + "\n");
+    }
+}

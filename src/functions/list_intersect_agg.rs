@@ -202,8 +202,10 @@ fn row_as_set<'a, O: OffsetSizeTrait, T: SetElem>(
 }
 
 /// The device's fold of many groups ([`gpu::fold_groups`]; tests pass an emulation).
-type FoldFn<T> =
-    fn(&[std::ops::Range<usize>], &[&[T]]) -> std::result::Result<gpu::FoldOutput<T>, gpu::GpuError>;
+type FoldFn<T> = fn(
+    &[std::ops::Range<usize>],
+    &[&[T]],
+) -> std::result::Result<gpu::FoldOutput<T>, gpu::GpuError>;
 
 /// Groups' sets folded on the GPU when `plan` chose it (see [`gpu::fold_groups`] for the
 /// layout), the call's counters updated; `None` when the CPU must fold them (not chosen, an

@@ -46,8 +46,8 @@ use datafusion::common::Result;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::config::ConfigOptions;
-use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::logical_expr::async_udf::AsyncScalarUDF;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::physical_expr::aggregate::AggregateExprBuilder;
 use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
 use datafusion::physical_expr::expressions::Literal;
@@ -323,7 +323,10 @@ pub fn choose_agg(cfg: &SetsConfig, element: Option<&DataType>, grouped: bool) -
         return BackendPlan::new(Cpu, format!("no GPU: {e}"));
     }
     if cfg.backend == Gpu {
-        return BackendPlan::new(Gpu, "sets.backend = 'gpu': the groups fold together on the GPU");
+        return BackendPlan::new(
+            Gpu,
+            "sets.backend = 'gpu': the groups fold together on the GPU",
+        );
     }
     BackendPlan::new(
         Cpu,
@@ -632,20 +635,31 @@ mod tests {
         use BackendChoice::{Auto, Cpu, Gpu};
         let (i32t, i16t) = (DataType::Int32, DataType::Int16);
         let p = choose_agg(&cfg(Cpu), Some(&i32t), true);
-        assert_eq!((p.backend, p.reason.as_str()), (Cpu, "sets.backend = 'cpu'"));
+        assert_eq!(
+            (p.backend, p.reason.as_str()),
+            (Cpu, "sets.backend = 'cpu'")
+        );
         for backend in [Auto, Gpu] {
             let p = choose_agg(&cfg(backend), Some(&i16t), true);
             assert_eq!(p.backend, Cpu);
             assert!(p.reason.contains("element type Int16"), "{}", p.reason);
             let p = choose_agg(&cfg(backend), Some(&i32t), false);
             assert_eq!(p.backend, Cpu);
-            assert!(p.reason.starts_with("one group (no GROUP BY)"), "{}", p.reason);
+            assert!(
+                p.reason.starts_with("one group (no GROUP BY)"),
+                "{}",
+                p.reason
+            );
             let p = choose_agg(&cfg(backend), Some(&DataType::UInt64), true);
             match gpu::device() {
                 Err(e) => assert_eq!((p.backend, p.reason), (Cpu, format!("no GPU: {e}"))),
                 // 'gpu': the device; auto: the CPU, saying why.
                 Ok(_) if backend == Gpu => assert_eq!(p.backend, Gpu),
-                Ok(_) => assert!(p.backend == Cpu && p.reason.starts_with("auto:"), "{}", p.reason),
+                Ok(_) => assert!(
+                    p.backend == Cpu && p.reason.starts_with("auto:"),
+                    "{}",
+                    p.reason
+                ),
             }
         }
     }

@@ -66,8 +66,12 @@ pub(crate) fn fold_groups_with<T: SetElem>(
     let mut out = FoldOutput::default();
     // One round's batch: A = the active groups' running results, B = their next sets (64-bit
     // offsets, so no batch is limited to 2^31 values).
-    let (mut a_off, mut a_val, mut b_off, mut b_val) =
-        (Vec::<i64>::new(), Vec::<T>::new(), Vec::<i64>::new(), Vec::<T>::new());
+    let (mut a_off, mut a_val, mut b_off, mut b_val) = (
+        Vec::<i64>::new(),
+        Vec::<T>::new(),
+        Vec::<i64>::new(),
+        Vec::<T>::new(),
+    );
     let mut tmp = Vec::new();
     for round in 1.. {
         let active: Vec<usize> = (0..groups.len())
@@ -190,7 +194,9 @@ mod tests {
             return Vec::new();
         };
         it.fold(first.clone(), |acc, s| {
-            acc.into_iter().filter(|v| s.binary_search(v).is_ok()).collect()
+            acc.into_iter()
+                .filter(|v| s.binary_search(v).is_ok())
+                .collect()
         })
     }
 

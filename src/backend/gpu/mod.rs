@@ -29,9 +29,9 @@ use datafusion::arrow::buffer::Buffer;
 use crate::backend::cpu::SetElem;
 
 pub use error::GpuError;
-pub use fold::{FoldOutput, fold_groups};
 #[cfg(test)]
 pub(crate) use fold::fold_groups_emulated;
+pub use fold::{FoldOutput, fold_groups};
 pub use pair_buffer::PairBuffer;
 
 #[cfg(feature = "cuda")]
