@@ -2,3 +2,4 @@
 
 pub mod backend_exec;
 pub mod backend_rule;
+pub mod host_calibration;
