@@ -54,11 +54,9 @@ if have backend_rule; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && have gpu_props; then
     echo "== benchmark: list_intersect"
-    # GPU_PROPS_BENCH picks the benchmarks by name, several separated by spaces (default: all:
-    # bench_gpu_intersect, bench_known_order, bench_resident_columns, bench_batch_rows,
-    # bench_auto_rows, bench_auto_resident, bench_agg_groups).
-    # shellcheck disable=SC2086
-    DFSETS_BENCH_OUT="$out/bench.txt" /tmp/gpubin/gpu_props --ignored --nocapture --test-threads=1 ${GPU_PROPS_BENCH:-bench} 2>&1 | tee "$out/bench.log" || status=1
+    # GPU_PROPS_BENCH picks the benchmarks by name (default: all: bench_gpu_intersect,
+    # bench_batch_rows, bench_auto_rows, bench_resident_columns).
+    DFSETS_BENCH_OUT="$out/bench.txt" /tmp/gpubin/gpu_props --ignored --nocapture --test-threads=1 "${GPU_PROPS_BENCH:-bench}" 2>&1 | tee "$out/bench.log" || status=1
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -d "$carry/bench-data" ] && have gpu_bm25; then
     echo "== benchmark: topk_bm25 (gcide, 10,000 terabyte05-eff queries)"
@@ -104,8 +102,7 @@ for v in $variants; do
         fi
     fi
 done
-# SKIP_SANITIZER=1 leaves out the compute-sanitizer runs (minutes; for calls that change no kernel).
-if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
+if command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer memcheck on the engine tests"
     if have gpu_props; then
         timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1

@@ -16,9 +16,7 @@
 //!    staging, copies, kernels; 2 lists); the CPU [`CPU_NS_PER_VALUE`] per value and
 //!    [`CPU_NS_PER_ROW`] per row (the row's check and kernel call) on one thread, divided by
 //!    the threads the batches keep busy ([`cpu_threads_used`]: a batch below
-//!    `sets.parallel_min_values` runs on one thread, beside the other batches), scaled by
-//!    this host's measured / modelled ratio (`host_calibration`: the CPU engine timed once
-//!    per process on a fixed batch, on one thread and on all). On that
+//!    `sets.parallel_min_values` runs on one thread, beside the other batches). On that
 //!    16-core host the CPU wins from 10,000 to 10 M rows (the GPU through SQL measured
 //!    1.3-4x slower) and below ~800 rows; one batch of 1,000-3,000 small rows, too small to
 //!    split across threads, goes to the GPU; with few threads the GPU wins large inputs. With 3 or more lists the CPU's shortest-first galloping skips most values and
@@ -62,7 +60,6 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use super::backend_exec::{BoundCall, SetsBackendExec};
-use super::host_calibration::host_factors;
 use crate::backend::gpu;
 use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::backend_plan::BackendPlan;
@@ -491,12 +488,9 @@ pub fn choose(
     let all = rayon::current_num_threads();
     let threads = cpu_threads_used(values, batches, all, cfg.parallel_min_values);
     let (cpu_ms, gpu_ms) = estimate_ms(values, size, all, cfg.parallel_min_values);
-    // The CPU side as this host runs it (see `host_calibration`).
-    let host = host_factors().for_threads(threads);
-    let cpu_ms = cpu_ms * host;
     let rows = size.rows.map_or("?".to_string(), |r| r.to_string());
     let why = format!(
-        "auto: <= {values} values, {rows} rows, est. CPU {cpu_ms:.2} ms on {threads} threads (this host x{host:.2}) vs GPU {gpu_ms:.2} ms"
+        "auto: <= {values} values, {rows} rows, est. CPU {cpu_ms:.2} ms on {threads} threads vs GPU {gpu_ms:.2} ms"
     );
     if gpu_ms < cpu_ms {
         BackendPlan::new(Gpu, why)
@@ -603,10 +597,8 @@ mod tests {
                 Ok(_) if backend == Gpu => assert_eq!(p.backend, Gpu),
                 Ok(_) => {
                     // The cost model decides, and says what it estimated.
-                    let all = rayon::current_num_threads();
-                    let (cpu, gpu) = estimate_ms(1 << 28, big, all, 1 << 18);
-                    let threads = cpu_threads_used(1 << 28, 512, all, 1 << 18);
-                    let cpu = cpu * host_factors().for_threads(threads);
+                    let (cpu, gpu) =
+                        estimate_ms(1 << 28, big, rayon::current_num_threads(), 1 << 18);
                     assert_eq!(p.backend == Gpu, gpu < cpu, "{}", p.reason);
                     assert!(p.reason.contains("4194304 rows"), "{}", p.reason);
                     let p = choose(&cfg(Auto), Some(&i32t), 3, big);

@@ -2,4 +2,3 @@
 
 pub mod backend_exec;
 pub mod backend_rule;
-pub mod host_calibration;

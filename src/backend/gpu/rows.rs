@@ -61,12 +61,11 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
                 o[n].as_usize().saturating_sub(o[0].as_usize())
             })
             .sum();
-        let threads = rayon::current_num_threads();
-        let (cpu_ms, gpu_ms) =
-            crate::optimizer::backend_rule::estimate_resident_ms(values, n, threads);
-        // The CPU side as this host runs it (a throughput over every thread).
-        let cpu_ms =
-            cpu_ms * crate::optimizer::host_calibration::host_factors().for_threads(threads);
+        let (cpu_ms, gpu_ms) = crate::optimizer::backend_rule::estimate_resident_ms(
+            values,
+            n,
+            rayon::current_num_threads(),
+        );
         if gpu_ms >= cpu_ms {
             return None;
         }
