@@ -1389,6 +1389,9 @@ fn rayon_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// One group's answer: its key and its list (`None`: NULL; `None` elements: NULL elements).
+type GroupResult = (i64, Option<Vec<Option<i64>>>);
+
 /// `SELECT g, list_intersect_agg(l) FROM t GROUP BY g` under `backend`, over `batches`, in a
 /// fresh session: the wall times of `runs` runs and the answer (sorted by group, each list
 /// as `i64`s, `None` for a NULL element).
@@ -1398,7 +1401,7 @@ fn sql_agg(
     batches: &[RecordBatch],
     backend: &str,
     runs: usize,
-) -> (Vec<f64>, Vec<(i64, Option<Vec<Option<i64>>>)>) {
+) -> (Vec<f64>, Vec<GroupResult>) {
     let ctx = datafusion_sets::new_context();
     let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
     ctx.register_table("t", Arc::new(table)).expect("register");

@@ -299,19 +299,8 @@ fn bind_agg(node: &AggregateExec, cfg: &SetsConfig) -> Result<Option<Arc<dyn Exe
 /// `list_intersect`, where the GPU lost every measurement).
 pub fn choose_agg(cfg: &SetsConfig, element: Option<&DataType>, grouped: bool) -> BackendPlan {
     use BackendChoice::{Cpu, Gpu};
-    if cfg.backend == Cpu {
-        return BackendPlan::new(Cpu, "sets.backend = 'cpu'");
-    }
-    let width = match element {
-        Some(t) if t.is_integer() => t.primitive_width().unwrap_or(0) * 8,
-        _ => 0,
-    };
-    if !matches!(width, 32 | 64) {
-        let t = element.map_or("unknown".to_string(), |t| t.to_string());
-        return BackendPlan::new(
-            Cpu,
-            format!("element type {t}: the GPU kernels take 32/64-bit integers"),
-        );
+    if let Some(plan) = cpu_by_config_or_type(cfg, element) {
+        return plan;
     }
     if !grouped {
         return BackendPlan::new(
@@ -430,6 +419,30 @@ fn bind(
         .data()
 }
 
+/// An integer element type's width in bits (0 for anything else).
+fn element_width(element: Option<&DataType>) -> usize {
+    match element {
+        Some(t) if t.is_integer() => t.primitive_width().unwrap_or(0) * 8,
+        _ => 0,
+    }
+}
+
+/// Steps 1 and 2 of the module docs, shared by every function: the CPU, with the reason, when
+/// `sets.backend = 'cpu'` or for an element type the kernels do not take.
+fn cpu_by_config_or_type(cfg: &SetsConfig, element: Option<&DataType>) -> Option<BackendPlan> {
+    if cfg.backend == BackendChoice::Cpu {
+        return Some(BackendPlan::new(BackendChoice::Cpu, "sets.backend = 'cpu'"));
+    }
+    if !matches!(element_width(element), 32 | 64) {
+        let t = element.map_or("unknown".to_string(), |t| t.to_string());
+        return Some(BackendPlan::new(
+            BackendChoice::Cpu,
+            format!("element type {t}: the GPU kernels take 32/64-bit integers"),
+        ));
+    }
+    None
+}
+
 /// The choice for one call (see the module docs).
 pub fn choose(
     cfg: &SetsConfig,
@@ -438,20 +451,10 @@ pub fn choose(
     size: InputSize,
 ) -> BackendPlan {
     use BackendChoice::{Auto, Cpu, Gpu};
-    if cfg.backend == Cpu {
-        return BackendPlan::new(Cpu, "sets.backend = 'cpu'");
+    if let Some(plan) = cpu_by_config_or_type(cfg, element) {
+        return plan;
     }
-    let width = match element {
-        Some(t) if t.is_integer() => t.primitive_width().unwrap_or(0) * 8,
-        _ => 0,
-    };
-    if !matches!(width, 32 | 64) {
-        let t = element.map_or("unknown".to_string(), |t| t.to_string());
-        return BackendPlan::new(
-            Cpu,
-            format!("element type {t}: the GPU kernels take 32/64-bit integers"),
-        );
-    }
+    let width = element_width(element);
     if let Err(e) = gpu::device() {
         return BackendPlan::new(Cpu, format!("no GPU: {e}"));
     }
