@@ -6,10 +6,18 @@
 //! hundred of those values, so the check would dominate every query over the same table.
 //! Arrow buffers are immutable, so the verdicts of one `(values, offsets, validity)` triple
 //! stay true as long as the buffers live. An entry keeps clones of those buffers, which pins
-//! their memory and makes the addresses in its key unique; an entry whose buffers nobody else
-//! holds any more is dropped at the next lookup, so the cache never keeps a table alive.
+//! their memory and makes the addresses in its key unique; an entry whose buffers nobody but
+//! the cache holds any more is dropped at the next sweep (every [`SWEEP_EVERY`] lookups, and
+//! before an eviction), so the cache never keeps a table alive for long. Slices of one batch
+//! (DataFusion hands a large batch on in slices) share their buffers: the sweep counts the
+//! cache's own references to each allocation, so a dropped table's slices go too.
+//!
+//! Entries are many and small (one verdict byte per row): a table of `n` batches of `k` list
+//! columns takes `n * k` of them, so the cache holds up to [`CACHE_ENTRIES`] (a scan of more
+//! columns than fit would evict each entry before its next use and never hit).
 
 use std::any::TypeId;
+use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use datafusion::arrow::array::OffsetSizeTrait;
@@ -32,12 +40,15 @@ pub enum Verdict {
 
 /// Columns with fewer values are checked per call, not cached.
 const CACHE_MIN_VALUES: usize = 1 << 16;
-/// Most entries kept (least recently used are dropped first).
-const CACHE_ENTRIES: usize = 64;
+/// Most entries kept (least recently used are dropped first): 8,192-row batches of two list
+/// columns up to 33 M rows, at one byte a row.
+const CACHE_ENTRIES: usize = 8192;
+/// Lookups between two sweeps for entries of dropped data.
+const SWEEP_EVERY: u64 = 32;
 /// Rows checked per rayon task when filling an entry.
 const ROWS_PER_TASK: usize = 256;
 
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
     element: TypeId,
     offset_width: usize,
@@ -47,7 +58,6 @@ struct Key {
 }
 
 struct Entry {
-    key: Key,
     pins: Vec<Buffer>,
     verdicts: Arc<[Verdict]>,
     last_used: u64,
@@ -55,10 +65,59 @@ struct Entry {
 
 #[derive(Default)]
 struct Cache {
-    entries: Vec<Entry>,
+    entries: HashMap<Key, Entry>,
+    /// References the entries hold to each allocation (by `Buffer::data_ptr`).
+    pinned: HashMap<usize, usize>,
     clock: u64,
     hits: u64,
     misses: u64,
+}
+
+impl Cache {
+    fn insert(&mut self, key: Key, entry: Entry) {
+        for b in &entry.pins {
+            *self
+                .pinned
+                .entry(b.data_ptr().as_ptr() as usize)
+                .or_default() += 1;
+        }
+        if let Some(old) = self.entries.insert(key, entry) {
+            self.unpin(&old);
+        }
+    }
+
+    fn unpin(&mut self, entry: &Entry) {
+        for b in &entry.pins {
+            let at = b.data_ptr().as_ptr() as usize;
+            if let Some(n) = self.pinned.get_mut(&at) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pinned.remove(&at);
+                }
+            }
+        }
+    }
+
+    /// Drop the entries whose buffers are held by nothing but the cache.
+    fn sweep(&mut self) {
+        let pinned = &self.pinned;
+        let dead: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| {
+                e.pins.iter().all(|b| {
+                    let ours = pinned.get(&(b.data_ptr().as_ptr() as usize)).copied();
+                    b.strong_count() <= ours.unwrap_or(0)
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in dead {
+            if let Some(e) = self.entries.remove(&k) {
+                self.unpin(&e);
+            }
+        }
+    }
 }
 
 static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
@@ -98,10 +157,10 @@ pub fn lookup_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>
     cache.clock += 1;
     let now = cache.clock;
     // Entries whose buffers only the cache still holds belong to dropped data.
-    cache
-        .entries
-        .retain(|e| e.pins.iter().any(|b| b.strong_count() > 1));
-    if let Some(e) = cache.entries.iter_mut().find(|e| e.key == key) {
+    if now % SWEEP_EVERY == 0 {
+        cache.sweep();
+    }
+    if let Some(e) = cache.entries.get_mut(&key) {
         e.last_used = now;
         let verdicts = Arc::clone(&e.verdicts);
         cache.hits += 1;
@@ -121,26 +180,31 @@ pub fn store_verdicts<O: OffsetSizeTrait, T: SetElem>(
     let verdicts: Arc<[Verdict]> = verdicts.into();
     let (pins, key) = key_of(list);
     if let Ok(mut cache) = CACHE.lock() {
-        if let Some(e) = cache.entries.iter().find(|e| e.key == key) {
+        if let Some(e) = cache.entries.get(&key) {
             return Arc::clone(&e.verdicts);
+        }
+        if cache.entries.len() >= CACHE_ENTRIES {
+            cache.sweep();
         }
         if cache.entries.len() >= CACHE_ENTRIES
             && let Some(oldest) = cache
                 .entries
                 .iter()
-                .enumerate()
                 .min_by_key(|(_, e)| e.last_used)
-                .map(|(i, _)| i)
+                .map(|(k, _)| k.clone())
+            && let Some(e) = cache.entries.remove(&oldest)
         {
-            cache.entries.swap_remove(oldest);
+            cache.unpin(&e);
         }
         let last_used = cache.clock;
-        cache.entries.push(Entry {
+        cache.insert(
             key,
-            pins,
-            verdicts: Arc::clone(&verdicts),
-            last_used,
-        });
+            Entry {
+                pins,
+                verdicts: Arc::clone(&verdicts),
+                last_used,
+            },
+        );
     }
     verdicts
 }
@@ -241,6 +305,42 @@ mod tests {
         let verdicts = cached_verdicts(&view).expect("large enough");
         assert_eq!(verdicts[0], Verdict::NonDecreasing);
         assert_eq!(verdicts.len(), 300);
+    }
+
+    /// A table of more list columns than the old 64-entry cache held, scanned twice in the
+    /// same order (DataFusion's slices of one large batch): the second scan hits every entry
+    /// (with too small a cache, least-recently-used eviction in scan order never hits), and
+    /// once the table is dropped the sweep lets its shared buffers go.
+    #[test]
+    fn a_scan_of_many_slices_hits_and_is_released() {
+        let list = column(300 * 100);
+        let slices: Vec<ListArray> = (0..100).map(|i| list.slice(i * 300, 300)).collect();
+        let scan = || -> Vec<Arc<[Verdict]>> {
+            slices
+                .iter()
+                .map(|s| {
+                    let view = IntLists::<i32, i32>::new::<Int32Type>(s);
+                    cached_verdicts(&view).expect("large enough to cache")
+                })
+                .collect()
+        };
+        let (first, second) = (scan(), scan());
+        for (i, (a, b)) in first.iter().zip(&second).enumerate() {
+            assert!(Arc::ptr_eq(a, b), "slice {i}: the second scan missed");
+        }
+        let keys: Vec<Key> = slices
+            .iter()
+            .map(|s| key_of(&IntLists::<i32, i32>::new::<Int32Type>(s)).1)
+            .collect();
+        drop((slices, list));
+        let mut cache = CACHE.lock().unwrap();
+        cache.sweep();
+        for k in &keys {
+            assert!(
+                !cache.entries.contains_key(k),
+                "an entry of the dropped table stayed"
+            );
+        }
     }
 
     #[test]
