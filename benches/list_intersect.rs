@@ -19,6 +19,8 @@
 //!   of every row (the per-row check the SQL path does before it may call a sorted kernel),
 //!   the check and the kernel row by row (a table's first query without SQL), and a plain
 //!   read (sum) of the same values as a memory-bandwidth baseline.
+//! - `sql_small_batches/W1/ours`: `sql/W1/ours` with W1 in 98 batches of 2,048 rows (196 list
+//!   columns for the row-verdict cache).
 //! - `sql_threads/{W1,W2}/ours`: same query, default session (all cores, default
 //!   `target_partitions`, default `sets.parallel_min_values`, global rayon pool).
 //! - `count/{W1,W2,W3}/{builtin,ours,ours_cold}`: `cardinality(array_intersect(a, b))` vs
@@ -204,6 +206,11 @@ fn rows(w: &'static Workload) -> Vec<(&'static [u32], &'static [u32])> {
 }
 
 fn memtable(w: &Workload) -> Arc<MemTable> {
+    memtable_in(w, BATCH_ROWS)
+}
+
+/// `w` as a MemTable of one partition in batches of `batch_rows` rows.
+fn memtable_in(w: &Workload, batch_rows: usize) -> Arc<MemTable> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("a", w.a.data_type().clone(), true),
         Field::new("b", w.b.data_type().clone(), true),
@@ -211,7 +218,7 @@ fn memtable(w: &Workload) -> Arc<MemTable> {
     let mut batches = Vec::new();
     let mut start = 0;
     while start < w.a.len() {
-        let len = BATCH_ROWS.min(w.a.len() - start);
+        let len = batch_rows.min(w.a.len() - start);
         let cols: Vec<ArrayRef> = vec![
             Arc::new(w.a.slice(start, len)),
             Arc::new(w.b.slice(start, len)),
@@ -405,6 +412,28 @@ fn bench_sql(c: &mut Criterion, group: &str, variants: &[(&str, &str, bool)]) {
         }
         g.finish();
     }
+}
+
+/// `sql_small_batches/W1/ours`: `sql/W1/ours` over W1 in batches of 2,048 rows (98 batches,
+/// 196 list columns): a table queried again whose columns outnumber a small row-verdict
+/// cache (a scan evicts each entry before its next use), as DataFusion's slices of a large
+/// batch do. One core, as `sql/`.
+fn bench_sql_small_batches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sql_small_batches/W1");
+    configure(&mut g);
+    let setup: OnceLock<OneCore> = OnceLock::new();
+    g.bench_function("ours", |bch| {
+        let w = workload(0);
+        let oc = setup.get_or_init(|| {
+            let oc = one_core();
+            oc.ctx.register_table("t", memtable_in(w, 2048)).unwrap();
+            let got = total(&oc.run("SELECT list_intersect(a, b) FROM t"));
+            assert_eq!(got, w.expected_total, "sql_small_batches/W1: wrong result");
+            oc
+        });
+        bch.iter(|| black_box(oc.run("SELECT list_intersect(a, b) FROM t")));
+    });
+    g.finish();
 }
 
 fn bench_sql_threads(c: &mut Criterion) {
@@ -969,6 +998,7 @@ fn main() {
     bench_kernels(&mut c);
     bench_sortedness(&mut c);
     bench_sql_threads(&mut c);
+    bench_sql_small_batches(&mut c);
     bench_sql(
         &mut c,
         "count",

@@ -7,8 +7,9 @@
 //! Arrow buffers are immutable, so the verdicts of one `(values, offsets, validity)` triple
 //! stay true as long as the buffers live. An entry keeps clones of those buffers, which pins
 //! their memory and makes the addresses in its key unique; an entry whose buffers nobody but
-//! the cache holds any more is dropped at the next sweep (every [`SWEEP_EVERY`] lookups, and
-//! before an eviction), so the cache never keeps a table alive for long. Slices of one batch
+//! the cache holds any more is dropped at the next sweep (every lookup while the cache is
+//! small, every [`SWEEP_EVERY`] lookups once it is large, and before an eviction), so the
+//! cache never keeps a table alive for long. Slices of one batch
 //! (DataFusion hands a large batch on in slices) share their buffers: the sweep counts the
 //! cache's own references to each allocation, so a dropped table's slices go too.
 //!
@@ -43,8 +44,10 @@ const CACHE_MIN_VALUES: usize = 1 << 16;
 /// Most entries kept (least recently used are dropped first): 8,192-row batches of two list
 /// columns up to 33 M rows, at one byte a row.
 const CACHE_ENTRIES: usize = 8192;
-/// Lookups between two sweeps for entries of dropped data.
+/// Lookups between two sweeps for entries of dropped data, once the cache holds more than
+/// [`SWEEP_ALWAYS_UP_TO`] entries (up to that, every lookup sweeps: a few microseconds).
 const SWEEP_EVERY: u64 = 32;
+const SWEEP_ALWAYS_UP_TO: usize = 256;
 /// Rows checked per rayon task when filling an entry.
 const ROWS_PER_TASK: usize = 256;
 
@@ -157,7 +160,7 @@ pub fn lookup_verdicts<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>
     cache.clock += 1;
     let now = cache.clock;
     // Entries whose buffers only the cache still holds belong to dropped data.
-    if now % SWEEP_EVERY == 0 {
+    if cache.entries.len() <= SWEEP_ALWAYS_UP_TO || now % SWEEP_EVERY == 0 {
         cache.sweep();
     }
     if let Some(e) = cache.entries.get_mut(&key) {
