@@ -38,6 +38,10 @@
 //! `AsyncFuncExec` is wrapped in a [`SetsBackendExec`] too. That needs the session's catalog
 //! handle (a `topk_bm25` call is rebuilt around it), which the rule gets when the crate is
 //! installed (`with_sets`, `register`).
+//!
+//! `list_intersect_agg` is bound in every `AggregateExec` that computes it ([`choose_agg`]:
+//! steps 1-4, plus one group (no `GROUP BY`) -> CPU; `auto` -> CPU), each aggregate wrapped in
+//! a [`SetsBackendExec`].
 
 use std::sync::Arc;
 
