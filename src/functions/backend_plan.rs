@@ -67,6 +67,28 @@ impl BackendMetrics {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Relaxed)
     }
+
+    /// Counts what GPU work did: `rows` rows in `batches` device calls, `redone` of them
+    /// recomputed on the CPU, and the calls' summed timings (launches, kernel and whole-call
+    /// time, bytes each way, list columns reused or uploaded).
+    pub fn record_gpu(
+        &self,
+        rows: u64,
+        batches: u64,
+        redone: u64,
+        t: &crate::backend::gpu::Timings,
+    ) {
+        Self::add(&self.rows, rows);
+        Self::add(&self.gpu_batches, batches);
+        Self::add(&self.gpu_launches, t.chunks as u64);
+        Self::add(&self.gpu_rows_redone, redone);
+        Self::add(&self.kernel_ns, (t.kernel_ms * 1e6) as u64);
+        Self::add(&self.gpu_ns, (t.total_ms * 1e6) as u64);
+        Self::add(&self.h2d_bytes, t.h2d_bytes);
+        Self::add(&self.d2h_bytes, t.d2h_bytes);
+        Self::add(&self.gpu_columns_reused, t.columns_reused as u64);
+        Self::add(&self.gpu_columns_uploaded, t.columns_uploaded as u64);
+    }
 }
 
 /// The planning-time choice a function instance is bound to, if any. Compared and hashed by

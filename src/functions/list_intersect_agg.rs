@@ -190,15 +190,42 @@ fn row_as_set<'a, O: OffsetSizeTrait, T: SetElem>(
     has_null: bool,
     buf: &'a mut Vec<T>,
 ) -> &'a [T] {
-    let values = view.row(row);
-    if !has_null && cpu::sortedness(values) == Sortedness::Strict {
+    if let Some(values) = strict_row(view, row, has_null) {
         return values;
     }
     buf.clear();
-    buf.extend(view.row_options(row).flatten());
-    buf.sort_unstable();
-    buf.dedup();
+    append_as_set(view, row, buf);
     buf
+}
+
+/// Row `row` as it is in the Arrow buffer, when it is a set already: no NULL element
+/// (`has_null`) and strictly increasing (checked).
+fn strict_row<'a, O: OffsetSizeTrait, T: SetElem>(
+    view: &IntLists<'a, O, T>,
+    row: usize,
+    has_null: bool,
+) -> Option<&'a [T]> {
+    let values = view.row(row);
+    (!has_null && cpu::sortedness(values) == Sortedness::Strict).then_some(values)
+}
+
+/// Appends row `row`'s non-NULL values to `out`, sorted and deduplicated.
+fn append_as_set<O: OffsetSizeTrait, T: SetElem>(
+    view: &IntLists<'_, O, T>,
+    row: usize,
+    out: &mut Vec<T>,
+) {
+    let at = out.len();
+    out.extend(view.row_options(row).flatten());
+    out[at..].sort_unstable();
+    let mut kept = at;
+    for i in at..out.len() {
+        if kept == at || out[i] != out[kept - 1] {
+            out[kept] = out[i];
+            kept += 1;
+        }
+    }
+    out.truncate(kept);
 }
 
 /// The device's fold of many groups ([`gpu::fold_groups`]; tests pass an emulation).
@@ -223,15 +250,12 @@ fn fold_on_gpu<T: SetElem>(
     }
     match fold(groups, sets) {
         Ok(out) => {
-            let (m, t) = (&plan.metrics, &out.timings);
-            BackendMetrics::add(&m.rows, sets.len() as u64);
-            BackendMetrics::add(&m.gpu_batches, out.calls as u64);
-            BackendMetrics::add(&m.gpu_launches, t.chunks as u64);
-            BackendMetrics::add(&m.gpu_rows_redone, out.redone);
-            BackendMetrics::add(&m.kernel_ns, (t.kernel_ms * 1e6) as u64);
-            BackendMetrics::add(&m.gpu_ns, (t.total_ms * 1e6) as u64);
-            BackendMetrics::add(&m.h2d_bytes, t.h2d_bytes);
-            BackendMetrics::add(&m.d2h_bytes, t.d2h_bytes);
+            plan.metrics.record_gpu(
+                sets.len() as u64,
+                out.calls as u64,
+                out.redone,
+                &out.timings,
+            );
             Some(out)
         }
         Err(e) => {

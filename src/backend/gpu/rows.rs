@@ -14,7 +14,6 @@ use datafusion::arrow::buffer::NullBuffer;
 use super::{GpuOutput, HostList, HostOffsets, Mode, RowValidity};
 use crate::backend::cpu::SetElem;
 use crate::config::BackendChoice;
-use crate::functions::backend_plan::BackendMetrics;
 use crate::functions::common::IntLists;
 use crate::functions::intersect_rows::{
     EngineOptions, ValuesOut, cpu_counts_rows, cpu_values_rows,
@@ -117,17 +116,8 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         }
     }
     if let Some(p) = &opts.plan {
-        let (m, t) = (&p.metrics, &out.timings);
-        BackendMetrics::add(&m.rows, n as u64);
-        BackendMetrics::add(&m.gpu_batches, 1);
-        BackendMetrics::add(&m.gpu_launches, t.chunks as u64);
-        BackendMetrics::add(&m.gpu_rows_redone, redo.len() as u64);
-        BackendMetrics::add(&m.kernel_ns, (t.kernel_ms * 1e6) as u64);
-        BackendMetrics::add(&m.gpu_ns, (t.total_ms * 1e6) as u64);
-        BackendMetrics::add(&m.h2d_bytes, t.h2d_bytes);
-        BackendMetrics::add(&m.d2h_bytes, t.d2h_bytes);
-        BackendMetrics::add(&m.gpu_columns_reused, t.columns_reused as u64);
-        BackendMetrics::add(&m.gpu_columns_uploaded, t.columns_uploaded as u64);
+        p.metrics
+            .record_gpu(n as u64, 1, redo.len() as u64, &out.timings);
     }
     Some((out, redo))
 }

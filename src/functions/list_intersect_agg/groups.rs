@@ -20,7 +20,9 @@ use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::{Result, internal_err};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 
-use super::{FLUSH_VALUES, FoldFn, fold_on_gpu, record_cpu_fold, row_as_set};
+use super::{
+    FLUSH_VALUES, FoldFn, append_as_set, fold_on_gpu, record_cpu_fold, row_as_set, strict_row,
+};
 use crate::backend::cpu::{self, SetElem};
 use crate::functions::backend_plan::BackendPlan;
 use crate::functions::common::IntLists;
@@ -319,13 +321,11 @@ where
                 if settled {
                     continue;
                 }
-                let values = view.row(row);
-                if !has_null && cpu::sortedness(values) == cpu::Sortedness::Strict {
+                if let Some(values) = strict_row(view, row, has_null) {
                     srcs.push(Src::Row(values));
                 } else {
                     let at = owned.len();
-                    let set = row_as_set(view, row, has_null, &mut self.row_buf);
-                    owned.extend_from_slice(set);
+                    append_as_set(view, row, &mut owned);
                     srcs.push(Src::Owned(at..owned.len()));
                 }
             }
