@@ -12,7 +12,8 @@
 // multiplications, so no contraction). Ties go to the smaller ordinal (= smaller doc id).
 //
 // AND: one thread per posting of the shortest list, a binary search in each other list
-// (narrowed per chunk of 256 postings), the sum in slot order in a register.
+// from its cursor (past the previous chunk of 256 postings), the sum in slot order in a
+// register.
 // OR: the ordinal space is swept in tiles of TILE ordinals starting at the smallest
 // unvisited posting (tiles skip empty stretches); each list's postings in the tile are added
 // into a shared accumulator one list after the other (slot order; a list holds a document
@@ -25,6 +26,15 @@
 // for k <= 32): lists whose maxima (plus the static bound) sum to no more than the floor are
 // not swept; candidates come from the other lists and are scored by binary searches in every
 // list, in slot order (`or_pruned`). Without a floor, or when every list is needed, the sweep.
+//
+// Pieces: the host may split a long OR query into pieces, each an ordinal range [lo, hi) of
+// the documents (a document lies in exactly one range), ranked by a block of its own with the
+// same code restricted to the range; each piece keeps its own k best (ordinals and scores),
+// and `bm25_merge` takes the k best of the query's pieces. The k best of the union are among
+// the pieces' k best, and the order (score descending, ordinal ascending) is total, so the
+// answer is the unsplit one. An AND-then-OR query so split gets one more block running its
+// AND alone; the merge keeps the AND answer when it found k matches. A long query otherwise
+// holds one block for as long as all the others take together (the kernel's tail).
 //
 // Top-k: candidates that beat the current threshold go to a shared buffer of CAP entries;
 // when a chunk could overflow it, the buffer is bitonic-sorted (score descending, ordinal
@@ -66,15 +76,33 @@ __device__ __forceinline__ u32 lower_bound(const u32* __restrict__ a, u32 lo, u3
     return lo;
 }
 
+// A block's work: query q, the documents of ordinals [lo, hi) (0, NONE_ORD: all), and what
+// to run and where its answer goes: ks >> 30 is the kind (WHOLE: the query, answer to the
+// query's output; AND_ONLY: the AND phase, answer to the query's output and its match count
+// to and_count; OR_PIECE: the OR phase, answer to piece slot ks & PIECE_MASK).
+struct Item {
+    u32 q;
+    u32 lo;
+    u32 hi;
+    u32 ks;
+};
+#define NONE_ORD 0xffffffffu
+#define WHOLE 0u
+#define AND_ONLY 1u
+#define OR_PIECE 2u
+#define PIECE_MASK 0x3fffffffu
+
 struct Shared {
     double acc[TILE];
     u32 cnt[TILE];
     double cs[CAP];
     u32 co[CAP];
     u64 ls[MAX_TERMS];
-    u32 ll[MAX_TERMS];
+    u32 ll[MAX_TERMS];   // end of each list in the block's ordinal range
     double lm[MAX_TERMS];
+    u32 beg[MAX_TERMS];  // first posting of each list in the block's ordinal range
     u32 cur[MAX_TERMS];
+    u32 nxt[MAX_TERMS];  // where each list's cursor moves after the chunk
     u32 seg[MAX_TERMS];
     u32 segoff[MAX_TERMS + 1];
     double theta;
@@ -149,17 +177,23 @@ __device__ __forceinline__ void offer_any_order(Shared& sh, double s, u32 ord) {
     }
 }
 
-// Narrow every list but `lead` to the ordinals first..=last (a chunk of the lead list): list j
-// becomes [cur[j], seg[j]), searched from its cursor (thread j does list j; the caller syncs).
-__device__ __forceinline__ void narrow(Shared& sh, u32 m, u32 lead, const u32* __restrict__ post_ord,
-                                       u32 first, u32 last) {
+// The chunk's searches: each thread looks its candidate up in every other list by a binary
+// search from the list's cursor (the first posting not below the chunk's first candidate) to
+// its end; the searches of one chunk share their first steps (cache hits). The thread of the
+// chunk's last candidate completes every search (no early exit) and leaves in `nxt` where
+// the next chunk starts in each list (past that candidate); `advance` moves the cursors there
+// after the chunk. (One search per list per chunk to bound each list first was a chain of
+// twice as many dependent global loads before any thread could start.)
+__device__ __forceinline__ u32 find(const u32* __restrict__ a, u32 lo, u32 hi, u32 ord,
+                                    bool& hit) {
+    const u32 pos = lower_bound(a, lo, hi, ord);
+    hit = pos < hi && a[pos] == ord;
+    return pos;
+}
+
+__device__ __forceinline__ void advance(Shared& sh, u32 m, u32 skip) {
     const u32 tid = threadIdx.x;
-    if (tid < m && tid != lead) {
-        const u32* a = post_ord + sh.ls[tid];
-        u32 lo = lower_bound(a, sh.cur[tid], sh.ll[tid], first);
-        sh.cur[tid] = lo;
-        sh.seg[tid] = lower_bound(a, lo, sh.ll[tid], (u64)last + 1);
-    }
+    if (tid < m && tid != skip) sh.cur[tid] = sh.nxt[tid];
 }
 
 __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
@@ -169,22 +203,18 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
     if (tid == 0) {
         u32 lead = 0;
         for (u32 j = 1; j < m; j++) {
-            if (sh.ll[j] < sh.ll[lead]) lead = j;
+            if (sh.ll[j] - sh.beg[j] < sh.ll[lead] - sh.beg[lead]) lead = j;
         }
         sh.lead = lead;
     }
-    if (tid < m) sh.cur[tid] = 0;  // search floor of each list
+    if (tid < m) sh.cur[tid] = sh.beg[tid];  // search floor of each list
     __syncthreads();
     const u32 lead = sh.lead;
     const u32 n = sh.ll[lead];
-    const u32* lead_ord = post_ord + sh.ls[lead];
-    for (u32 base = 0; base < n; base += THREADS) {
+    for (u32 base = sh.beg[lead]; base < n; base += THREADS) {
         room(sh, k);
-        // Narrow every other list to the ordinals of this chunk of the lead list.
-        const u32 last = (base + THREADS < n ? base + THREADS : n) - 1;
-        narrow(sh, m, lead, post_ord, lead_ord[base], lead_ord[last]);
-        __syncthreads();
         const u32 i = base + tid;
+        const bool last = i + 1 == (base + THREADS < n ? base + THREADS : n);
         if (i < n) {
             const u64 p = sh.ls[lead] + i;
             const u32 ord = post_ord[p];
@@ -193,15 +223,16 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
             for (u32 j = 0; j < m; j++) {
                 if (j == lead) {
                     s += post_imp[p];
+                    continue;
+                }
+                bool hit;
+                const u32 pos = find(post_ord + sh.ls[j], sh.cur[j], sh.ll[j], ord, hit);
+                if (last) sh.nxt[j] = pos + hit;
+                if (hit) {
+                    s += post_imp[sh.ls[j] + pos];
                 } else {
-                    const u32* a = post_ord + sh.ls[j];
-                    u32 pos = lower_bound(a, sh.cur[j], sh.seg[j], ord);
-                    if (pos < sh.seg[j] && a[pos] == ord) {
-                        s += post_imp[sh.ls[j] + pos];
-                    } else {
-                        ok = false;
-                        break;
-                    }
+                    ok = false;
+                    if (!last) break;
                 }
             }
             if (ok) {
@@ -211,6 +242,7 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
             }
         }
         __syncthreads();
+        advance(sh, m, lead);
     }
 }
 
@@ -219,7 +251,7 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
 // a document in none of the other lists scores below the floor, so it cannot be among the k
 // best. Candidates are the postings of the essential lists, one list after the other (a
 // document already held by an earlier essential list is skipped); each candidate is scored
-// in slot order by a binary search in every other list, narrowed per chunk as in AND.
+// in slot order by a binary search in every other list, from its cursor as in AND.
 // Returns false (nothing done) when no list is non-essential.
 __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
                           const u32* __restrict__ post_ord, const double* __restrict__ post_imp,
@@ -248,16 +280,13 @@ __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
     if (sh.d0 == 0) return false;
     for (u32 e = 0; e < m; e++) {
         if (!sh.ess[e]) continue;
-        if (tid < m) sh.cur[tid] = 0;
+        if (tid < m) sh.cur[tid] = sh.beg[tid];
         __syncthreads();
         const u32 n = sh.ll[e];
-        const u32* lead_ord = post_ord + sh.ls[e];
-        for (u32 base = 0; base < n; base += THREADS) {
+        for (u32 base = sh.beg[e]; base < n; base += THREADS) {
             room(sh, k);
-            const u32 last = (base + THREADS < n ? base + THREADS : n) - 1;
-            narrow(sh, m, e, post_ord, lead_ord[base], lead_ord[last]);
-            __syncthreads();
             const u32 i = base + tid;
+            const bool last = i + 1 == (base + THREADS < n ? base + THREADS : n);
             if (i < n) {
                 const u64 p = sh.ls[e] + i;
                 const u32 ord = post_ord[p];
@@ -268,12 +297,13 @@ __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
                         s += post_imp[p];
                         continue;
                     }
-                    const u32* a = post_ord + sh.ls[j];
-                    u32 pos = lower_bound(a, sh.cur[j], sh.seg[j], ord);
-                    if (pos < sh.seg[j] && a[pos] == ord) {
+                    bool hit;
+                    const u32 pos = find(post_ord + sh.ls[j], sh.cur[j], sh.ll[j], ord, hit);
+                    if (last) sh.nxt[j] = pos + hit;
+                    if (hit) {
                         if (j < e && sh.ess[j]) {
                             mine = false;  // an earlier essential list has scored it
-                            break;
+                            if (!last) break;
                         }
                         s += post_imp[sh.ls[j] + pos];
                     }
@@ -284,6 +314,7 @@ __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
                 }
             }
             __syncthreads();
+            advance(sh, m, e);
         }
     }
     return true;
@@ -297,7 +328,7 @@ __device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_
         or_pruned(sh, m, k, static_max, post_ord, post_imp, ord_static)) {
         return;
     }
-    if (tid < m) sh.cur[tid] = 0;
+    if (tid < m) sh.cur[tid] = sh.beg[tid];
     __syncthreads();
     while (true) {
         if (tid == 0) {
@@ -381,20 +412,38 @@ __device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_
     }
 }
 
-// One block per query. `order[b]` is the query of block b (longest first); query q's lists
-// are lists[q_off[q] .. q_off[q + 1]] (1 ..= MAX_TERMS of them, checked by the host). Its
-// results: out_count[q] hits at out_doc / out_score[q * k ..], best first.
+// The k best of the block's candidates to `out_*` at row `row` (doc ids), or to a piece's slot
+// (ordinals, for `bm25_merge`). Called by every thread after `compact`.
+__device__ __forceinline__ void write_answer(const Shared& sh, u32 n, u64 at,
+                                             const u32* __restrict__ ord_doc, u32* out_doc,
+                                             double* out_score, bool as_ordinals) {
+    for (u32 i = threadIdx.x; i < n; i += THREADS) {
+        out_doc[at + i] = as_ordinals ? sh.co[i] : ord_doc[sh.co[i]];
+        out_score[at + i] = sh.cs[i];
+    }
+}
+
+// One block per item (see `Item`). `order[b]` is the item of block b (longest first); query
+// q's lists are lists[q_off[q] .. q_off[q + 1]] (1 ..= MAX_TERMS of them, checked by the host).
+// Its results: out_count[q] hits at out_doc / out_score[q * k ..], best first; a piece's:
+// piece_count[s] hits at piece_ord / piece_score[s * k ..]; an AND_ONLY item also writes its
+// match count to and_count[q].
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
-    u32 n_queries, const u32* __restrict__ order, const u32* __restrict__ q_off,
-    const unsigned char* __restrict__ q_mode, const ListRef* __restrict__ lists,
-    const u32* __restrict__ post_ord, const double* __restrict__ post_imp,
-    const double* __restrict__ ord_static, const u32* __restrict__ ord_doc, u32 k,
-    u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score,
-    const double* __restrict__ q_floor, double static_max) {
+    u32 n_items, const u32* __restrict__ order, const Item* __restrict__ items,
+    const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
+    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
+    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
+    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
+    u32* __restrict__ out_doc, double* __restrict__ out_score,
+    const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
+    u32* __restrict__ piece_ord, double* __restrict__ piece_score,
+    u32* __restrict__ and_count) {
     __shared__ Shared sh;
     const u32 tid = threadIdx.x;
-    if (blockIdx.x >= n_queries) return;
-    const u32 q = order[blockIdx.x];
+    if (blockIdx.x >= n_items) return;
+    const Item it = items[order[blockIdx.x]];
+    const u32 q = it.q;
+    const u32 kind = it.ks >> 30;
     const u32 first = q_off[q];
     const u32 m = q_off[q + 1] - first;
     const u32 mode = q_mode[q];
@@ -402,10 +451,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
         sh.acc[i] = 0.0;
         sh.cnt[i] = 0;
     }
+    // The block's ordinal range within each list: its start found by thread j, its end by
+    // thread MAX_TERMS + j (two searches side by side).
     if (tid < m) {
-        sh.ls[tid] = lists[first + tid].start;
-        sh.ll[tid] = lists[first + tid].len;
+        const u64 start = lists[first + tid].start;
+        const u32 len = lists[first + tid].len;
+        sh.ls[tid] = start;
         sh.lm[tid] = (double)lists[first + tid].max;
+        sh.beg[tid] = it.lo == 0 ? 0u : lower_bound(post_ord + start, 0, len, it.lo);
+    } else if (tid >= MAX_TERMS && tid < MAX_TERMS + m) {
+        const u32 j = tid - MAX_TERMS;
+        const u64 start = lists[first + j].start;
+        const u32 len = lists[first + j].len;
+        sh.ll[j] = it.hi == NONE_ORD ? len : lower_bound(post_ord + start, 0, len, it.hi);
     }
     if (tid == 0) {
         sh.ncand = 0;
@@ -414,10 +472,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
         sh.floor = q_floor[q];
     }
     __syncthreads();
-    if (mode != 1) {
+    if (kind == OR_PIECE) {
+        or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
+    } else if (mode != 1) {
         and_phase(sh, m, k, post_ord, post_imp, ord_static);
         __syncthreads();
-        if (mode == 2 && sh.matches < k) {
+        if (kind == WHOLE && mode == 2 && sh.matches < k) {
             __syncthreads();
             if (tid == 0) {
                 sh.ncand = 0;
@@ -432,9 +492,49 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     __syncthreads();
     compact(sh, k);
     const u32 n = sh.ncand;
-    for (u32 i = tid; i < n; i += THREADS) {
-        out_doc[(u64)q * k + i] = ord_doc[sh.co[i]];
-        out_score[(u64)q * k + i] = sh.cs[i];
+    if (kind == OR_PIECE) {
+        const u32 s = it.ks & PIECE_MASK;
+        write_answer(sh, n, (u64)s * k, ord_doc, piece_ord, piece_score, true);
+        if (tid == 0) piece_count[s] = n;
+    } else {
+        write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
+        if (tid == 0) {
+            out_count[q] = n;
+            if (kind == AND_ONLY) and_count[q] = sh.matches;
+        }
     }
+}
+
+// One block per split query: split_q[b]'s answer is the k best of the pieces
+// split_p[b] .. split_p[b + 1] (at most CAP / k of them, checked by the host), unless it is an
+// AND-then-OR query whose AND found k matches (its AND_ONLY item has written that answer).
+extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
+    u32 n_split, const u32* __restrict__ split_q, const u32* __restrict__ split_p,
+    const unsigned char* __restrict__ q_mode, const u32* __restrict__ and_count, u32 k,
+    const u32* __restrict__ piece_count, const u32* __restrict__ piece_ord,
+    const double* __restrict__ piece_score, const u32* __restrict__ ord_doc,
+    u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score) {
+    __shared__ Shared sh;
+    const u32 tid = threadIdx.x;
+    if (blockIdx.x >= n_split) return;
+    const u32 q = split_q[blockIdx.x];
+    if (q_mode[q] == 2 && and_count[q] >= k) return;
+    const u32 p0 = split_p[blockIdx.x];
+    const u32 np = split_p[blockIdx.x + 1] - p0;
+    if (tid == 0) sh.ncand = 0;
+    __syncthreads();
+    for (u32 i = tid; i < np * k; i += THREADS) {
+        const u32 p = p0 + i / k;
+        const u32 j = i % k;
+        if (j < piece_count[p]) {
+            const u32 at = atomicAdd(&sh.ncand, 1u);
+            sh.cs[at] = piece_score[(u64)p * k + j];
+            sh.co[at] = piece_ord[(u64)p * k + j];
+        }
+    }
+    __syncthreads();
+    compact(sh, k);
+    const u32 n = sh.ncand;
+    write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
     if (tid == 0) out_count[q] = n;
 }

@@ -2,7 +2,9 @@
 # Runs kernels/intersect.cu's list-intersection kernels on the CPU (kernels/emu/emu.h: one
 # std::thread per CUDA thread, std::barrier for __syncthreads) against a reference, on random
 # batches: tiny, empty, NULL, unsorted and tile-spanning rows, k = 2..4, u32 / i32 / u64,
-# values and counts. Needs only g++ (C++20); no GPU, no CUDA. Takes about two minutes.
+# values and counts; then kernels/bm25.cu's top-k kernels (kernels/emu/bm25_check.cpp: random
+# corpora and query batches, whole and split into pieces, against a reference scorer). Needs
+# only g++ (C++20); no GPU, no CUDA. Takes about three minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../kernels/emu"
 dir=$(mktemp -d)
@@ -14,3 +16,7 @@ for threads in 256 128; do
     g++ -std=c++20 -O1 -w -pthread -DTHREADS=$threads -o "$out" intersect_check.cpp
     "$out"
 done
+# Small OR tiles, so that a query's sweep spans several.
+echo "bm25 top-k, tiles of 256 ordinals"
+g++ -std=c++20 -O1 -w -pthread -DTILE=256 -o "$dir/bm25-check" bm25_check.cpp
+"$dir/bm25-check"

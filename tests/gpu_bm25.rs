@@ -141,7 +141,7 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         (20000, 300, false),
         (5000, 60, true),
     ];
-    let mut on_gpu = 0;
+    let (mut on_gpu, mut pieces) = (0, 0);
     for (round, &(docs, vocab, with_static)) in shapes.iter().enumerate() {
         let index = corpus(&mut rng, docs, vocab, with_static);
         let params = Bm25Params {
@@ -167,10 +167,19 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
                     .count();
                 assert_eq!(stats.on_gpu, expect, "{what} k {k} {mode:?}");
                 on_gpu += stats.on_gpu;
+                pieces += stats.timings.as_ref().map_or(0, |t| t.pieces);
             }
         }
     }
     assert!(on_gpu > 1000, "only {on_gpu} queries ran on the GPU");
+    // With small pieces asked for (the device script runs this test again with
+    // DFSETS_BM25_PIECE=16), long OR queries were split and merged on the device.
+    let small_pieces = std::env::var("DFSETS_BM25_PIECE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|p| (1..=64).contains(&p));
+    assert!(!small_pieces || pieces > 1000, "only {pieces} pieces");
+    eprintln!("{on_gpu} queries on the GPU, {pieces} pieces of split queries");
     // k above the device's limit: the CPU, same answers.
     let index = corpus(&mut rng, 2000, 50, false);
     let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
@@ -436,13 +445,14 @@ fn bench_gpu_bm25() {
             let (c, g) = (median(cpu), median(gpu_ms));
             let med = |f: fn(&gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
             let line = format!(
-                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU) | {cold:.1} ({:.1} MB) |\n",
+                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces) | {cold:.1} ({:.1} MB) |\n",
                 c / g,
                 med(|t| t.kernel_ms),
                 med(|t| t.h2d_ms),
                 med(|t| t.d2h_ms),
                 med(|t| t.stage_ms),
                 tims[0].on_device,
+                tims[0].pieces,
                 upload as f64 / 1e6
             );
             eprint!("{line}");

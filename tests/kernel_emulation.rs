@@ -1,4 +1,5 @@
-//! The list-intersection kernels of `kernels/intersect.cu`, run on the CPU by
+//! The list-intersection kernels of `kernels/intersect.cu` and the BM25 top-k kernels of
+//! `kernels/bm25.cu`, run on the CPU by
 //! `scripts/emulate-kernels.sh` (g++ only: one thread per CUDA thread, barriers for
 //! `__syncthreads`) on random batches and compared row by row with a reference. CI has no GPU:
 //! this is where a change to the kernels' logic meets a test there. Skipped, with a note, on a
@@ -25,9 +26,11 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
         "kernel emulation failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Both block sizes, twelve suites each (six with no row order known, six with known
-    // order and searches), every one without a bad row.
-    assert_eq!(stdout.matches(" bad=").count(), 24, "{stdout}");
-    assert_eq!(stdout.matches(" bad=0\n").count(), 24, "{stdout}");
-    assert_eq!(stdout.matches("\nOK").count(), 2, "{stdout}");
+    // Intersection: both block sizes, twelve suites each (six with no row order known, six
+    // with known order and searches); BM25: sixteen suites (four k, with and without static
+    // scores, whole and split); every one without a bad row.
+    assert_eq!(stdout.matches(" bad=").count(), 24 + 16, "{stdout}");
+    assert_eq!(stdout.matches(" bad=0\n").count(), 24 + 16, "{stdout}");
+    assert_eq!(stdout.matches(" split=1 ").count(), 8, "{stdout}");
+    assert_eq!(stdout.matches("\nOK").count(), 3, "{stdout}");
 }

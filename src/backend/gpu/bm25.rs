@@ -6,9 +6,12 @@
 //!   the weighted static score. When the whole index does not fit the budget, the terms the
 //!   queries visit most (counted over the batches seen) are admitted first (the Wang et al.
 //!   list cache); a query with a term that is not resident finishes on the CPU.
-//! - A batch is uploaded in one copy (query order, CSR offsets, modes, list references),
-//!   ranked by one launch (one block per query, the longest queries first), and its results
-//!   come back in one copy.
+//! - A batch is uploaded in one copy (block order, items, CSR offsets, modes, list
+//!   references, floors), ranked by one launch (one block per query, the longest first; an
+//!   OR query with a floor and many postings to visit is split into pieces over ranges of
+//!   ordinals, a block each, whose answers a second launch merges on the device: a long
+//!   query no longer holds one block while all the others finish), and its results come back
+//!   in one copy.
 //! - Results are bit-identical to the CPU's (`search::topk`): same f64 sums in the same
 //!   order, same ties. Queries the kernel does not take (more than [`BM25_MAX_TERMS`]
 //!   terms, k above [`BM25_MAX_K`], lists not resident) come back as `None`.
@@ -34,21 +37,163 @@ const SOURCE: &str = include_str!("../../../kernels/bm25.cu");
 const THREADS: u32 = 256;
 /// Bytes of one `ListRef` of the kernel.
 const LISTREF_BYTES: usize = 16;
+/// Bytes of one `Item` of the kernel.
+const ITEM_BYTES: usize = 16;
 
-static KERNEL: OnceLock<Result<CudaFunction, GpuError>> = OnceLock::new();
+/// The kernel's candidate buffer (`CAP` in bm25.cu): a split query's pieces hold at most
+/// this many answers together.
+const CAP: usize = 1024;
+/// Most pieces one query is split into.
+const MAX_PIECES: usize = 64;
+/// `Item::ks` (bm25.cu): the kind in the top two bits, a piece's slot below.
+const AND_ONLY: u32 = 1 << 30;
+const OR_PIECE: u32 = 2 << 30;
+/// `Item::hi` of an item that runs to the last document.
+const NONE_ORD: u32 = u32::MAX;
 
-fn kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
+/// The two kernels of bm25.cu.
+struct Kernels {
+    topk: CudaFunction,
+    merge: CudaFunction,
+}
+
+static KERNEL: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
+
+fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
     KERNEL
         .get_or_init(|| {
             let (major, minor) = g.info.compute_capability;
             let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-            let module = compile_module(&g.ctx, arch, SOURCE, "bm25.cu", compile_options())?;
-            module
-                .load_function("bm25_topk")
-                .map_err(drv("kernel lookup"))
+            // Experiments only: `DFSETS_BM25_SOURCE` names another bm25.cu (same kernel
+            // signatures) to compile instead of the embedded one, so that kernel variants are
+            // measured side by side by one binary.
+            let source_override = std::env::var_os("DFSETS_BM25_SOURCE")
+                .map(|p| {
+                    std::fs::read_to_string(&p)
+                        .map_err(|e| GpuError::Compile(format!("DFSETS_BM25_SOURCE {p:?}: {e}")))
+                })
+                .transpose()?;
+            let source = source_override.as_deref().unwrap_or(SOURCE);
+            let module = compile_module(&g.ctx, arch, source, "bm25.cu", compile_options())?;
+            let load = |name| module.load_function(name).map_err(drv("kernel lookup"));
+            Ok(Kernels {
+                topk: load("bm25_topk")?,
+                merge: load("bm25_merge")?,
+            })
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Postings a piece of a split OR query should hold (`DFSETS_BM25_PIECE`, 0: never split;
+/// default [`DEFAULT_PIECE`]).
+fn piece_postings() -> u64 {
+    static P: OnceLock<u64> = OnceLock::new();
+    *P.get_or_init(|| {
+        std::env::var("DFSETS_BM25_PIECE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_PIECE)
+    })
+}
+const DEFAULT_PIECE: u64 = 16384;
+
+/// How the device ranks one query: `pieces` blocks over ordinal ranges (1: the whole query
+/// in one block), each holding about `work / pieces` postings to visit, cut at the ordinals
+/// of the list `lead` (its position among the query's terms; `run` keeps its term id there).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Plan {
+    pieces: u32,
+    work: u64,
+    lead: u32,
+    /// OR's starting threshold (`Scored::theta_floor`; -inf for AND, which never reads it).
+    floor: f64,
+    /// AND-then-OR (a split one also gets a block for its AND).
+    and_or: bool,
+}
+
+/// The device's plan for one query (see `or_pruned` in bm25.cu for the lists it visits): an
+/// OR query visits the postings of its essential lists (those left once the lists whose
+/// maxima, smallest first, sum with the static bound to no more than the floor are put
+/// aside), or of all its lists (no floor, or none put aside); AND visits its shortest list.
+/// Only the count of pieces and where they are cut depend on this estimate, never the
+/// answer (every split is exact). Only a query with a floor is split: a piece starts from
+/// its query's floor, whereas without one each piece would collect and sort its own k
+/// candidates before it could prune (measured: OR at k = 100, no floor, 2.85 ms of kernels
+/// unsplit, 4.97 ms split into 16,186 pieces of 4,096 postings).
+fn plan(
+    lens: &[u64],
+    maxima: &[f64],
+    floor: f64,
+    static_max: f64,
+    mode: Mode,
+    k: usize,
+    piece: u64,
+) -> Plan {
+    let longest = |among: &dyn Fn(usize) -> bool| {
+        (0..lens.len())
+            .filter(|&j| among(j))
+            .max_by_key(|&j| lens[j])
+            .unwrap_or(0) as u32
+    };
+    if mode == Mode::And {
+        let work = lens.iter().copied().min().unwrap_or(0);
+        return Plan {
+            pieces: 1,
+            work,
+            lead: 0,
+            floor,
+            and_or: mode == Mode::AndOr,
+        };
+    }
+    // Lists still essential, one bit each (at most BM25_MAX_TERMS = 64 lists).
+    let mut essential: u64 = if lens.len() >= 64 {
+        u64::MAX
+    } else {
+        (1 << lens.len()) - 1
+    };
+    let is_essential = |e: u64, j: usize| e >> j & 1 == 1;
+    if floor > f64::NEG_INFINITY {
+        let cut = floor - 1e-12 * floor.abs();
+        let mut sum = static_max;
+        while let Some(j) = (0..lens.len())
+            .filter(|&j| is_essential(essential, j))
+            .min_by(|&a, &b| maxima[a].total_cmp(&maxima[b]))
+        {
+            if sum + maxima[j] > cut {
+                break;
+            }
+            sum += maxima[j];
+            essential &= !(1 << j);
+        }
+    }
+    if essential == 0 {
+        // Nothing can reach the floor: the kernel visits nothing.
+        return Plan {
+            pieces: 1,
+            work: 0,
+            lead: 0,
+            floor,
+            and_or: mode == Mode::AndOr,
+        };
+    }
+    let work: u64 = (0..lens.len())
+        .filter(|&j| is_essential(essential, j))
+        .map(|j| lens[j])
+        .sum();
+    let most = (CAP / k.max(1)).min(MAX_PIECES) as u64;
+    let pieces = if piece == 0 || most < 2 || floor == f64::NEG_INFINITY {
+        1
+    } else {
+        work.div_ceil(piece).clamp(1, most)
+    };
+    Plan {
+        pieces: pieces as u32,
+        work,
+        lead: longest(&|j| is_essential(essential, j)),
+        floor,
+        and_or: mode == Mode::AndOr,
+    }
 }
 
 /// NVRTC options beyond C++17: the OR tile's size when `DFSETS_BM25_TILE` asks for another
@@ -356,7 +501,7 @@ fn view_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
 #[allow(clippy::too_many_arguments)]
 fn run(
     g: &Gpu,
-    f: &CudaFunction,
+    f: &Kernels,
     ws: &mut Workspace,
     resident: &mut Option<Resident>,
     index: &InvertedIndex,
@@ -413,17 +558,47 @@ fn run(
     }
     t.resident_bytes = res.bytes as u64;
 
-    // Each query's place (a device slot or the CPU's share), its work, its lists, written
+    // Each query's place (a device slot or the CPU's share), its lists and its plan, written
     // straight into the pinned upload buffer: a counting pass and a writing pass over groups
-    // of queries, in parallel.
+    // of queries, in parallel; then the blocks' items (a query, or a piece of one) and their
+    // order into a second pinned buffer, once the plans give their number.
     let offs = index.offsets();
     let all = res.all;
     let starts = &res.start;
+    let host_ord = &res.host_ord;
+    let piece = piece_postings();
     let takes = |i: usize| {
         let ts = terms_of(i);
         !ts.is_empty()
             && ts.len() <= BM25_MAX_TERMS
             && (all || ts.iter().all(|&t| starts[t as usize] != u64::MAX))
+    };
+    let len_of = |tm: u32| (offs[tm as usize + 1] - offs[tm as usize]) as u64;
+    let max_of = |tm: u32| f64::from(max_up(scored.term_max[tm as usize]));
+    // OR's starting threshold (AND never reads it).
+    let floor_of = |i: usize| match batch.modes[i] {
+        Mode::And => f64::NEG_INFINITY,
+        Mode::Or | Mode::AndOr => scored.theta_floor(terms_of(i), k),
+    };
+    let plan_of = |i: usize| {
+        let ts = terms_of(i);
+        let (mut lens, mut maxima) = ([0u64; BM25_MAX_TERMS], [0f64; BM25_MAX_TERMS]);
+        for (j, &tm) in ts.iter().enumerate() {
+            lens[j] = len_of(tm);
+            maxima[j] = max_of(tm);
+        }
+        let mut p = plan(
+            &lens[..ts.len()],
+            &maxima[..ts.len()],
+            floor_of(i),
+            scored.static_max,
+            batch.modes[i],
+            k,
+            piece,
+        );
+        // From here on, the lead list's term id.
+        p.lead = ts[p.lead as usize];
+        p
     };
     let groups: Vec<(usize, usize)> = (0..n.div_ceil(STAGE_GROUP))
         .into_par_iter()
@@ -448,9 +623,8 @@ fn run(
         let lists: Vec<Vec<Hit>> = (0..n).into_par_iter().map(cpu).collect();
         return Ok(Ranked::from_lists(&lists));
     }
-    // Input region: order | q_off | modes | lists | floors.
-    let order_at = 0usize;
-    let qoff_at = align(gq * 4);
+    // Input region: q_off | modes | lists | floors.
+    let qoff_at = 0usize;
     let mode_at = qoff_at + align((gq + 1) * 4);
     let lists_at = mode_at + align(gq);
     let floor_at = lists_at + align(n_lists * LISTREF_BYTES);
@@ -463,15 +637,22 @@ fn run(
     let d_in = ws.dev("bm25_in", in_bytes)?;
     let d_out = ws.dev("bm25_out", out_bytes)?;
     let mut slot = vec![0u32; n];
-    let mut keys = vec![0u8; gq];
+    let mut plans = vec![
+        Plan {
+            pieces: 1,
+            work: 0,
+            lead: 0,
+            floor: 0.0,
+            and_or: false,
+        };
+        gq
+    ];
     let mut cpu_q = vec![0u32; n - gq];
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, floors_b) = pin.split_at_mut(floor_at);
     let floors_v = &mut view_mut::<f64>(floors_b)[..gq];
     let (head, lists_b) = head.split_at_mut(lists_at);
-    let (head, modes_b) = head.split_at_mut(mode_at);
-    let (order_b, qoff_b) = head.split_at_mut(qoff_at);
-    let order_v = &mut view_mut::<u32>(order_b)[..gq];
+    let (qoff_b, modes_b) = head.split_at_mut(mode_at);
     let qoff = &mut view_mut::<u32>(qoff_b)[..gq + 1];
     qoff[gq] = n_lists as u32;
     let lists_v = &mut view_mut::<u64>(lists_b)[..2 * n_lists];
@@ -483,7 +664,7 @@ fn run(
         l0: usize,
         c0: usize,
         slot: &'a mut [u32],
-        keys: &'a mut [u8],
+        plans: &'a mut [Plan],
         qoff: &'a mut [u32],
         modes: &'a mut [u8],
         lists: &'a mut [u64],
@@ -492,9 +673,9 @@ fn run(
     }
     let mut parts = Vec::with_capacity(groups.len());
     {
-        let (mut sl, mut ke, mut qo, mut mo, mut li, mut fl, mut cq) = (
+        let (mut sl, mut pl, mut qo, mut mo, mut li, mut fl, mut cq) = (
             slot.as_mut_slice(),
-            keys.as_mut_slice(),
+            plans.as_mut_slice(),
             &mut qoff[..gq],
             &mut *modes_v,
             &mut *lists_v,
@@ -508,7 +689,7 @@ fn run(
             let a;
             (a, sl) = std::mem::take(&mut sl).split_at_mut(nq);
             let b;
-            (b, ke) = std::mem::take(&mut ke).split_at_mut(q);
+            (b, pl) = std::mem::take(&mut pl).split_at_mut(q);
             let d;
             (d, qo) = std::mem::take(&mut qo).split_at_mut(q);
             let e;
@@ -525,7 +706,7 @@ fn run(
                 l0,
                 c0,
                 slot: a,
-                keys: b,
+                plans: b,
                 qoff: d,
                 modes: e,
                 lists: f,
@@ -554,29 +735,97 @@ fn run(
                 Mode::Or => 1,
                 Mode::AndOr => 2,
             };
-            // OR's starting threshold (AND never reads it).
-            p.floors[q] = match batch.modes[i] {
-                Mode::And => f64::NEG_INFINITY,
-                Mode::Or | Mode::AndOr => scored.theta_floor(terms_of(i), k),
-            };
+            p.plans[q] = plan_of(i);
+            p.floors[q] = p.plans[q].floor;
             // A ListRef is { u64 start; u32 len; f32 max }: two little-endian u64 words.
-            let mut work = 0u64;
             for &tm in terms_of(i) {
-                let tm = tm as usize;
-                let len = (offs[tm + 1] - offs[tm]) as u64;
-                p.lists[2 * l] = starts[tm];
-                p.lists[2 * l + 1] = len | (u64::from(max_up(scored.term_max[tm]).to_bits()) << 32);
-                work += len;
+                p.lists[2 * l] = starts[tm as usize];
+                p.lists[2 * l + 1] =
+                    len_of(tm) | (u64::from(max_up(scored.term_max[tm as usize]).to_bits()) << 32);
                 l += 1;
             }
-            p.keys[q] = work_bucket(work) as u8;
             q += 1;
         }
     });
     t.fill_ms = ms(t_fill);
 
-    // Longest first: a counting sort on buckets of work (descending), stable.
+    // The items, then longest first: a counting sort on buckets of work (descending), stable.
     let t_sort = Instant::now();
+    let (mut n_items, mut n_pieces, mut n_split) = (0, 0, 0);
+    for p in &plans {
+        n_items += match (p.pieces, p.and_or) {
+            (1, _) => 1,
+            (n, true) => n as usize + 1,
+            (n, false) => n as usize,
+        };
+        if p.pieces > 1 {
+            n_pieces += p.pieces as usize;
+            n_split += 1;
+        }
+    }
+    t.pieces = n_pieces;
+    // Items region: order | items | split_q | split_p.
+    let order_at = 0usize;
+    let items_at = align(n_items * 4);
+    let splitq_at = items_at + align(n_items * ITEM_BYTES);
+    let splitp_at = splitq_at + align(n_split * 4);
+    let items_bytes = splitp_at + align((n_split + 1) * 4);
+    // The pieces' answers and the AND counts stay on the device: counts | ordinals | scores |
+    // and_count.
+    let pord_at = align(n_pieces * 4);
+    let pscore_at = pord_at + align(n_pieces * k * 4);
+    let and_at = pscore_at + align(n_pieces * k * 8);
+    let piece_bytes = and_at + align(gq * 4);
+    let d_items = ws.dev("bm25_items", items_bytes)?;
+    let d_piece = ws.dev("bm25_piece", piece_bytes)?;
+    let pin = &mut Workspace::pinned(&mut ws.pin_items, items_bytes)?.as_mut_slice()[..items_bytes];
+    let (head, splitp_b) = pin.split_at_mut(splitp_at);
+    let (head, splitq_b) = head.split_at_mut(splitq_at);
+    let (order_b, items_b) = head.split_at_mut(items_at);
+    let order_v = &mut view_mut::<u32>(order_b)[..n_items];
+    let items_v = &mut view_mut::<u32>(items_b)[..4 * n_items];
+    let splitq_v = &mut view_mut::<u32>(splitq_b)[..n_split];
+    let splitp_v = &mut view_mut::<u32>(splitp_b)[..n_split + 1];
+    let mut keys = Vec::with_capacity(n_items);
+    {
+        let (mut it, mut sq, mut pieces) = (0usize, 0usize, 0u32);
+        let mut item = |v: &mut [u32], q: usize, lo: u32, hi: u32, ks: u32| {
+            v[4 * it..4 * it + 4].copy_from_slice(&[q as u32, lo, hi, ks]);
+            it += 1;
+        };
+        for (q, p) in plans.iter().enumerate() {
+            if p.pieces == 1 {
+                item(items_v, q, 0, NONE_ORD, 0);
+                keys.push(work_bucket(p.work) as u8);
+                continue;
+            }
+            if p.and_or {
+                item(items_v, q, 0, NONE_ORD, AND_ONLY);
+                keys.push(work_bucket(p.work / u64::from(p.pieces)) as u8);
+            }
+            // Cut at the lead list's ordinals: pieces of equal shares of that list.
+            let tm = p.lead as usize;
+            let (o0, len) = (offs[tm], (offs[tm + 1] - offs[tm]) as u64);
+            let cut = |j: u64| host_ord[o0 + (len * j / u64::from(p.pieces)) as usize];
+            let mut lo = 0;
+            for j in 0..u64::from(p.pieces) {
+                let hi = if j + 1 == u64::from(p.pieces) {
+                    NONE_ORD
+                } else {
+                    cut(j + 1)
+                };
+                item(items_v, q, lo, hi, OR_PIECE | pieces);
+                keys.push(work_bucket(p.work / u64::from(p.pieces)) as u8);
+                pieces += 1;
+                lo = hi;
+            }
+            splitq_v[sq] = q as u32;
+            sq += 1;
+            splitp_v[sq] = pieces;
+        }
+        splitp_v[0] = 0;
+        debug_assert!(it == n_items && sq == n_split && pieces as usize == n_pieces);
+    }
     let mut start = [0u32; WORK_BUCKETS + 1];
     for &b in &keys {
         start[WORK_BUCKETS - 1 - b as usize + 1] += 1;
@@ -606,15 +855,25 @@ fn run(
         // workspace and not touched until the stream is synchronized below.
         unsafe { result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], cs) }
             .map_err(drv("host-to-device copy"))?;
+        let pin = ws
+            .pin_items
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+        // SAFETY: as above, for `d_items` and `items_bytes`.
+        unsafe { result::memcpy_htod_async(d_items, &pin.as_slice()[..items_bytes], cs) }
+            .map_err(drv("host-to-device copy"))?;
     }
     g.record(&e1)?;
-    let gq32 = gq as u32;
+    let (n_items32, n_split32) = (n_items as u32, n_split as u32);
     let k32 = k as u32;
-    let p_order = d_in + order_at as u64;
+    let p_order = d_items + order_at as u64;
+    let p_items = d_items + items_at as u64;
     let p_qoff = d_in + qoff_at as u64;
     let p_mode = d_in + mode_at as u64;
     let p_lists = d_in + lists_at as u64;
     let p_floor = d_in + floor_at as u64;
+    let p_splitq = d_items + splitq_at as u64;
+    let p_splitp = d_items + splitp_at as u64;
     let static_max = scored.static_max;
     let p_ord = Resident::ptr(&res.ord);
     let p_imp = Resident::ptr(&res.imp);
@@ -623,19 +882,26 @@ fn run(
     let p_cnt = d_out + cnt_at as u64;
     let p_docs = d_out + doc_at as u64;
     let p_scores = d_out + score_at as u64;
+    let p_pcnt = d_piece;
+    let p_pord = d_piece + pord_at as u64;
+    let p_pscore = d_piece + pscore_at as u64;
+    let p_and = d_piece + and_at as u64;
     // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the input region holds
-    // gq order entries, gq + 1 offsets, gq modes and n_lists list references whose
-    // postings lie in the resident buffers (start + len within them, by construction);
-    // the output region holds gq counts and gq * k docs and scores; the floors region holds
-    // gq f64; ord_static is null without static scores.
+    // n_items order entries and items (queries < gq, piece slots < n_pieces), gq + 1
+    // offsets, gq modes and n_lists list references whose postings lie in the resident
+    // buffers (start + len within them, by construction), gq floors; the output region
+    // holds gq counts and gq * k docs and scores; the piece region n_pieces counts,
+    // n_pieces * k ordinals and scores, gq AND counts; ord_static is null without static
+    // scores.
     unsafe {
         g.launch(
-            f,
-            gq32,
+            &f.topk,
+            n_items32,
             THREADS,
             &mut [
-                arg(&gq32),
+                arg(&n_items32),
                 arg(&p_order),
+                arg(&p_items),
                 arg(&p_qoff),
                 arg(&p_mode),
                 arg(&p_lists),
@@ -649,8 +915,39 @@ fn run(
                 arg(&p_scores),
                 arg(&p_floor),
                 arg(&static_max),
+                arg(&p_pcnt),
+                arg(&p_pord),
+                arg(&p_pscore),
+                arg(&p_and),
             ],
         )?;
+    }
+    if n_split > 0 {
+        // SAFETY: the parameters match `bm25_merge`; split_q / split_p hold n_split queries
+        // and n_split + 1 piece offsets (each query's pieces at most CAP / k, by `plan`),
+        // written by the launch above on the same stream.
+        unsafe {
+            g.launch(
+                &f.merge,
+                n_split32,
+                THREADS,
+                &mut [
+                    arg(&n_split32),
+                    arg(&p_splitq),
+                    arg(&p_splitp),
+                    arg(&p_mode),
+                    arg(&p_and),
+                    arg(&k32),
+                    arg(&p_pcnt),
+                    arg(&p_pord),
+                    arg(&p_pscore),
+                    arg(&p_doc),
+                    arg(&p_cnt),
+                    arg(&p_docs),
+                    arg(&p_scores),
+                ],
+            )?;
+        }
     }
     g.record(&e2)?;
     {
@@ -714,7 +1011,7 @@ fn run(
     t.h2d_ms = ms(&e0, &e1)?;
     t.kernel_ms = ms(&e1, &e2)?;
     t.d2h_ms = ms(&e2, &e3)?;
-    t.h2d_bytes = in_bytes as u64;
+    t.h2d_bytes = (in_bytes + items_bytes) as u64;
     t.d2h_bytes = out_bytes as u64;
     Ok(ranked)
 }
@@ -726,4 +1023,51 @@ pub fn bm25_evict() {
         let _ = g.sync();
     }
     *RESIDENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INF: f64 = f64::INFINITY;
+
+    #[test]
+    fn a_query_is_split_by_the_postings_its_essential_lists_hold() {
+        let lens = [10_000, 300, 50_000];
+        let maxima = [1.0, 2.0, 0.5];
+        // No floor: all lists are swept, in one piece.
+        let p = plan(&lens, &maxima, -INF, 0.0, Mode::Or, 10, 4096);
+        assert_eq!((p.pieces, p.work), (1, 60_300));
+        // A floor below every maximum: all lists are swept, in pieces cut at the longest.
+        let p = plan(&lens, &maxima, 0.1, 0.0, Mode::Or, 10, 4096);
+        assert_eq!((p.pieces, p.work, p.lead), (15, 60_300, 2));
+        // A floor of 1.6: the two smallest maxima (0.5 + 1.0 = 1.5 <= 1.6) are put aside;
+        // the candidates are the 300 postings of the list of maximum 2.0.
+        let p = plan(&lens, &maxima, 1.6, 0.0, Mode::Or, 10, 128);
+        assert_eq!((p.pieces, p.work, p.lead), (3, 300, 1));
+        // The static bound counts against the floor: 0.2 + 0.5 <= 1.0 but + 1.0 is not.
+        let p = plan(&lens, &maxima, 1.0, 0.2, Mode::AndOr, 10, 4096);
+        assert_eq!((p.pieces, p.work, p.lead), (3, 10_300, 0));
+        // Every list below the floor: nothing to visit.
+        let p = plan(&lens, &maxima, 4.0, 0.0, Mode::Or, 10, 16);
+        assert_eq!((p.pieces, p.work), (1, 0));
+    }
+
+    #[test]
+    fn pieces_are_bounded_by_the_merge_buffer_and_and_is_never_split() {
+        let lens = [1_000_000];
+        let maxima = [1.0];
+        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 10, 16);
+        assert_eq!(p.pieces as usize, MAX_PIECES);
+        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 100, 16);
+        assert_eq!(p.pieces as usize, CAP / 100);
+        // k above half the buffer: two pieces' answers would not fit, no split.
+        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 600, 16);
+        assert_eq!(p.pieces, 1);
+        // Splitting off.
+        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 10, 0);
+        assert_eq!(p.pieces, 1);
+        let p = plan(&[5, 1_000_000], &[1.0, 1.0], -INF, 0.0, Mode::And, 10, 16);
+        assert_eq!((p.pieces, p.work), (1, 5));
+    }
 }

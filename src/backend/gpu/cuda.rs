@@ -295,6 +295,8 @@ pub(super) struct Workspace {
     dev: Vec<(&'static str, DevBuf)>,
     pub(super) pin_in: Option<Pinned>,
     pub(super) pin_out: Option<Pinned>,
+    /// A second upload buffer (the BM25 batch's blocks, laid out after its queries).
+    pub(super) pin_items: Option<Pinned>,
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
     /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
@@ -351,6 +353,7 @@ impl Workspace {
         self.dev.clear();
         self.pin_in = None;
         self.pin_out = None;
+        self.pin_items = None;
         self.columns.clear();
     }
 }

@@ -225,6 +225,8 @@ pub struct Bm25Timings {
     pub resident_bytes: u64,
     /// Queries the device ranked.
     pub on_device: usize,
+    /// Pieces the device's long OR queries were split into (0: none split).
+    pub pieces: usize,
 }
 
 /// A BM25 batch's results, in the caller's query order, in one flat layout (the device's
