@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use super::cuda::{
     DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
+    source_from_env,
 };
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
@@ -64,15 +65,8 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
         .get_or_init(|| {
             let (major, minor) = g.info.compute_capability;
             let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-            // Experiments only: `DFSETS_BM25_SOURCE` names another bm25.cu (same kernel
-            // signatures) to compile instead of the embedded one, so that kernel variants are
-            // measured side by side by one binary.
-            let source_override = std::env::var_os("DFSETS_BM25_SOURCE")
-                .map(|p| {
-                    std::fs::read_to_string(&p)
-                        .map_err(|e| GpuError::Compile(format!("DFSETS_BM25_SOURCE {p:?}: {e}")))
-                })
-                .transpose()?;
+            // Experiments only: another bm25.cu (see `source_from_env`).
+            let source_override = source_from_env("DFSETS_BM25_SOURCE")?;
             let source = source_override.as_deref().unwrap_or(SOURCE);
             let module = compile_module(&g.ctx, arch, source, "bm25.cu", compile_options())?;
             let load = |name| module.load_function(name).map_err(drv("kernel lookup"));
@@ -123,7 +117,7 @@ struct Plan {
 /// unsplit, 4.97 ms split into 16,186 pieces of 4,096 postings).
 fn plan(
     lens: &[u64],
-    maxima: &[f64],
+    maxima: impl Fn(usize) -> f64,
     floor: f64,
     static_max: f64,
     mode: Mode,
@@ -136,15 +130,22 @@ fn plan(
             .max_by_key(|&j| lens[j])
             .unwrap_or(0) as u32
     };
+    let whole = |work| Plan {
+        pieces: 1,
+        work,
+        lead: 0,
+        floor,
+        and_or: mode == Mode::AndOr,
+    };
     if mode == Mode::And {
-        let work = lens.iter().copied().min().unwrap_or(0);
-        return Plan {
-            pieces: 1,
-            work,
-            lead: 0,
-            floor,
-            and_or: mode == Mode::AndOr,
-        };
+        return whole(lens.iter().copied().min().unwrap_or(0));
+    }
+    // Not split, whatever the lists (the essential ones hold no more than all): the work of
+    // the sweep is the launch order's key.
+    let all: u64 = lens.iter().sum();
+    let most = (CAP / k.max(1)).min(MAX_PIECES) as u64;
+    if piece == 0 || most < 2 || floor == f64::NEG_INFINITY || all <= piece {
+        return whole(all);
     }
     // Lists still essential, one bit each (at most BM25_MAX_TERMS = 64 lists).
     let mut essential: u64 = if lens.len() >= 64 {
@@ -158,35 +159,24 @@ fn plan(
         let mut sum = static_max;
         while let Some(j) = (0..lens.len())
             .filter(|&j| is_essential(essential, j))
-            .min_by(|&a, &b| maxima[a].total_cmp(&maxima[b]))
+            .min_by(|&a, &b| maxima(a).total_cmp(&maxima(b)))
         {
-            if sum + maxima[j] > cut {
+            if sum + maxima(j) > cut {
                 break;
             }
-            sum += maxima[j];
+            sum += maxima(j);
             essential &= !(1 << j);
         }
     }
     if essential == 0 {
         // Nothing can reach the floor: the kernel visits nothing.
-        return Plan {
-            pieces: 1,
-            work: 0,
-            lead: 0,
-            floor,
-            and_or: mode == Mode::AndOr,
-        };
+        return whole(0);
     }
     let work: u64 = (0..lens.len())
         .filter(|&j| is_essential(essential, j))
         .map(|j| lens[j])
         .sum();
-    let most = (CAP / k.max(1)).min(MAX_PIECES) as u64;
-    let pieces = if piece == 0 || most < 2 || floor == f64::NEG_INFINITY {
-        1
-    } else {
-        work.div_ceil(piece).clamp(1, most)
-    };
+    let pieces = work.div_ceil(piece).clamp(1, most);
     Plan {
         pieces: pieces as u32,
         work,
@@ -582,14 +572,13 @@ fn run(
     };
     let plan_of = |i: usize| {
         let ts = terms_of(i);
-        let (mut lens, mut maxima) = ([0u64; BM25_MAX_TERMS], [0f64; BM25_MAX_TERMS]);
+        let mut lens = [0u64; BM25_MAX_TERMS];
         for (j, &tm) in ts.iter().enumerate() {
             lens[j] = len_of(tm);
-            maxima[j] = max_of(tm);
         }
         let mut p = plan(
             &lens[..ts.len()],
-            &maxima[..ts.len()],
+            |j| max_of(ts[j]),
             floor_of(i),
             scored.static_max,
             batch.modes[i],
@@ -1036,20 +1025,23 @@ mod tests {
         let lens = [10_000, 300, 50_000];
         let maxima = [1.0, 2.0, 0.5];
         // No floor: all lists are swept, in one piece.
-        let p = plan(&lens, &maxima, -INF, 0.0, Mode::Or, 10, 4096);
+        let p = plan(&lens, |j| maxima[j], -INF, 0.0, Mode::Or, 10, 4096);
         assert_eq!((p.pieces, p.work), (1, 60_300));
         // A floor below every maximum: all lists are swept, in pieces cut at the longest.
-        let p = plan(&lens, &maxima, 0.1, 0.0, Mode::Or, 10, 4096);
+        let p = plan(&lens, |j| maxima[j], 0.1, 0.0, Mode::Or, 10, 4096);
         assert_eq!((p.pieces, p.work, p.lead), (15, 60_300, 2));
         // A floor of 1.6: the two smallest maxima (0.5 + 1.0 = 1.5 <= 1.6) are put aside;
         // the candidates are the 300 postings of the list of maximum 2.0.
-        let p = plan(&lens, &maxima, 1.6, 0.0, Mode::Or, 10, 128);
+        let p = plan(&lens, |j| maxima[j], 1.6, 0.0, Mode::Or, 10, 128);
         assert_eq!((p.pieces, p.work, p.lead), (3, 300, 1));
         // The static bound counts against the floor: 0.2 + 0.5 <= 1.0 but + 1.0 is not.
-        let p = plan(&lens, &maxima, 1.0, 0.2, Mode::AndOr, 10, 4096);
+        let p = plan(&lens, |j| maxima[j], 1.0, 0.2, Mode::AndOr, 10, 4096);
         assert_eq!((p.pieces, p.work, p.lead), (3, 10_300, 0));
+        // All lists together within one piece: not split, ordered by all their postings.
+        let p = plan(&[100, 50], |j| [1.0, 2.0][j], 1.6, 0.0, Mode::Or, 10, 200);
+        assert_eq!((p.pieces, p.work), (1, 150));
         // Every list below the floor: nothing to visit.
-        let p = plan(&lens, &maxima, 4.0, 0.0, Mode::Or, 10, 16);
+        let p = plan(&lens, |j| maxima[j], 4.0, 0.0, Mode::Or, 10, 16);
         assert_eq!((p.pieces, p.work), (1, 0));
     }
 
@@ -1057,17 +1049,17 @@ mod tests {
     fn pieces_are_bounded_by_the_merge_buffer_and_and_is_never_split() {
         let lens = [1_000_000];
         let maxima = [1.0];
-        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 10, 16);
+        let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 10, 16);
         assert_eq!(p.pieces as usize, MAX_PIECES);
-        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 100, 16);
+        let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 100, 16);
         assert_eq!(p.pieces as usize, CAP / 100);
         // k above half the buffer: two pieces' answers would not fit, no split.
-        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 600, 16);
+        let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 600, 16);
         assert_eq!(p.pieces, 1);
         // Splitting off.
-        let p = plan(&lens, &maxima, 0.5, 0.0, Mode::Or, 10, 0);
+        let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 10, 0);
         assert_eq!(p.pieces, 1);
-        let p = plan(&[5, 1_000_000], &[1.0, 1.0], -INF, 0.0, Mode::And, 10, 16);
+        let p = plan(&[5, 1_000_000], |_| 1.0, -INF, 0.0, Mode::And, 10, 16);
         assert_eq!((p.pieces, p.work), (1, 5));
     }
 }

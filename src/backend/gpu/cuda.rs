@@ -47,6 +47,17 @@ const MIN_BUDGET: usize = 16 << 20;
 /// Alignment of the sections of the staging and device buffers.
 const ALIGN: usize = 256;
 
+/// Experiments only: the CUDA source named by the environment variable `var` (another
+/// version of an embedded kernel file, same kernel signatures), to be compiled instead of the
+/// embedded one so that kernel variants are measured side by side by one binary.
+pub(super) fn source_from_env(var: &str) -> Result<Option<String>, GpuError> {
+    std::env::var_os(var)
+        .map(|p| {
+            std::fs::read_to_string(&p).map_err(|e| GpuError::Compile(format!("{var} {p:?}: {e}")))
+        })
+        .transpose()
+}
+
 /// Compiles `source` with NVRTC for `arch` (e.g. `compute_90`) as C++17 plus `extra`
 /// options, and loads it into `ctx`. Shared by every kernel family (intersect.cu, bm25.cu);
 /// a compile failure carries NVRTC's log.
@@ -470,12 +481,7 @@ fn init() -> Result<Gpu, GpuError> {
     if std::env::var_os("DFSETS_GPU_LINEINFO").is_some_and(|v| v == "1") {
         defines.push("--generate-line-info".to_string());
     }
-    let source_override = std::env::var_os("DFSETS_GPU_INTERSECT_SOURCE")
-        .map(|p| {
-            std::fs::read_to_string(&p)
-                .map_err(|e| GpuError::Compile(format!("DFSETS_GPU_INTERSECT_SOURCE {p:?}: {e}")))
-        })
-        .transpose()?;
+    let source_override = source_from_env("DFSETS_GPU_INTERSECT_SOURCE")?;
     let source = source_override.as_deref().unwrap_or(SOURCE);
     let module = compile_module(&ctx, arch, source, "intersect.cu", defines)?;
     let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
