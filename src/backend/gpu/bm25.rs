@@ -47,6 +47,7 @@ const CAP: usize = 1024;
 /// Most pieces one query is split into.
 const MAX_PIECES: usize = 64;
 /// `Item::ks` (bm25.cu): the kind in the top two bits, a piece's slot below.
+const WHOLE: u32 = 0;
 const AND_ONLY: u32 = 1 << 30;
 const OR_PIECE: u32 = 2 << 30;
 /// `Item::hi` of an item that runs to the last document.
@@ -95,7 +96,7 @@ const DEFAULT_PIECE: u64 = 16384;
 /// How the device ranks one query: `pieces` blocks over ordinal ranges (1: the whole query
 /// in one block), each holding about `work / pieces` postings to visit, cut at the ordinals
 /// of the list `lead` (its position among the query's terms; `run` keeps its term id there).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Plan {
     pieces: u32,
     work: u64,
@@ -124,12 +125,6 @@ fn plan(
     k: usize,
     piece: u64,
 ) -> Plan {
-    let longest = |among: &dyn Fn(usize) -> bool| {
-        (0..lens.len())
-            .filter(|&j| among(j))
-            .max_by_key(|&j| lens[j])
-            .unwrap_or(0) as u32
-    };
     let whole = |work| Plan {
         pieces: 1,
         work,
@@ -154,33 +149,29 @@ fn plan(
         (1 << lens.len()) - 1
     };
     let is_essential = |e: u64, j: usize| e >> j & 1 == 1;
-    if floor > f64::NEG_INFINITY {
-        let cut = floor - 1e-12 * floor.abs();
-        let mut sum = static_max;
-        while let Some(j) = (0..lens.len())
-            .filter(|&j| is_essential(essential, j))
-            .min_by(|&a, &b| maxima(a).total_cmp(&maxima(b)))
-        {
-            if sum + maxima(j) > cut {
-                break;
-            }
-            sum += maxima(j);
-            essential &= !(1 << j);
+    let cut = floor - 1e-12 * floor.abs();
+    let mut sum = static_max;
+    while let Some(j) = (0..lens.len())
+        .filter(|&j| is_essential(essential, j))
+        .min_by(|&a, &b| maxima(a).total_cmp(&maxima(b)))
+    {
+        if sum + maxima(j) > cut {
+            break;
         }
+        sum += maxima(j);
+        essential &= !(1 << j);
     }
     if essential == 0 {
         // Nothing can reach the floor: the kernel visits nothing.
         return whole(0);
     }
-    let work: u64 = (0..lens.len())
-        .filter(|&j| is_essential(essential, j))
-        .map(|j| lens[j])
-        .sum();
+    let ess = (0..lens.len()).filter(|&j| is_essential(essential, j));
+    let work: u64 = ess.clone().map(|j| lens[j]).sum();
     let pieces = work.div_ceil(piece).clamp(1, most);
     Plan {
         pieces: pieces as u32,
         work,
-        lead: longest(&|j| is_essential(essential, j)),
+        lead: ess.max_by_key(|&j| lens[j]).unwrap_or(0) as u32,
         floor,
         and_or: mode == Mode::AndOr,
     }
@@ -626,16 +617,7 @@ fn run(
     let d_in = ws.dev("bm25_in", in_bytes)?;
     let d_out = ws.dev("bm25_out", out_bytes)?;
     let mut slot = vec![0u32; n];
-    let mut plans = vec![
-        Plan {
-            pieces: 1,
-            work: 0,
-            lead: 0,
-            floor: 0.0,
-            and_or: false,
-        };
-        gq
-    ];
+    let mut plans = vec![Plan::default(); gq];
     let mut cpu_q = vec![0u32; n - gq];
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, floors_b) = pin.split_at_mut(floor_at);
@@ -784,13 +766,14 @@ fn run(
         };
         for (q, p) in plans.iter().enumerate() {
             if p.pieces == 1 {
-                item(items_v, q, 0, NONE_ORD, 0);
+                item(items_v, q, 0, NONE_ORD, WHOLE);
                 keys.push(work_bucket(p.work) as u8);
                 continue;
             }
+            let key = work_bucket(p.work / u64::from(p.pieces)) as u8;
             if p.and_or {
                 item(items_v, q, 0, NONE_ORD, AND_ONLY);
-                keys.push(work_bucket(p.work / u64::from(p.pieces)) as u8);
+                keys.push(key);
             }
             // Cut at the lead list's ordinals: pieces of equal shares of that list.
             let tm = p.lead as usize;
@@ -804,7 +787,7 @@ fn run(
                     cut(j + 1)
                 };
                 item(items_v, q, lo, hi, OR_PIECE | pieces);
-                keys.push(work_bucket(p.work / u64::from(p.pieces)) as u8);
+                keys.push(key);
                 pieces += 1;
                 lo = hi;
             }
