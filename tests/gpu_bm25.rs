@@ -409,12 +409,12 @@ fn bench_gpu_bm25() {
         gpu::device().map(|d| d.name).unwrap_or_default()
     );
     let mut breakdown = String::from(
-        "GPU call breakdown (ms, medians of 7): build = batch in rank_terms; lookup / sort / fill = \
-         host stage (residency + device queries, longest-first order, pinned upload buffer); wait = \
-         copy in + kernel + copy out as the host sees it (from the first copy to the synchronize); \
-         cpu = the CPU's share; unpack = results into the output layout; merge = rank_terms after the call\n\
-         | mode | k | call | build | lookup | sort | fill | wait (kernel) | cpu | unpack | merge | on GPU |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "GPU call breakdown (ms, medians of 7): lookup / fill / sort = host stage (residency + \
+         device queries, pinned upload buffer, blocks in longest-first order); wait = host blocked \
+         on the device after the CPU's share; kernel = the device's launches; cpu = the CPU's \
+         share; unpack = results into the output layout\n\
+         | mode | k | call | lookup | fill | sort | wait (kernel) | cpu | unpack | on GPU |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for k in [10, 100] {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
@@ -458,16 +458,14 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {} |\n",
-                med(|t| t.build_ms),
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
                 med(|t| t.lookup_ms),
-                med(|t| t.sort_ms),
                 med(|t| t.fill_ms),
+                med(|t| t.sort_ms),
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),
                 med(|t| t.cpu_ms),
                 med(|t| t.unpack_ms),
-                med(|t| t.merge_ms),
                 tims[0].on_device,
             );
             eprint!("{line}");

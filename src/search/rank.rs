@@ -164,8 +164,6 @@ impl Ranked {
     }
 }
 
-/// Queries per parallel task when building a GPU batch.
-const BUILD_GROUP: usize = 1024;
 /// Queries per parallel task of [`Ranked::build`].
 const FILL_GROUP: usize = 256;
 /// Fewer hits than this: [`Ranked::build`] fills on the calling thread.
@@ -210,58 +208,15 @@ pub fn rank_terms(
         let r = all_cpu(&mut stats);
         return (r, stats);
     }
-    let t_build = std::time::Instant::now();
-    // Every query goes in the batch; those empty by rule (no known term; an unknown term
-    // under AND) with no terms, so that the device leaves them to `cpu`, which returns their
-    // empty list at once. An unknown term turns AND-then-OR into OR (as `top` does).
-    let kept = |q: &QueryTerms| !(mode == Mode::And && q.unknown);
-    let mut offsets = Vec::with_capacity(queries.len() + 1);
-    offsets.push(0u32);
-    let mut total = 0u32;
-    for q in queries {
-        if kept(q) {
-            total += q.ids.len() as u32;
-        }
-        offsets.push(total);
-    }
-    let mut terms = vec![0u32; total as usize];
-    // Groups of queries, each filling its own part of `terms`, in parallel.
-    let mut parts = Vec::with_capacity(queries.len().div_ceil(BUILD_GROUP));
-    let mut rest = terms.as_mut_slice();
-    for (c, qs) in queries.chunks(BUILD_GROUP).enumerate() {
-        let q0 = c * BUILD_GROUP;
-        let len = (offsets[q0 + qs.len()] - offsets[q0]) as usize;
-        let part;
-        (part, rest) = std::mem::take(&mut rest).split_at_mut(len);
-        parts.push((qs, part));
-    }
-    parts.into_par_iter().for_each(|(qs, mut part)| {
-        for q in qs.iter().filter(|q| kept(q)) {
-            let dst;
-            (dst, part) = std::mem::take(&mut part).split_at_mut(q.ids.len());
-            dst.copy_from_slice(&q.ids);
-        }
-    });
-    let modes: Vec<Mode> = queries
-        .iter()
-        .map(|q| match mode {
-            Mode::AndOr if q.unknown => Mode::Or,
-            m => m,
-        })
-        .collect();
-    let batch = gpu::Bm25Batch {
-        offsets: &offsets,
-        terms: &terms,
-        modes: &modes,
-    };
-    let build_ms = t_build.elapsed().as_secs_f64() * 1e3;
+    // The device reads the queries where they lie (see `Bm25Batch` for the rules on
+    // unknown terms); a query it does not take comes back to `cpu`.
+    let batch = gpu::Bm25Batch { queries, mode };
     let on_cpu = |i: usize| cpu(&queries[i]);
     match gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu) {
-        Ok(mut out) => {
+        Ok(out) => {
             if out.timings.on_device > 0 {
                 gpu::count_bm25_batch();
             }
-            out.timings.build_ms = build_ms;
             stats.on_gpu = out.timings.on_device;
             stats.on_cpu = queries.len() - stats.on_gpu;
             stats.timings = Some(out.timings);

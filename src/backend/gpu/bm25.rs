@@ -25,8 +25,8 @@ use cudarc::driver::{CudaEvent, CudaFunction};
 use rayon::prelude::*;
 
 use super::cuda::{
-    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
-    source_from_env,
+    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu,
+    panic_message, source_from_env,
 };
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
@@ -84,12 +84,7 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
 /// default [`DEFAULT_PIECE`]).
 fn piece_postings() -> u64 {
     static P: OnceLock<u64> = OnceLock::new();
-    *P.get_or_init(|| {
-        std::env::var("DFSETS_BM25_PIECE")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_PIECE)
-    })
+    *P.get_or_init(|| env_knob("DFSETS_BM25_PIECE", DEFAULT_PIECE))
 }
 const DEFAULT_PIECE: u64 = 16384;
 
@@ -370,11 +365,11 @@ pub fn bm25_topk(
     budget: Option<usize>,
     cpu: &Bm25Cpu<'_>,
 ) -> Result<Bm25Output, GpuError> {
-    let n = batch.modes.len();
-    if batch.offsets.len() != n + 1
-        || batch.offsets[n] as usize != batch.terms.len()
-        || batch.offsets.windows(2).any(|w| w[0] > w[1])
-        || batch.terms.iter().any(|&t| t as usize >= index.terms())
+    let n = batch.len();
+    if batch
+        .queries
+        .iter()
+        .any(|q| q.ids.iter().any(|&t| t as usize >= index.terms()))
     {
         return Err(GpuError::Unsupported("malformed BM25 batch".into()));
     }
@@ -493,7 +488,7 @@ fn run(
     cpu: &Bm25Cpu<'_>,
     t: &mut Bm25Timings,
 ) -> Result<Ranked, GpuError> {
-    let n = batch.modes.len();
+    let n = batch.len();
     let ms = |since: Instant| since.elapsed().as_secs_f64() * 1e3;
     let t_stage = Instant::now();
     if !resident.as_ref().is_some_and(|r| r.is_for(scored)) {
@@ -501,16 +496,16 @@ fn run(
         *resident = Some(Resident::new(index, scored)?);
     }
     let res = resident.as_mut().expect("set above");
-    let terms_of =
-        |i: usize| &batch.terms[batch.offsets[i] as usize..batch.offsets[i + 1] as usize];
     // With the whole index resident (the usual case) nothing below needs the visit counts
     // or a new selection.
     if !(res.all && res.ord.is_some()) {
-        for &t in batch.terms {
-            res.visits[t as usize] += 1;
+        for i in 0..n {
+            for &t in batch.terms(i) {
+                res.visits[t as usize] += 1;
+            }
         }
         let fits = |res: &Resident, i: usize| {
-            let ts = terms_of(i);
+            let ts = batch.terms(i);
             !ts.is_empty()
                 && ts.len() <= BM25_MAX_TERMS
                 && ts.iter().all(|&t| res.start[t as usize] != u64::MAX)
@@ -528,7 +523,7 @@ fn run(
                 ));
             };
             let covers = |i: usize| {
-                let ts = terms_of(i);
+                let ts = batch.terms(i);
                 !ts.is_empty() && ts.len() <= BM25_MAX_TERMS && ts.iter().all(|&t| sel[t as usize])
             };
             let new_cov = (0..n).filter(|&i| covers(i)).count();
@@ -538,56 +533,154 @@ fn run(
         }
     }
     t.resident_bytes = res.bytes as u64;
+    t.lookup_ms = ms(t_stage);
+    t.stage_ms = ms(t_stage);
 
-    // Each query's place (a device slot or the CPU's share), its lists and its plan, written
-    // straight into the pinned upload buffer: a counting pass and a writing pass over groups
-    // of queries, in parallel; then the blocks' items (a query, or a piece of one) and their
-    // order into a second pinned buffer, once the plans give their number.
-    let offs = index.offsets();
-    let all = res.all;
-    let starts = &res.start;
-    let host_ord = &res.host_ord;
-    let piece = piece_postings();
-    let takes = |i: usize| {
-        let ts = terms_of(i);
+    let ctx = Ctx {
+        index,
+        scored,
+        batch,
+        k,
+        res,
+        piece: piece_postings(),
+    };
+    let part = stage(&ctx, ws, t)?;
+    let part = launch(g, f, &ctx, ws, part, t)?;
+    t.on_device = part.gq;
+
+    // The CPU's share while the device works.
+    let t_cpu = Instant::now();
+    let cpu_hits: Vec<Vec<Hit>> = part.cpu_q.par_iter().map(|&i| cpu(i as usize)).collect();
+    t.cpu_ms = ms(t_cpu);
+    let t_wait = Instant::now();
+    g.sync()?;
+    t.wait_ms = ms(t_wait);
+
+    let t_unpack = Instant::now();
+    let out = unpack(ws, &part, k, &cpu_hits)?;
+    t.unpack_ms = ms(t_unpack);
+    if let Some(ev) = &part.events {
+        let elapsed = |a: &CudaEvent, b: &CudaEvent| {
+            a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"))
+        };
+        t.h2d_ms = elapsed(&ev[0], &ev[1])?;
+        t.kernel_ms = elapsed(&ev[1], &ev[2])?;
+        t.d2h_ms = elapsed(&ev[2], &ev[3])?;
+    }
+    Ok(out)
+}
+
+/// What staging, launching and unpacking a batch read.
+struct Ctx<'a> {
+    index: &'a InvertedIndex,
+    scored: &'a Arc<Scored>,
+    batch: &'a Bm25Batch<'a>,
+    k: usize,
+    res: &'a Resident,
+    piece: u64,
+}
+
+impl Ctx<'_> {
+    fn takes(&self, i: usize) -> bool {
+        let ts = self.batch.terms(i);
         !ts.is_empty()
             && ts.len() <= BM25_MAX_TERMS
-            && (all || ts.iter().all(|&t| starts[t as usize] != u64::MAX))
-    };
-    let len_of = |tm: u32| (offs[tm as usize + 1] - offs[tm as usize]) as u64;
-    let max_of = |tm: u32| f64::from(max_up(scored.term_max[tm as usize]));
-    // OR's starting threshold (AND never reads it).
-    let floor_of = |i: usize| match batch.modes[i] {
-        Mode::And => f64::NEG_INFINITY,
-        Mode::Or | Mode::AndOr => scored.theta_floor(terms_of(i), k),
-    };
-    let plan_of = |i: usize| {
-        let ts = terms_of(i);
+            && (self.res.all || ts.iter().all(|&t| self.res.start[t as usize] != u64::MAX))
+    }
+
+    fn len_of(&self, tm: u32) -> u64 {
+        let offs = self.index.offsets();
+        (offs[tm as usize + 1] - offs[tm as usize]) as u64
+    }
+
+    /// The device's plan for query `i` (with `lead` as a term id).
+    fn plan_of(&self, i: usize) -> Plan {
+        let ts = self.batch.terms(i);
+        let mode = self.batch.mode(i);
         let mut lens = [0u64; BM25_MAX_TERMS];
         for (j, &tm) in ts.iter().enumerate() {
-            lens[j] = len_of(tm);
+            lens[j] = self.len_of(tm);
         }
+        // OR's starting threshold (AND never reads it).
+        let floor = match mode {
+            Mode::And => f64::NEG_INFINITY,
+            Mode::Or | Mode::AndOr => self.scored.theta_floor(ts, self.k),
+        };
+        let scored = self.scored;
         let mut p = plan(
             &lens[..ts.len()],
-            |j| max_of(ts[j]),
-            floor_of(i),
+            |j| f64::from(max_up(scored.term_max[ts[j] as usize])),
+            floor,
             scored.static_max,
-            batch.modes[i],
-            k,
-            piece,
+            mode,
+            self.k,
+            self.piece,
         );
-        // From here on, the lead list's term id.
         p.lead = ts[p.lead as usize];
         p
-    };
-    let groups: Vec<(usize, usize)> = (0..n.div_ceil(STAGE_GROUP))
+    }
+}
+
+/// A staged batch: where each query went (a device slot or the CPU's share), the layout of
+/// the device's buffers, and (once launched) its events: before the copies up, after them,
+/// after the kernels, after the copy down.
+struct Staged {
+    gq: usize,
+    slot: Vec<u32>,
+    /// Batch indices of the queries left to the CPU.
+    cpu_q: Vec<u32>,
+    /// Bytes of the queries up and of the blocks up, staged in the pinned buffers.
+    in_bytes: usize,
+    items_bytes: usize,
+    layout: Layout,
+    n_items: usize,
+    n_split: usize,
+    n_pieces: usize,
+    out_bytes: usize,
+    events: Option<[CudaEvent; 4]>,
+}
+
+/// Offsets of the regions in the batch's buffers: queries up (q_off | modes | lists | floors),
+/// blocks up (order | items | split_q | split_p), results down (counts | docs | scores) and
+/// the pieces' answers on the device (counts | ordinals | scores | AND counts).
+#[derive(Default)]
+struct Layout {
+    qoff: usize,
+    mode: usize,
+    lists: usize,
+    floor: usize,
+    order: usize,
+    items: usize,
+    splitq: usize,
+    splitp: usize,
+    cnt: usize,
+    doc: usize,
+    score: usize,
+    pord: usize,
+    pscore: usize,
+    and: usize,
+    piece_bytes: usize,
+}
+
+/// Stage the batch: each query's place (a device slot or the CPU's share), its lists and its
+/// plan, written straight into the pinned upload buffer (a counting pass and a writing pass
+/// over groups of queries, in parallel); then the blocks' items (a query, or a piece of one)
+/// and their order, longest first, into a second pinned buffer once the plans give their
+/// number.
+fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged, GpuError> {
+    let ms = |since: Instant| since.elapsed().as_secs_f64() * 1e3;
+    let (k, batch) = (c.k, c.batch);
+    let nq = batch.len();
+    let t_look = Instant::now();
+    let group_of = |g: usize| g * STAGE_GROUP..((g + 1) * STAGE_GROUP).min(nq);
+    let groups: Vec<(usize, usize)> = (0..nq.div_ceil(STAGE_GROUP))
         .into_par_iter()
-        .map(|c| {
+        .map(|g| {
             let (mut q, mut l) = (0, 0);
-            for i in c * STAGE_GROUP..((c + 1) * STAGE_GROUP).min(n) {
-                if takes(i) {
+            for i in group_of(g) {
+                if c.takes(i) {
                     q += 1;
-                    l += terms_of(i).len();
+                    l += batch.terms(i).len();
                 }
             }
             (q, l)
@@ -595,41 +688,54 @@ fn run(
         .collect();
     let gq: usize = groups.iter().map(|g| g.0).sum();
     let n_lists: usize = groups.iter().map(|g| g.1).sum();
-    t.on_device = gq;
-    t.lookup_ms = ms(t_stage);
-    let t_fill = Instant::now();
+    t.lookup_ms += ms(t_look);
+    let mut part = Staged {
+        gq,
+        slot: vec![0u32; nq],
+        cpu_q: vec![0u32; nq - gq],
+        in_bytes: 0,
+        items_bytes: 0,
+        layout: Layout::default(),
+        n_items: 0,
+        n_split: 0,
+        n_pieces: 0,
+        out_bytes: 0,
+        events: None,
+    };
     if gq == 0 {
-        t.stage_ms = ms(t_stage);
-        let lists: Vec<Vec<Hit>> = (0..n).into_par_iter().map(cpu).collect();
-        return Ok(Ranked::from_lists(&lists));
+        for (r, (s, q)) in part.slot.iter_mut().zip(part.cpu_q.iter_mut()).enumerate() {
+            *s = ON_CPU | r as u32;
+            *q = r as u32;
+        }
+        t.stage_ms += ms(t_look);
+        return Ok(part);
     }
-    // Input region: q_off | modes | lists | floors.
-    let qoff_at = 0usize;
-    let mode_at = qoff_at + align((gq + 1) * 4);
-    let lists_at = mode_at + align(gq);
-    let floor_at = lists_at + align(n_lists * LISTREF_BYTES);
-    let in_bytes = floor_at + align(gq * 8);
-    // Output region: counts | docs | scores.
-    let cnt_at = 0usize;
-    let doc_at = align(gq * 4);
-    let score_at = doc_at + align(gq * k * 4);
-    let out_bytes = score_at + gq * k * 8;
-    let d_in = ws.dev("bm25_in", in_bytes)?;
-    let d_out = ws.dev("bm25_out", out_bytes)?;
-    let mut slot = vec![0u32; n];
+    let t_fill = Instant::now();
+    let mut lay = Layout {
+        qoff: 0,
+        ..Layout::default()
+    };
+    lay.mode = lay.qoff + align((gq + 1) * 4);
+    lay.lists = lay.mode + align(gq);
+    lay.floor = lay.lists + align(n_lists * LISTREF_BYTES);
+    part.in_bytes = lay.floor + align(gq * 8);
+    lay.cnt = 0;
+    lay.doc = align(gq * 4);
+    lay.score = lay.doc + align(gq * k * 4);
+    part.out_bytes = lay.score + gq * k * 8;
     let mut plans = vec![Plan::default(); gq];
-    let mut cpu_q = vec![0u32; n - gq];
+    let in_bytes = part.in_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
-    let (head, floors_b) = pin.split_at_mut(floor_at);
+    let (head, floors_b) = pin.split_at_mut(lay.floor);
     let floors_v = &mut view_mut::<f64>(floors_b)[..gq];
-    let (head, lists_b) = head.split_at_mut(lists_at);
-    let (qoff_b, modes_b) = head.split_at_mut(mode_at);
+    let (head, lists_b) = head.split_at_mut(lay.lists);
+    let (qoff_b, modes_b) = head.split_at_mut(lay.mode);
     let qoff = &mut view_mut::<u32>(qoff_b)[..gq + 1];
     qoff[gq] = n_lists as u32;
     let lists_v = &mut view_mut::<u64>(lists_b)[..2 * n_lists];
     let modes_v = &mut modes_b[..gq];
-    // Split every output into the groups' parts.
-    struct Part<'a> {
+    // Split every output into the groups' shares.
+    struct Share<'a> {
         first: usize,
         q0: usize,
         l0: usize,
@@ -642,21 +748,21 @@ fn run(
         floors: &'a mut [f64],
         cpu_q: &'a mut [u32],
     }
-    let mut parts = Vec::with_capacity(groups.len());
+    let mut shares = Vec::with_capacity(groups.len());
     {
         let (mut sl, mut pl, mut qo, mut mo, mut li, mut fl, mut cq) = (
-            slot.as_mut_slice(),
+            part.slot.as_mut_slice(),
             plans.as_mut_slice(),
             &mut qoff[..gq],
             &mut *modes_v,
             &mut *lists_v,
             &mut *floors_v,
-            cpu_q.as_mut_slice(),
+            part.cpu_q.as_mut_slice(),
         );
         let (mut q0, mut l0, mut c0) = (0, 0, 0);
-        for (c, &(q, l)) in groups.iter().enumerate() {
-            let first = c * STAGE_GROUP;
-            let nq = ((c + 1) * STAGE_GROUP).min(n) - first;
+        for (g, &(q, l)) in groups.iter().enumerate() {
+            let r = group_of(g);
+            let nq = r.len();
             let a;
             (a, sl) = std::mem::take(&mut sl).split_at_mut(nq);
             let b;
@@ -669,10 +775,10 @@ fn run(
             (f, li) = std::mem::take(&mut li).split_at_mut(2 * l);
             let h;
             (h, fl) = std::mem::take(&mut fl).split_at_mut(q);
-            let g;
-            (g, cq) = std::mem::take(&mut cq).split_at_mut(nq - q);
-            parts.push(Part {
-                first,
+            let x;
+            (x, cq) = std::mem::take(&mut cq).split_at_mut(nq - q);
+            shares.push(Share {
+                first: r.start,
                 q0,
                 l0,
                 c0,
@@ -682,43 +788,44 @@ fn run(
                 modes: e,
                 lists: f,
                 floors: h,
-                cpu_q: g,
+                cpu_q: x,
             });
             q0 += q;
             l0 += l;
             c0 += nq - q;
         }
     }
-    parts.into_par_iter().for_each(|p| {
-        let (mut q, mut l, mut c) = (0, 0, 0);
-        for (r, s) in p.slot.iter_mut().enumerate() {
-            let i = p.first + r;
-            if !takes(i) {
-                *s = ON_CPU | (p.c0 + c) as u32;
-                p.cpu_q[c] = i as u32;
-                c += 1;
+    let starts = &c.res.start;
+    shares.into_par_iter().for_each(|s| {
+        let (mut q, mut l, mut cq) = (0, 0, 0);
+        for (r, slot) in s.slot.iter_mut().enumerate() {
+            let i = s.first + r;
+            if !c.takes(i) {
+                *slot = ON_CPU | (s.c0 + cq) as u32;
+                s.cpu_q[cq] = i as u32;
+                cq += 1;
                 continue;
             }
-            *s = (p.q0 + q) as u32;
-            p.qoff[q] = (p.l0 + l) as u32;
-            p.modes[q] = match batch.modes[i] {
+            *slot = (s.q0 + q) as u32;
+            s.qoff[q] = (s.l0 + l) as u32;
+            s.modes[q] = match batch.mode(i) {
                 Mode::And => 0,
                 Mode::Or => 1,
                 Mode::AndOr => 2,
             };
-            p.plans[q] = plan_of(i);
-            p.floors[q] = p.plans[q].floor;
+            s.plans[q] = c.plan_of(i);
+            s.floors[q] = s.plans[q].floor;
             // A ListRef is { u64 start; u32 len; f32 max }: two little-endian u64 words.
-            for &tm in terms_of(i) {
-                p.lists[2 * l] = starts[tm as usize];
-                p.lists[2 * l + 1] =
-                    len_of(tm) | (u64::from(max_up(scored.term_max[tm as usize]).to_bits()) << 32);
+            for &tm in batch.terms(i) {
+                s.lists[2 * l] = starts[tm as usize];
+                s.lists[2 * l + 1] = c.len_of(tm)
+                    | (u64::from(max_up(c.scored.term_max[tm as usize]).to_bits()) << 32);
                 l += 1;
             }
             q += 1;
         }
     });
-    t.fill_ms = ms(t_fill);
+    t.fill_ms += ms(t_fill);
 
     // The items, then longest first: a counting sort on buckets of work (descending), stable.
     let t_sort = Instant::now();
@@ -734,31 +841,30 @@ fn run(
             n_split += 1;
         }
     }
-    t.pieces = n_pieces;
-    // Items region: order | items | split_q | split_p.
-    let order_at = 0usize;
-    let items_at = align(n_items * 4);
-    let splitq_at = items_at + align(n_items * ITEM_BYTES);
-    let splitp_at = splitq_at + align(n_split * 4);
-    let items_bytes = splitp_at + align((n_split + 1) * 4);
-    // The pieces' answers and the AND counts stay on the device: counts | ordinals | scores |
-    // and_count.
-    let pord_at = align(n_pieces * 4);
-    let pscore_at = pord_at + align(n_pieces * k * 4);
-    let and_at = pscore_at + align(n_pieces * k * 8);
-    let piece_bytes = and_at + align(gq * 4);
-    let d_items = ws.dev("bm25_items", items_bytes)?;
-    let d_piece = ws.dev("bm25_piece", piece_bytes)?;
+    t.pieces += n_pieces;
+    (part.n_items, part.n_pieces, part.n_split) = (n_items, n_pieces, n_split);
+    lay.order = 0;
+    lay.items = align(n_items * 4);
+    lay.splitq = lay.items + align(n_items * ITEM_BYTES);
+    lay.splitp = lay.splitq + align(n_split * 4);
+    part.items_bytes = lay.splitp + align((n_split + 1) * 4);
+    lay.pord = align(n_pieces * 4);
+    lay.pscore = lay.pord + align(n_pieces * k * 4);
+    lay.and = lay.pscore + align(n_pieces * k * 8);
+    lay.piece_bytes = lay.and + align(gq * 4);
+    let items_bytes = part.items_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_items, items_bytes)?.as_mut_slice()[..items_bytes];
-    let (head, splitp_b) = pin.split_at_mut(splitp_at);
-    let (head, splitq_b) = head.split_at_mut(splitq_at);
-    let (order_b, items_b) = head.split_at_mut(items_at);
+    let (head, splitp_b) = pin.split_at_mut(lay.splitp);
+    let (head, splitq_b) = head.split_at_mut(lay.splitq);
+    let (order_b, items_b) = head.split_at_mut(lay.items);
     let order_v = &mut view_mut::<u32>(order_b)[..n_items];
     let items_v = &mut view_mut::<u32>(items_b)[..4 * n_items];
     let splitq_v = &mut view_mut::<u32>(splitq_b)[..n_split];
     let splitp_v = &mut view_mut::<u32>(splitp_b)[..n_split + 1];
     let mut keys = Vec::with_capacity(n_items);
     {
+        let offs = c.index.offsets();
+        let host_ord = &c.res.host_ord;
         let (mut it, mut sq, mut pieces) = (0usize, 0usize, 0u32);
         let mut item = |v: &mut [u32], q: usize, lo: u32, hi: u32, ks: u32| {
             v[4 * it..4 * it + 4].copy_from_slice(&[q as u32, lo, hi, ks]);
@@ -810,57 +916,72 @@ fn run(
         order_v[*at as usize] = j as u32;
         *at += 1;
     }
-    t.sort_ms = ms(t_sort);
-    t.stage_ms = ms(t_stage);
+    part.layout = lay;
+    t.sort_ms += ms(t_sort);
+    t.stage_ms += ms(t_look);
+    Ok(part)
+}
 
-    let t_wait = Instant::now();
+/// Queue the staged batch on the stream: its copies up, the ranking launch (and the merge of
+/// its split queries), its copy down, with an event before, between and after.
+fn launch(
+    g: &Gpu,
+    f: &Kernels,
+    c: &Ctx<'_>,
+    ws: &mut Workspace,
+    mut part: Staged,
+    t: &mut Bm25Timings,
+) -> Result<Staged, GpuError> {
+    if part.gq == 0 {
+        return Ok(part);
+    }
+    let lay = &part.layout;
+    let d_in = ws.dev("bm25_in", part.in_bytes)?;
+    let d_items = ws.dev("bm25_items", part.items_bytes)?;
+    let d_out = ws.dev("bm25_out", part.out_bytes)?;
+    let d_piece = ws.dev("bm25_piece", lay.piece_bytes)?;
     let cs = g.stream.cu_stream();
-    let ev = |g: &Gpu| -> Result<CudaEvent, GpuError> { g.event() };
-    let (e0, e1, e2, e3) = (ev(g)?, ev(g)?, ev(g)?, ev(g)?);
-    g.record(&e0)?;
-    {
-        let pin = ws
-            .pin_in
+    let record = |e: &CudaEvent| g.record(e);
+    let events = [g.event()?, g.event()?, g.event()?, g.event()?];
+    record(&events[0])?;
+    for (pin, dst, bytes) in [
+        (&ws.pin_in, d_in, part.in_bytes),
+        (&ws.pin_items, d_items, part.items_bytes),
+    ] {
+        let pin = pin
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        // SAFETY: `d_in` holds at least `in_bytes`; the pinned source is owned by the
-        // workspace and not touched until the stream is synchronized below.
-        unsafe { result::memcpy_htod_async(d_in, &pin.as_slice()[..in_bytes], cs) }
-            .map_err(drv("host-to-device copy"))?;
-        let pin = ws
-            .pin_items
-            .as_ref()
-            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        // SAFETY: as above, for `d_items` and `items_bytes`.
-        unsafe { result::memcpy_htod_async(d_items, &pin.as_slice()[..items_bytes], cs) }
+        // SAFETY: `dst` holds at least `bytes`; the pinned source, written by `stage`, is not
+        // touched again until the stream is synchronized.
+        unsafe { result::memcpy_htod_async(dst, &pin.as_slice()[..bytes], cs) }
             .map_err(drv("host-to-device copy"))?;
     }
-    g.record(&e1)?;
-    let (n_items32, n_split32) = (n_items as u32, n_split as u32);
-    let k32 = k as u32;
-    let p_order = d_items + order_at as u64;
-    let p_items = d_items + items_at as u64;
-    let p_qoff = d_in + qoff_at as u64;
-    let p_mode = d_in + mode_at as u64;
-    let p_lists = d_in + lists_at as u64;
-    let p_floor = d_in + floor_at as u64;
-    let p_splitq = d_items + splitq_at as u64;
-    let p_splitp = d_items + splitp_at as u64;
-    let static_max = scored.static_max;
-    let p_ord = Resident::ptr(&res.ord);
-    let p_imp = Resident::ptr(&res.imp);
-    let p_stat = Resident::ptr(&res.stat);
-    let p_doc = Resident::ptr(&res.doc);
-    let p_cnt = d_out + cnt_at as u64;
-    let p_docs = d_out + doc_at as u64;
-    let p_scores = d_out + score_at as u64;
+    record(&events[1])?;
+    let (n_items32, n_split32) = (part.n_items as u32, part.n_split as u32);
+    let k32 = c.k as u32;
+    let p_order = d_items + lay.order as u64;
+    let p_items = d_items + lay.items as u64;
+    let p_qoff = d_in + lay.qoff as u64;
+    let p_mode = d_in + lay.mode as u64;
+    let p_lists = d_in + lay.lists as u64;
+    let p_floor = d_in + lay.floor as u64;
+    let p_splitq = d_items + lay.splitq as u64;
+    let p_splitp = d_items + lay.splitp as u64;
+    let static_max = c.scored.static_max;
+    let p_ord = Resident::ptr(&c.res.ord);
+    let p_imp = Resident::ptr(&c.res.imp);
+    let p_stat = Resident::ptr(&c.res.stat);
+    let p_doc = Resident::ptr(&c.res.doc);
+    let p_cnt = d_out + lay.cnt as u64;
+    let p_docs = d_out + lay.doc as u64;
+    let p_scores = d_out + lay.score as u64;
     let p_pcnt = d_piece;
-    let p_pord = d_piece + pord_at as u64;
-    let p_pscore = d_piece + pscore_at as u64;
-    let p_and = d_piece + and_at as u64;
-    // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the input region holds
-    // n_items order entries and items (queries < gq, piece slots < n_pieces), gq + 1
-    // offsets, gq modes and n_lists list references whose postings lie in the resident
+    let p_pord = d_piece + lay.pord as u64;
+    let p_pscore = d_piece + lay.pscore as u64;
+    let p_and = d_piece + lay.and as u64;
+    // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the part's input region
+    // holds n_items order entries and items (queries < gq, piece slots < n_pieces), gq + 1
+    // offsets, gq modes and the lists' references whose postings lie in the resident
     // buffers (start + len within them, by construction), gq floors; the output region
     // holds gq counts and gq * k docs and scores; the piece region n_pieces counts,
     // n_pieces * k ordinals and scores, gq AND counts; ord_static is null without static
@@ -894,7 +1015,7 @@ fn run(
             ],
         )?;
     }
-    if n_split > 0 {
+    if part.n_split > 0 {
         // SAFETY: the parameters match `bm25_merge`; split_q / split_p hold n_split queries
         // and n_split + 1 piece offsets (each query's pieces at most CAP / k, by `plan`),
         // written by the launch above on the same stream.
@@ -921,35 +1042,47 @@ fn run(
             )?;
         }
     }
-    g.record(&e2)?;
-    {
-        let pin = Workspace::pinned(&mut ws.pin_out, out_bytes)?;
-        // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after
-        // the synchronize below.
-        unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..out_bytes], d_out, cs) }
-            .map_err(drv("device-to-host copy"))?;
-    }
-    g.record(&e3)?;
-    // The CPU's share while the device works.
-    let t_cpu = Instant::now();
-    let cpu_hits: Vec<Vec<Hit>> = cpu_q.par_iter().map(|&i| cpu(i as usize)).collect();
-    t.cpu_ms = ms(t_cpu);
-    g.sync()?;
-    t.wait_ms = ms(t_wait);
+    record(&events[2])?;
+    let out_bytes = part.out_bytes;
+    let pin = &mut Workspace::pinned(&mut ws.pin_out, out_bytes)?.as_mut_slice()[..out_bytes];
+    // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
+    // stream is synchronized.
+    unsafe { result::memcpy_dtoh_async(pin, d_out, cs) }.map_err(drv("device-to-host copy"))?;
+    record(&events[3])?;
+    t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
+    t.d2h_bytes += out_bytes as u64;
+    part.events = Some(events);
+    Ok(part)
+}
 
-    let t_unpack = Instant::now();
-    let pin = &ws
-        .pin_out
-        .as_ref()
-        .ok_or(GpuError::OutOfMemory("pinned allocation"))?
-        .as_slice()[..out_bytes];
-    let dev_cnt = &view::<u32>(&pin[cnt_at..doc_at])[..gq];
-    let dev_doc = &view::<u32>(&pin[doc_at..score_at])[..gq * k];
-    let dev_score = &view::<f64>(&pin[score_at..])[..gq * k];
+/// The batch's answers in batch order (the device's, once its copy down has completed, and
+/// the CPU's share).
+fn unpack(
+    ws: &Workspace,
+    part: &Staged,
+    k: usize,
+    cpu_hits: &[Vec<Hit>],
+) -> Result<Ranked, GpuError> {
+    let lay = &part.layout;
+    let (dev_cnt, dev_doc, dev_score): (&[u32], &[u32], &[f64]) = if part.gq == 0 {
+        (&[], &[], &[])
+    } else {
+        let pin = &ws
+            .pin_out
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?
+            .as_slice()[..part.out_bytes];
+        (
+            &view::<u32>(&pin[lay.cnt..lay.doc])[..part.gq],
+            &view::<u32>(&pin[lay.doc..lay.score])[..part.gq * k],
+            &view::<f64>(&pin[lay.score..])[..part.gq * k],
+        )
+    };
     if let Some(&c) = dev_cnt.iter().find(|&&c| c as usize > k) {
         return Err(GpuError::Kernel(format!("{c} hits for k = {k}")));
     }
-    let counts: Vec<usize> = slot
+    let counts: Vec<usize> = part
+        .slot
         .iter()
         .map(|&s| {
             if s & ON_CPU != 0 {
@@ -959,8 +1092,8 @@ fn run(
             }
         })
         .collect();
-    let ranked = Ranked::build(&counts, |i, docs, scores| {
-        let s = slot[i];
+    Ok(Ranked::build(&counts, |i, docs, scores| {
+        let s = part.slot[i];
         if s & ON_CPU != 0 {
             for ((h, d), sc) in cpu_hits[(s & !ON_CPU) as usize]
                 .iter()
@@ -976,16 +1109,7 @@ fn run(
             docs.copy_from_slice(&dev_doc[at..at + c]);
             scores.copy_from_slice(&dev_score[at..at + c]);
         }
-    });
-    t.unpack_ms = ms(t_unpack);
-    let ms =
-        |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"));
-    t.h2d_ms = ms(&e0, &e1)?;
-    t.kernel_ms = ms(&e1, &e2)?;
-    t.d2h_ms = ms(&e2, &e3)?;
-    t.h2d_bytes = (in_bytes + items_bytes) as u64;
-    t.d2h_bytes = out_bytes as u64;
-    Ok(ranked)
+    }))
 }
 
 /// Drop the resident index (tests; frees its device memory).

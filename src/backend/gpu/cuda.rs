@@ -58,6 +58,15 @@ pub(super) fn source_from_env(var: &str) -> Result<Option<String>, GpuError> {
         .transpose()
 }
 
+/// A numeric knob from the environment (measurements and tests: piece sizes, thresholds),
+/// `default` when unset or not a number. Callers keep the value in a `OnceLock`.
+pub(super) fn env_knob(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
 /// Compiles `source` with NVRTC for `arch` (e.g. `compute_90`) as C++17 plus `extra`
 /// options, and loads it into `ctx`. Shared by every kernel family (intersect.cu, bm25.cu);
 /// a compile failure carries NVRTC's log.

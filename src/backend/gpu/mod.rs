@@ -181,15 +181,45 @@ pub const BM25_MAX_TERMS: usize = 64;
 /// Largest k the GPU ranks (larger: the CPU).
 pub const BM25_MAX_K: usize = 768;
 
-/// A batch of BM25 queries for [`bm25_topk`]: query `i` has the distinct term ids
-/// `terms[offsets[i]..offsets[i + 1]]`, ascending (the canonical order of
-/// `search::scoring`), all known to the index, and mode `modes[i]`. A query with no terms
-/// is left to the CPU.
+/// A batch of BM25 queries for [`bm25_topk`], read where it lies (nothing is copied into a
+/// batch layout first): query `i` is `queries[i]`, its distinct term ids ascending (the
+/// canonical order of `search::scoring`), all known to the index, ranked in `mode` with the
+/// two rules of `search::topk::top` for unknown terms applied by [`Bm25Batch::terms`] and
+/// [`Bm25Batch::mode`]. A query with no terms is left to the CPU.
 #[derive(Clone, Copy, Debug)]
 pub struct Bm25Batch<'a> {
-    pub offsets: &'a [u32],
-    pub terms: &'a [u32],
-    pub modes: &'a [crate::search::topk::Mode],
+    pub queries: &'a [crate::search::rank::QueryTerms],
+    pub mode: crate::search::topk::Mode,
+}
+
+impl Bm25Batch<'_> {
+    pub fn len(&self) -> usize {
+        self.queries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queries.is_empty()
+    }
+
+    /// Query `i`'s terms: none under AND when it had an unknown term (its answer is empty by
+    /// rule, which the CPU returns at once).
+    pub fn terms(&self, i: usize) -> &[u32] {
+        let q = &self.queries[i];
+        if self.mode == crate::search::topk::Mode::And && q.unknown {
+            &[]
+        } else {
+            &q.ids
+        }
+    }
+
+    /// Query `i`'s mode: AND-then-OR with an unknown term is OR (its AND is empty).
+    pub fn mode(&self, i: usize) -> crate::search::topk::Mode {
+        use crate::search::topk::Mode;
+        match self.mode {
+            Mode::AndOr if self.queries[i].unknown => Mode::Or,
+            m => m,
+        }
+    }
 }
 
 /// Where the time of one [`bm25_topk`] call went (milliseconds) and what it moved.
@@ -201,18 +231,14 @@ pub struct Bm25Timings {
     pub lookup_ms: f64,
     /// Part of `stage_ms`: writing the upload buffer (pinned): places, modes, lists.
     pub fill_ms: f64,
-    /// Part of `stage_ms`: ordering the device's queries (longest first).
+    /// Part of `stage_ms`: the blocks' items and their order (longest first).
     pub sort_ms: f64,
-    /// Host wall time from the copy's start to the end of the synchronize.
+    /// Host time blocked on the device (the synchronize, after the CPU's share).
     pub wait_ms: f64,
     /// The CPU's share of the batch (queries the device does not take).
     pub cpu_ms: f64,
     /// Turning the device's results into the caller's layout.
     pub unpack_ms: f64,
-    /// In `rank_terms`: building the batch before the call.
-    pub build_ms: f64,
-    /// In `rank_terms`: merging after the call (CPU share, final layout).
-    pub merge_ms: f64,
     pub h2d_ms: f64,
     pub kernel_ms: f64,
     pub d2h_ms: f64,

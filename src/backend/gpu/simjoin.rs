@@ -24,7 +24,7 @@ use cudarc::driver::result;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 
 use super::cuda::{
-    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, gpu, panic_message,
+    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu, panic_message,
 };
 use super::{GpuError, PairBuffer, PairToVerify, VerifyAnswer, VerifyTimings};
 
@@ -89,12 +89,7 @@ static LANE_POOL: Mutex<Vec<Lane>> = Mutex::new(Vec::new());
 
 fn large_from() -> u64 {
     static V: OnceLock<u64> = OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("DFSETS_SJ_LARGE_FROM")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(LARGE_FROM)
-    })
+    *V.get_or_init(|| env_knob("DFSETS_SJ_LARGE_FROM", LARGE_FROM))
 }
 
 /// One join's sets on the device (freed when dropped).
