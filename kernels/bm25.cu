@@ -23,9 +23,11 @@
 // count; dense tiles: one thread per ordinal of the tile, in ascending chunks).
 //
 // OR with a floor (the host's `Scored::theta_floor`, a lower bound of the k-th best score,
-// for k <= 32): lists whose maxima (plus the static bound) sum to no more than the floor are
-// not swept; candidates come from the other lists and are scored by binary searches in every
-// list, in slot order (`or_pruned`). Without a floor, or when every list is needed, the sweep.
+// for k <= 32): MaxScore (`or_pruned`). Lists whose maxima (plus the static bound) sum to no
+// more than the threshold are not visited; candidates come from the other lists and are
+// scored by binary searches in every list, in slot order. The threshold starts at the floor
+// and rises with the block's k-th best candidate, putting more lists aside as it goes.
+// Without a floor, the sweep.
 //
 // Pieces: the host may split a long OR query into pieces, each an ordinal range [lo, hi) of
 // the documents (a document lies in exactly one range), ranked by a block of its own with the
@@ -52,6 +54,14 @@ typedef unsigned long long u64;
 #endif
 #define CAP 1024
 #define MAX_TERMS 64
+// Pruned OR raises its threshold (a compaction) once this many candidates are held.
+#ifndef EAGER
+#define EAGER 64
+#endif
+// Pruned OR also for queries whose floor puts no list aside at first (1), or the sweep (0).
+#ifndef PRUNE_ALL
+#define PRUNE_ALL 1
+#endif
 
 struct ListRef {
     u64 start;  // first posting of the list in post_ord / post_imp
@@ -108,6 +118,7 @@ struct Shared {
     double theta;
     double floor;     // lower bound of the k-th best score (-inf: none)
     u32 ess[MAX_TERMS];  // 1 for the essential lists of a pruned OR
+    u32 done[MAX_TERMS]; // pruned OR: the ordinals below which a list's documents are scored
     u32 ncand;
     u32 matches;
     u32 d0;
@@ -115,18 +126,22 @@ struct Shared {
 };
 
 // Sort the candidate buffer (best first), keep the best k, set the threshold. Called by
-// every thread of the block (block-uniform), after a barrier.
+// every thread of the block (block-uniform), after a barrier. Sorts the smallest power of
+// two holding the candidates (padded with the worst entry), not the whole buffer: most
+// blocks end with a few dozen candidates, and pruned OR compacts early and often.
 __device__ void compact(Shared& sh, u32 k) {
     const u32 tid = threadIdx.x;
     const u32 n = sh.ncand;
-    for (u32 i = n + tid; i < CAP; i += THREADS) {
+    u32 size_all = 2;
+    while (size_all < n) size_all <<= 1;
+    for (u32 i = n + tid; i < size_all; i += THREADS) {
         sh.cs[i] = -__longlong_as_double(0x7ff0000000000000ULL);
         sh.co[i] = 0xffffffffu;
     }
     __syncthreads();
-    for (u32 size = 2; size <= CAP; size <<= 1) {
+    for (u32 size = 2; size <= size_all; size <<= 1) {
         for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-            for (u32 i = tid; i < CAP / 2; i += THREADS) {
+            for (u32 i = tid; i < size_all / 2; i += THREADS) {
                 u32 lo = (i / stride) * stride * 2 + (i % stride);
                 u32 hi = lo + stride;
                 bool best_first = (lo & size) == 0;
@@ -246,41 +261,51 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
     }
 }
 
-// OR with a floor (MaxScore on the device, static partition). The lists whose maxima,
-// smallest first, sum (with the static bound) to at most the floor's cut are non-essential:
-// a document in none of the other lists scores below the floor, so it cannot be among the k
-// best. Candidates are the postings of the essential lists, one list after the other (a
-// document already held by an earlier essential list is skipped); each candidate is scored
-// in slot order by a binary search in every other list, from its cursor as in AND.
-// Returns false (nothing done) when no list is non-essential.
+// The lists a threshold `t` puts aside (thread 0): the smallest maxima first while their sum
+// with the static bound stays at most t's cut. A document in none of the other lists scores
+// below t, so it cannot be among the k best. Ties among maxima go to the lower slot, so a
+// larger t puts aside a superset. Returns how many.
+__device__ u32 set_aside(Shared& sh, u32 m, double static_max, double t) {
+    const double cut = t - 1e-12 * fabs(t);
+    for (u32 j = 0; j < m; j++) sh.ess[j] = 1;
+    double sum = static_max;
+    u32 ne = 0;
+    while (ne < m) {
+        u32 best = m;
+        for (u32 j = 0; j < m; j++) {
+            if (sh.ess[j] && (best == m || sh.lm[j] < sh.lm[best])) best = j;
+        }
+        if (!(sum + sh.lm[best] <= cut)) break;
+        sum += sh.lm[best];
+        sh.ess[best] = 0;
+        ne++;
+    }
+    return ne;
+}
+
+// OR with a floor (MaxScore on the device). Candidates are the postings of the essential
+// lists, one list after the other in slot order; each is scored in slot order by a binary
+// search in every other list, from its cursor as in AND, unless a list before it has scored
+// it (its document lies below that list's `done` ordinal). The threshold starts at the floor
+// and rises as the block goes: once EAGER candidates are held they are compacted to the k
+// best (the k-th is a lower bound of the answer's), and the lists the new threshold puts
+// aside are not visited, or no further: a list put aside in the middle is `done` up to the
+// first document it did not visit. Exact: a document left unscored lies only in lists put
+// aside at some threshold, all of them within the last threshold's set (it only grows), so
+// it scores below the k-th best. Returns false (nothing done) when the floor puts no list
+// aside and PRUNE_ALL is 0 (the sweep then).
 __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
                           const u32* __restrict__ post_ord, const double* __restrict__ post_imp,
                           const double* __restrict__ ord_static) {
     const u32 tid = threadIdx.x;
-    if (tid == 0) {
-        const double f = sh.floor;
-        const double cut = f - 1e-12 * fabs(f);
-        // Take the smallest maximum among the lists not yet taken while the sum stays <= cut.
-        for (u32 j = 0; j < m; j++) sh.ess[j] = 1;
-        double sum = static_max;
-        u32 ne = 0;
-        while (ne < m) {
-            u32 best = m;
-            for (u32 j = 0; j < m; j++) {
-                if (sh.ess[j] && (best == m || sh.lm[j] < sh.lm[best])) best = j;
-            }
-            if (!(sum + sh.lm[best] <= cut)) break;
-            sum += sh.lm[best];
-            sh.ess[best] = 0;
-            ne++;
-        }
-        sh.d0 = ne;
-    }
+    if (tid == 0) sh.d0 = set_aside(sh, m, static_max, sh.floor);
+    if (tid < m) sh.done[tid] = 0;
     __syncthreads();
-    if (sh.d0 == 0) return false;
+    if (!PRUNE_ALL && sh.d0 == 0) return false;
     for (u32 e = 0; e < m; e++) {
         if (!sh.ess[e]) continue;
         if (tid < m) sh.cur[tid] = sh.beg[tid];
+        if (tid == 0) sh.done[e] = NONE_ORD;
         __syncthreads();
         const u32 n = sh.ll[e];
         for (u32 base = sh.beg[e]; base < n; base += THREADS) {
@@ -301,8 +326,8 @@ __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
                     const u32 pos = find(post_ord + sh.ls[j], sh.cur[j], sh.ll[j], ord, hit);
                     if (last) sh.nxt[j] = pos + hit;
                     if (hit) {
-                        if (j < e && sh.ess[j]) {
-                            mine = false;  // an earlier essential list has scored it
+                        if (j < e && ord < sh.done[j]) {
+                            mine = false;  // an earlier list has scored it
                             if (!last) break;
                         }
                         s += post_imp[sh.ls[j] + pos];
@@ -315,6 +340,17 @@ __device__ bool or_pruned(Shared& sh, u32 m, u32 k, double static_max,
             }
             __syncthreads();
             advance(sh, m, e);
+            if (sh.ncand >= EAGER) {
+                compact(sh, k);
+                if (tid == 0) {
+                    set_aside(sh, m, static_max, fmax(sh.theta, sh.floor));
+                    if (!sh.ess[e] && base + THREADS < n) {
+                        sh.done[e] = post_ord[sh.ls[e] + base + THREADS];
+                    }
+                }
+                __syncthreads();
+                if (!sh.ess[e]) break;
+            }
         }
     }
     return true;

@@ -81,7 +81,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -f "$carry/bench-data/gcide_words/sets.parqu
         /tmp/gpubin/gpu_simjoin --ignored --nocapture bench 2>&1 | tee "$out/bench_simjoin.log" || status=1
     # SJ_ENVS="LANES=4 LARGE_FROM=512": the benchmark again once per entry, DFSETS_SJ_<entry> set.
     for v in ${SJ_ENVS:-}; do
-        tag=$(echo "$v" | tr '=' '_')
+        tag=$(echo "$v" | tr '=/.' '___')
         echo "== benchmark: similarity_join with DFSETS_SJ_$v"
         env "DFSETS_SJ_$v" DFSETS_BENCH_ONE_CORE=0 DFSETS_BENCH_DATA="$carry/bench-data" DFSETS_BENCH_OUT="$out/bench_simjoin_$tag.txt" \
             /tmp/gpubin/gpu_simjoin --ignored --nocapture bench >"$out/bench_simjoin_$tag.log" 2>&1 || status=1
@@ -94,7 +94,7 @@ variants="${BM25_ENVS:-}"
 for tile in ${BM25_TILES:-}; do variants="$variants TILE=$tile"; done
 for v in $variants; do
     if have gpu_bm25; then
-        tag=$(echo "$v" | tr '=' '_')
+        tag=$(echo "$v" | tr '=/.' '___')
         echo "== topk_bm25 with DFSETS_BM25_$v"
         env "DFSETS_BM25_$v" /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25_$tag.log" | tail -3 || status=1
         if [ -d "$carry/bench-data" ]; then
