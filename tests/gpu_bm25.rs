@@ -228,6 +228,46 @@ fn ties_across_lists_in_one_tile() {
     gpu::bm25_evict();
 }
 
+/// A term id beyond the index (a caller's bug) is refused with an error before any list is
+/// looked up, with the whole index resident and with part of it: no fault, no wrong answer,
+/// and the backend works on after it.
+#[test]
+fn a_term_beyond_the_index_is_refused() {
+    if !gpu_or_skip("a_term_beyond_the_index_is_refused") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = StdRng::seed_from_u64(7);
+    let index = corpus(&mut rng, 3000, 100, false);
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let mut qs = queries(&mut rng, &index, 300, 100);
+    let on_cpu = |_: usize| Vec::new();
+    let terms_beyond = index.terms() as u32 + 5;
+    for budget in [
+        None,
+        Some(index.n_docs() as usize * 4 + index.docs().len() * 4),
+    ] {
+        gpu::bm25_evict();
+        let stats = check(&index, &scored, &qs, 10, Mode::Or, budget, "before");
+        assert!(stats.on_gpu > 0, "{stats:?}");
+        qs[150].ids.push(terms_beyond);
+        let batch = gpu::Bm25Batch {
+            queries: &qs,
+            mode: Mode::Or,
+        };
+        let r = gpu::bm25_topk(&index, &scored, &batch, 10, budget, &on_cpu);
+        assert!(
+            matches!(&r, Err(gpu::GpuError::Unsupported(m)) if m.contains("malformed")),
+            "{budget:?}: {:?}",
+            r.map(|o| o.timings)
+        );
+        qs[150].ids.pop();
+        let stats = check(&index, &scored, &qs, 10, Mode::AndOr, budget, "after");
+        assert!(stats.on_gpu > 0 && stats.gpu_error.is_none(), "{stats:?}");
+    }
+    gpu::bm25_evict();
+}
+
 /// A budget too small for the whole index: the most visited lists are resident, queries
 /// needing others finish on the CPU; a budget too small for anything: all on the CPU.
 #[test]
@@ -412,9 +452,10 @@ fn bench_gpu_bm25() {
         "GPU call breakdown (ms, medians of 7): lookup / fill / sort = host stage (residency + \
          device queries, pinned upload buffer, blocks in longest-first order); wait = host blocked \
          on the device after the CPU's share; kernel = the device's launches; cpu = the CPU's \
-         share; unpack = results into the output layout\n\
-         | mode | k | call | lookup | fill | sort | wait (kernel) | cpu | unpack | on GPU |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         share; unpack = results into the output layout; launch = queueing copies and launches; \
+         inside = the whole of bm25_topk\n\
+         | mode | k | call | inside | lookup | fill | sort | launch | wait (kernel) | cpu | unpack | on GPU |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for k in [10, 100] {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
@@ -458,10 +499,12 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
+                med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
                 med(|t| t.sort_ms),
+                med(|t| t.launch_ms),
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),
                 med(|t| t.cpu_ms),

@@ -152,18 +152,26 @@ impl Scored {
     /// one of those k documents scores at least that much (impacts are ≥ 0 and f64 addition
     /// of non-negative terms never decreases a sum), so the query's k-th best score does too.
     pub fn theta_floor(&self, terms: &[u32], k: usize) -> f64 {
-        let mut floor = f64::NEG_INFINITY;
+        Self::floor_of_terms(terms.iter().map(|&t| self.term_floor(t, k)))
+    }
+
+    /// Term `t`'s own floor at `k`: the k-th largest `impact + α·static` among its postings,
+    /// or -inf (fewer postings kept, or k out of 1..=[`FLOOR_K`]).
+    pub fn term_floor(&self, t: u32, k: usize) -> f64 {
         if k == 0 || k > FLOOR_K {
-            return floor;
+            return f64::NEG_INFINITY;
         }
-        for &t in terms {
-            let t = t as usize;
-            let v = &self.floor_values[self.floor_start[t]..self.floor_start[t + 1]];
-            if let Some(&x) = v.get(k - 1) {
-                floor = floor.max(x);
-            }
-        }
-        // A floor of 0 could prune a document that ties at 0 and wins on its id.
+        let t = t as usize;
+        self.floor_values[self.floor_start[t]..self.floor_start[t + 1]]
+            .get(k - 1)
+            .copied()
+            .unwrap_or(f64::NEG_INFINITY)
+    }
+
+    /// A query's floor from its terms' own floors ([`Scored::term_floor`]): the largest, if
+    /// positive (a floor of 0 could prune a document that ties at 0 and wins on its id).
+    pub fn floor_of_terms(floors: impl Iterator<Item = f64>) -> f64 {
+        let floor = floors.fold(f64::NEG_INFINITY, f64::max);
         if floor > 0.0 {
             floor
         } else {

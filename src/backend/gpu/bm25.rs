@@ -17,6 +17,7 @@
 //!   terms, k above [`BM25_MAX_K`], lists not resident) come back as `None`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -31,7 +32,7 @@ use super::cuda::{
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
 use crate::search::rank::Ranked;
-use crate::search::scoring::Scored;
+use crate::search::scoring::{FLOOR_K, Scored};
 use crate::search::topk::{Hit, Mode};
 
 const SOURCE: &str = include_str!("../../../kernels/bm25.cu");
@@ -100,6 +101,11 @@ struct Plan {
     floor: f64,
     /// AND-then-OR (a split one also gets a block for its AND).
     and_or: bool,
+}
+
+/// A batch naming a term the index does not hold (the caller resolves terms through it).
+fn malformed() -> GpuError {
+    GpuError::Unsupported("malformed BM25 batch: a term id beyond the index".into())
 }
 
 /// The device's plan for one query (see `or_pruned` in bm25.cu for the lists it visits): an
@@ -195,8 +201,12 @@ struct Resident {
     ord_doc: Vec<u32>,
     /// Weighted static score of every ordinal (empty without static scores).
     ord_static: Vec<f64>,
-    /// Device position of each term's postings, `u64::MAX` where not resident.
-    start: Vec<u64>,
+    /// Each term's `ListRef` (bm25.cu) as two words: the device position of its postings
+    /// (`u64::MAX` where not resident), and its length with its maximum impact (f32, rounded
+    /// up) above. One read per term when a batch is staged.
+    refs: Vec<[u64; 2]>,
+    /// Every term's own floor at one k (`Scored::term_floor`), for the last k staged.
+    floors: Option<(usize, Vec<f64>)>,
     /// Times each term was visited by a query (over every batch seen).
     visits: Vec<u64>,
     all: bool,
@@ -247,7 +257,8 @@ impl Resident {
             host_ord,
             ord_doc,
             ord_static,
-            start: vec![u64::MAX; index.terms()],
+            refs: vec![[u64::MAX, 0]; index.terms()],
+            floors: None,
             visits: vec![0; index.terms()],
             all: false,
             ord: None,
@@ -314,17 +325,22 @@ impl Resident {
         self.bytes = 0;
         let mut ord = Vec::new();
         let mut imp = Vec::new();
-        self.start.iter_mut().for_each(|s| *s = u64::MAX);
+        self.refs.iter_mut().for_each(|r| *r = [u64::MAX, 0]);
         self.all = sel.iter().all(|&s| s);
+        // A ListRef is { u64 start; u32 len; f32 max }: two little-endian u64 words.
+        let word = |t: u32| {
+            index.postings_len(t) as u64
+                | (u64::from(max_up(scored.term_max[t as usize]).to_bits()) << 32)
+        };
         if self.all {
             // The whole index in its own layout: term t starts at its index offset.
             for t in 0..index.terms() as u32 {
-                self.start[t as usize] = index.range(t).start as u64;
+                self.refs[t as usize] = [index.range(t).start as u64, word(t)];
             }
         } else {
             for t in 0..index.terms() as u32 {
                 if sel[t as usize] {
-                    self.start[t as usize] = ord.len() as u64;
+                    self.refs[t as usize] = [ord.len() as u64, word(t)];
                     let r = index.range(t);
                     ord.extend_from_slice(&self.host_ord[r.clone()]);
                     imp.extend_from_slice(&scored.impacts[r]);
@@ -351,6 +367,19 @@ impl Resident {
     fn ptr(b: &Option<DevBuf>) -> u64 {
         b.as_ref().map_or(0, |b| b.ptr)
     }
+
+    /// Computes every term's own floor at `k` (none above [`FLOOR_K`]) unless the last batch
+    /// had the same k.
+    fn cache_floors(&mut self, scored: &Scored, k: usize) {
+        if k == 0 || k > FLOOR_K || self.floors.as_ref().is_some_and(|(fk, _)| *fk == k) {
+            return;
+        }
+        let f = (0..self.refs.len() as u32)
+            .into_par_iter()
+            .map(|t| scored.term_floor(t, k))
+            .collect();
+        self.floors = Some((k, f));
+    }
 }
 
 /// Rank a batch of queries: the device ranks every query it takes (see the module doc), and
@@ -366,13 +395,6 @@ pub fn bm25_topk(
     cpu: &Bm25Cpu<'_>,
 ) -> Result<Bm25Output, GpuError> {
     let n = batch.len();
-    if batch
-        .queries
-        .iter()
-        .any(|q| q.ids.iter().any(|&t| t as usize >= index.terms()))
-    {
-        return Err(GpuError::Unsupported("malformed BM25 batch".into()));
-    }
     let g = gpu()?;
     let started = Instant::now();
     if n == 0 || k == 0 || k > BM25_MAX_K {
@@ -499,6 +521,9 @@ fn run(
     // With the whole index resident (the usual case) nothing below needs the visit counts
     // or a new selection.
     if !(res.all && res.ord.is_some()) {
+        if !batch.known_to(index) {
+            return Err(malformed());
+        }
         for i in 0..n {
             for &t in batch.terms(i) {
                 res.visits[t as usize] += 1;
@@ -508,7 +533,7 @@ fn run(
             let ts = batch.terms(i);
             !ts.is_empty()
                 && ts.len() <= BM25_MAX_TERMS
-                && ts.iter().all(|&t| res.start[t as usize] != u64::MAX)
+                && ts.iter().all(|&t| res.refs[t as usize][0] != u64::MAX)
         };
         let loaded = res.ord.is_some();
         let covered = if loaded {
@@ -536,16 +561,25 @@ fn run(
     t.lookup_ms = ms(t_stage);
     t.stage_ms = ms(t_stage);
 
+    res.cache_floors(scored, k);
+    let res = &*res;
     let ctx = Ctx {
         index,
         scored,
         batch,
         k,
         res,
+        floors: res
+            .floors
+            .as_ref()
+            .filter(|(fk, _)| *fk == k)
+            .map(|(_, f)| f.as_slice()),
         piece: piece_postings(),
     };
     let part = stage(&ctx, ws, t)?;
+    let t_launch = Instant::now();
     let part = launch(g, f, &ctx, ws, part, t)?;
+    t.launch_ms = ms(t_launch);
     t.on_device = part.gq;
 
     // The CPU's share while the device works.
@@ -570,6 +604,18 @@ fn run(
     Ok(out)
 }
 
+/// A batch's four timing events (before the copies up, after them, after the kernels, after
+/// the copy down), made once: creating them took a measurable share of a call's host time.
+/// Used under the workspace lock, one batch at a time.
+fn batch_events(g: &Gpu) -> Result<&'static [CudaEvent; 4], GpuError> {
+    static E: OnceLock<[CudaEvent; 4]> = OnceLock::new();
+    if let Some(e) = E.get() {
+        return Ok(e);
+    }
+    let e = [g.event()?, g.event()?, g.event()?, g.event()?];
+    Ok(E.get_or_init(|| e))
+}
+
 /// What staging, launching and unpacking a batch read.
 struct Ctx<'a> {
     index: &'a InvertedIndex,
@@ -577,6 +623,8 @@ struct Ctx<'a> {
     batch: &'a Bm25Batch<'a>,
     k: usize,
     res: &'a Resident,
+    /// Every term's own floor at k (`None`: k has no floors).
+    floors: Option<&'a [f64]>,
     piece: u64,
 }
 
@@ -585,33 +633,33 @@ impl Ctx<'_> {
         let ts = self.batch.terms(i);
         !ts.is_empty()
             && ts.len() <= BM25_MAX_TERMS
-            && (self.res.all || ts.iter().all(|&t| self.res.start[t as usize] != u64::MAX))
+            && (self.res.all || ts.iter().all(|&t| self.res.refs[t as usize][0] != u64::MAX))
     }
 
-    fn len_of(&self, tm: u32) -> u64 {
-        let offs = self.index.offsets();
-        (offs[tm as usize + 1] - offs[tm as usize]) as u64
-    }
-
-    /// The device's plan for query `i` (with `lead` as a term id).
+    /// The device's plan for query `i` (with `lead` as a term id), from its terms' list
+    /// references and floors (resident terms only).
     fn plan_of(&self, i: usize) -> Plan {
         let ts = self.batch.terms(i);
         let mode = self.batch.mode(i);
         let mut lens = [0u64; BM25_MAX_TERMS];
+        let mut maxima = [0f64; BM25_MAX_TERMS];
         for (j, &tm) in ts.iter().enumerate() {
-            lens[j] = self.len_of(tm);
+            let w = self.res.refs[tm as usize][1];
+            lens[j] = w & 0xffff_ffff;
+            maxima[j] = f64::from(f32::from_bits((w >> 32) as u32));
         }
-        // OR's starting threshold (AND never reads it).
-        let floor = match mode {
-            Mode::And => f64::NEG_INFINITY,
-            Mode::Or | Mode::AndOr => self.scored.theta_floor(ts, self.k),
+        // OR's starting threshold (AND never reads it): `Scored::theta_floor`.
+        let floor = match (mode, self.floors) {
+            (Mode::Or | Mode::AndOr, Some(f)) => {
+                Scored::floor_of_terms(ts.iter().map(|&t| f[t as usize]))
+            }
+            _ => f64::NEG_INFINITY,
         };
-        let scored = self.scored;
         let mut p = plan(
             &lens[..ts.len()],
-            |j| f64::from(max_up(scored.term_max[ts[j] as usize])),
+            |j| maxima[j],
             floor,
-            scored.static_max,
+            self.scored.static_max,
             mode,
             self.k,
             self.piece,
@@ -637,7 +685,7 @@ struct Staged {
     n_split: usize,
     n_pieces: usize,
     out_bytes: usize,
-    events: Option<[CudaEvent; 4]>,
+    events: Option<&'static [CudaEvent; 4]>,
 }
 
 /// Offsets of the regions in the batch's buffers: queries up (q_off | modes | lists | floors),
@@ -673,19 +721,25 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     let nq = batch.len();
     let t_look = Instant::now();
     let group_of = |g: usize| g * STAGE_GROUP..((g + 1) * STAGE_GROUP).min(nq);
-    let groups: Vec<(usize, usize)> = (0..nq.div_ceil(STAGE_GROUP))
-        .into_par_iter()
-        .map(|g| {
-            let (mut q, mut l) = (0, 0);
-            for i in group_of(g) {
-                if c.takes(i) {
-                    q += 1;
-                    l += batch.terms(i).len();
-                }
+    // With the whole index resident, a query's place depends on its number of terms alone:
+    // one pass on this thread (a parallel pass costs more in waking threads than it saves).
+    // The term ids themselves are checked by the writing pass, before they are looked up.
+    let count = |g: usize| {
+        let (mut q, mut l) = (0, 0);
+        for i in group_of(g) {
+            if c.takes(i) {
+                q += 1;
+                l += batch.terms(i).len();
             }
-            (q, l)
-        })
-        .collect();
+        }
+        (q, l)
+    };
+    let n_groups = nq.div_ceil(STAGE_GROUP);
+    let groups: Vec<(usize, usize)> = if c.res.all {
+        (0..n_groups).map(count).collect()
+    } else {
+        (0..n_groups).into_par_iter().map(count).collect()
+    };
     let gq: usize = groups.iter().map(|g| g.0).sum();
     let n_lists: usize = groups.iter().map(|g| g.1).sum();
     t.lookup_ms += ms(t_look);
@@ -795,11 +849,17 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
             c0 += nq - q;
         }
     }
-    let starts = &c.res.start;
+    let refs = &c.res.refs;
+    let n_terms = c.index.terms();
+    let beyond = AtomicBool::new(false);
     shares.into_par_iter().for_each(|s| {
         let (mut q, mut l, mut cq) = (0, 0, 0);
         for (r, slot) in s.slot.iter_mut().enumerate() {
             let i = s.first + r;
+            if batch.terms(i).iter().any(|&t| t as usize >= n_terms) {
+                beyond.store(true, Ordering::Relaxed);
+                return;
+            }
             if !c.takes(i) {
                 *slot = ON_CPU | (s.c0 + cq) as u32;
                 s.cpu_q[cq] = i as u32;
@@ -815,17 +875,17 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
             };
             s.plans[q] = c.plan_of(i);
             s.floors[q] = s.plans[q].floor;
-            // A ListRef is { u64 start; u32 len; f32 max }: two little-endian u64 words.
             for &tm in batch.terms(i) {
-                s.lists[2 * l] = starts[tm as usize];
-                s.lists[2 * l + 1] = c.len_of(tm)
-                    | (u64::from(max_up(c.scored.term_max[tm as usize]).to_bits()) << 32);
+                s.lists[2 * l..2 * l + 2].copy_from_slice(&refs[tm as usize]);
                 l += 1;
             }
             q += 1;
         }
     });
     t.fill_ms += ms(t_fill);
+    if beyond.into_inner() {
+        return Err(malformed());
+    }
 
     // The items, then longest first: a counting sort on buckets of work (descending), stable.
     let t_sort = Instant::now();
@@ -942,7 +1002,7 @@ fn launch(
     let d_piece = ws.dev("bm25_piece", lay.piece_bytes)?;
     let cs = g.stream.cu_stream();
     let record = |e: &CudaEvent| g.record(e);
-    let events = [g.event()?, g.event()?, g.event()?, g.event()?];
+    let events = batch_events(g)?;
     record(&events[0])?;
     for (pin, dst, bytes) in [
         (&ws.pin_in, d_in, part.in_bytes),

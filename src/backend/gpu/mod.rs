@@ -201,6 +201,13 @@ impl Bm25Batch<'_> {
         self.queries.is_empty()
     }
 
+    /// Whether every term id of the batch is one of `index`'s.
+    pub fn known_to(&self, index: &crate::search::index::InvertedIndex) -> bool {
+        self.queries
+            .iter()
+            .all(|q| q.ids.iter().all(|&t| (t as usize) < index.terms()))
+    }
+
     /// Query `i`'s terms: none under AND when it had an unknown term (its answer is empty by
     /// rule, which the CPU returns at once).
     pub fn terms(&self, i: usize) -> &[u32] {
@@ -233,6 +240,8 @@ pub struct Bm25Timings {
     pub fill_ms: f64,
     /// Part of `stage_ms`: the blocks' items and their order (longest first).
     pub sort_ms: f64,
+    /// Host time queueing the copies and launches.
+    pub launch_ms: f64,
     /// Host time blocked on the device (the synchronize, after the CPU's share).
     pub wait_ms: f64,
     /// The CPU's share of the batch (queries the device does not take).
@@ -449,4 +458,37 @@ pub struct Ceilings {
     pub h2d_gbps: f64,
     /// Device to pinned host.
     pub d2h_gbps: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bm25Batch;
+    use crate::search::rank::QueryTerms;
+    use crate::search::topk::Mode;
+
+    #[test]
+    fn a_batch_applies_the_rules_for_unknown_terms() {
+        let qs = vec![
+            QueryTerms {
+                ids: vec![1, 4],
+                unknown: true,
+            },
+            QueryTerms {
+                ids: vec![2],
+                unknown: false,
+            },
+        ];
+        let batch = |mode| Bm25Batch { queries: &qs, mode };
+        // AND with an unknown term matches nothing: no terms, left to the CPU.
+        assert!(batch(Mode::And).terms(0).is_empty());
+        assert_eq!(batch(Mode::And).terms(1), &[2]);
+        assert_eq!(batch(Mode::And).mode(0), Mode::And);
+        // AND-then-OR with an unknown term: its AND is empty, so it is OR.
+        assert_eq!(batch(Mode::AndOr).terms(0), &[1, 4]);
+        assert_eq!(batch(Mode::AndOr).mode(0), Mode::Or);
+        assert_eq!(batch(Mode::AndOr).mode(1), Mode::AndOr);
+        assert_eq!(batch(Mode::Or).terms(0), &[1, 4]);
+        assert_eq!(batch(Mode::Or).mode(0), Mode::Or);
+        assert_eq!(batch(Mode::Or).len(), 2);
+    }
 }
