@@ -29,10 +29,11 @@
 // and rises with the block's k-th best candidate, putting more lists aside as it goes.
 // Without a floor, the sweep.
 //
-// Pieces: the host may split a long OR query into pieces, each an ordinal range [lo, hi) of
-// the documents (a document lies in exactly one range), ranked by a block of its own with the
-// same code restricted to the range; each piece keeps its own k best (ordinals and scores),
-// and `bm25_merge` takes the k best of the query's pieces. The k best of the union are among
+// Pieces: the host may split a long query into pieces, each an ordinal range [lo, hi) of the
+// documents (a document lies in exactly one range), ranked by a block of its own with the
+// same code restricted to the range (an AND query's pieces run the AND, an OR or
+// AND-then-OR query's the OR); each piece keeps its own k best (ordinals and scores), and
+// `bm25_merge` takes the k best of the query's pieces. The k best of the union are among
 // the pieces' k best, and the order (score descending, ordinal ascending) is total, so the
 // answer is the unsplit one. An AND-then-OR query so split gets one more block running its
 // AND alone; the merge keeps the AND answer when it found k matches. A long query otherwise
@@ -86,20 +87,23 @@ __device__ __forceinline__ u32 lower_bound(const u32* __restrict__ a, u32 lo, u3
     return lo;
 }
 
-// A block's work: query q, the documents of ordinals [lo, hi) (0, NONE_ORD: all), and what
-// to run and where its answer goes: ks >> 30 is the kind (WHOLE: the query, answer to the
+// A block's work: query q, piece `part` of `cut & 0xffff` (1: the whole query), and what to
+// run and where its answer goes: ks >> 30 is the kind (WHOLE: the query, answer to the
 // query's output; AND_ONLY: the AND phase, answer to the query's output and its match count
-// to and_count; OR_PIECE: the OR phase, answer to piece slot ks & PIECE_MASK).
+// to and_count; PIECE: the AND phase of an AND query, the OR phase of the others, answer to
+// piece slot ks & PIECE_MASK). Piece j of n holds the documents of ordinals [lo, hi), cut at
+// equal shares of the query's list `cut >> 16` (the lead): lo is the ordinal of that list's
+// posting len * j / n (0 for the first piece), hi the next piece's lo (NONE_ORD for the last).
 struct Item {
     u32 q;
-    u32 lo;
-    u32 hi;
+    u32 part;
+    u32 cut;
     u32 ks;
 };
 #define NONE_ORD 0xffffffffu
 #define WHOLE 0u
 #define AND_ONLY 1u
-#define OR_PIECE 2u
+#define PIECE 2u
 #define PIECE_MASK 0x3fffffffu
 
 struct Shared {
@@ -487,19 +491,27 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
         sh.acc[i] = 0.0;
         sh.cnt[i] = 0;
     }
-    // The block's ordinal range within each list: its start found by thread j, its end by
-    // thread MAX_TERMS + j (two searches side by side).
+    // The block's ordinal range, then within each list: its start found by thread j, its end
+    // by thread MAX_TERMS + j (two searches side by side).
+    const u32 np = it.cut & 0xffffu;
+    u32 lo = 0, hi = NONE_ORD;
+    if (np > 1) {
+        const u64 lead = lists[first + (it.cut >> 16)].start;
+        const u64 len = lists[first + (it.cut >> 16)].len;
+        if (it.part > 0) lo = post_ord[lead + len * it.part / np];
+        if (it.part + 1 < np) hi = post_ord[lead + len * (it.part + 1) / np];
+    }
     if (tid < m) {
         const u64 start = lists[first + tid].start;
         const u32 len = lists[first + tid].len;
         sh.ls[tid] = start;
         sh.lm[tid] = (double)lists[first + tid].max;
-        sh.beg[tid] = it.lo == 0 ? 0u : lower_bound(post_ord + start, 0, len, it.lo);
+        sh.beg[tid] = lo == 0 ? 0u : lower_bound(post_ord + start, 0, len, lo);
     } else if (tid >= MAX_TERMS && tid < MAX_TERMS + m) {
         const u32 j = tid - MAX_TERMS;
         const u64 start = lists[first + j].start;
         const u32 len = lists[first + j].len;
-        sh.ll[j] = it.hi == NONE_ORD ? len : lower_bound(post_ord + start, 0, len, it.hi);
+        sh.ll[j] = hi == NONE_ORD ? len : lower_bound(post_ord + start, 0, len, hi);
     }
     if (tid == 0) {
         sh.ncand = 0;
@@ -508,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
         sh.floor = q_floor[q];
     }
     __syncthreads();
-    if (kind == OR_PIECE) {
+    if (kind == PIECE && mode != 0) {
         or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
     } else if (mode != 1) {
         and_phase(sh, m, k, post_ord, post_imp, ord_static);
@@ -528,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     __syncthreads();
     compact(sh, k);
     const u32 n = sh.ncand;
-    if (kind == OR_PIECE) {
+    if (kind == PIECE) {
         const u32 s = it.ks & PIECE_MASK;
         write_answer(sh, n, (u64)s * k, ord_doc, piece_ord, piece_score, true);
         if (tid == 0) piece_count[s] = n;

@@ -141,7 +141,7 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         (20000, 300, false),
         (5000, 60, true),
     ];
-    let (mut on_gpu, mut pieces) = (0, 0);
+    let (mut on_gpu, mut pieces, mut and_pieces) = (0, 0, 0);
     for (round, &(docs, vocab, with_static)) in shapes.iter().enumerate() {
         let index = corpus(&mut rng, docs, vocab, with_static);
         let params = Bm25Params {
@@ -167,19 +167,27 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
                     .count();
                 assert_eq!(stats.on_gpu, expect, "{what} k {k} {mode:?}");
                 on_gpu += stats.on_gpu;
-                pieces += stats.timings.as_ref().map_or(0, |t| t.pieces);
+                let p = stats.timings.as_ref().map_or(0, |t| t.pieces);
+                pieces += p;
+                if mode == Mode::And {
+                    and_pieces += p;
+                }
             }
         }
     }
     assert!(on_gpu > 1000, "only {on_gpu} queries ran on the GPU");
     // With small pieces asked for (the device script runs this test again with
-    // DFSETS_BM25_PIECE=16), long OR queries were split and merged on the device.
+    // DFSETS_BM25_PIECE=16), long queries were split and merged on the device, AND ones too.
     let small_pieces = std::env::var("DFSETS_BM25_PIECE")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|p| (1..=64).contains(&p));
     assert!(!small_pieces || pieces > 1000, "only {pieces} pieces");
-    eprintln!("{on_gpu} queries on the GPU, {pieces} pieces of split queries");
+    assert!(
+        !small_pieces || and_pieces > 100,
+        "only {and_pieces} AND pieces"
+    );
+    eprintln!("{on_gpu} queries on the GPU, {pieces} pieces of split queries ({and_pieces} AND)");
     // k above the device's limit: the CPU, same answers.
     let index = corpus(&mut rng, 2000, 50, false);
     let scored = Arc::new(Scored::new(&index, Bm25Params::default()));

@@ -141,20 +141,15 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     std::vector<u32> split_q, split_p{0};
     u32 pieces = 0;
     for (u32 q = 0; q < nq; q++) {
-        u32 np = split && q_mode[q] != 0 ? 1 + rng() % std::min<u32>(6, CAP / k) : 1;
+        u32 np = split ? 1 + rng() % std::min<u32>(6, CAP / k) : 1;
         if (np == 1) {
-            items.push_back(Item{q, 0, NONE_ORD, WHOLE << 30});
+            items.push_back(Item{q, 0, 1, WHOLE << 30});
             continue;
         }
-        if (q_mode[q] == 2) items.push_back(Item{q, 0, NONE_ORD, AND_ONLY << 30});
-        std::vector<u32> cut;
-        for (u32 p = 1; p < np; p++) cut.push_back(rng() % (c.docs + 2));
-        std::sort(cut.begin(), cut.end());
-        for (u32 p = 0; p < np; p++) {
-            u32 lo = p == 0 ? 0 : cut[p - 1];
-            u32 hi = p + 1 == np ? NONE_ORD : cut[p];
-            items.push_back(Item{q, lo, hi, (OR_PIECE << 30) | pieces++});
-        }
+        if (q_mode[q] == 2) items.push_back(Item{q, 0, 1, AND_ONLY << 30});
+        // Cut at any of the query's lists (a short one gives empty pieces).
+        u32 lead = rng() % (q_off[q + 1] - q_off[q]);
+        for (u32 p = 0; p < np; p++) items.push_back(Item{q, p, lead << 16 | np, (PIECE << 30) | pieces++});
         split_q.push_back(q);
         split_p.push_back(pieces);
     }

@@ -27,7 +27,7 @@ have() { [ -x "/tmp/gpubin/$1" ] || { echo "($1 not carried)"; return 1; }; }
 if have gpu_bm25; then
     echo "== topk_bm25: GPU == CPU pruned == exhaustive"
     /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25.log" || status=1
-    echo "== the same with every OR query split into pieces of 16 postings (bm25_merge)"
+    echo "== the same with nearly every query split into pieces of 16 (bm25_merge)"
     DFSETS_BM25_PIECE=16 /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25_pieces.log" || status=1
 fi
 if have gpu_simjoin; then
@@ -120,7 +120,7 @@ if command -v compute-sanitizer >/dev/null; then
         echo "== compute-sanitizer memcheck and racecheck on the BM25 kernel"
         timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/memcheck_bm25.log" || status=1
         timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/racecheck_bm25.log" || status=1
-        echo "== the same with every OR query split into pieces of 16 postings (bm25_merge)"
+        echo "== the same with nearly every query split into pieces of 16 (bm25_merge)"
         DFSETS_BM25_PIECE=16 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/memcheck_bm25_pieces.log" || status=1
         DFSETS_BM25_PIECE=16 timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/gpubin/gpu_bm25 --test-threads=1 resident 2>&1 | tail -6 | tee "$out/racecheck_bm25_pieces.log" || status=1
     fi

@@ -7,11 +7,11 @@
 //!   queries visit most (counted over the batches seen) are admitted first (the Wang et al.
 //!   list cache); a query with a term that is not resident finishes on the CPU.
 //! - A batch is uploaded in one copy (block order, items, CSR offsets, modes, list
-//!   references, floors), ranked by one launch (one block per query, the longest first; an
-//!   OR query with a floor and many postings to visit is split into pieces over ranges of
-//!   ordinals, a block each, whose answers a second launch merges on the device: a long
-//!   query no longer holds one block while all the others finish), and its results come back
-//!   in one copy.
+//!   references, floors), ranked by one launch (one block per query, the longest first; a
+//!   query with much work (candidates times the lists each is searched in; an OR query only
+//!   with a floor) is split into pieces over ranges of ordinals, a block each, whose answers
+//!   a second launch merges on the device: a long query no longer holds one block while all
+//!   the others finish), and its results come back in one copy.
 //! - Results are bit-identical to the CPU's (`search::topk`): same f64 sums in the same
 //!   order, same ties. Queries the kernel does not take (more than [`BM25_MAX_TERMS`]
 //!   terms, k above [`BM25_MAX_K`], lists not resident) come back as `None`.
@@ -50,9 +50,7 @@ const MAX_PIECES: usize = 64;
 /// `Item::ks` (bm25.cu): the kind in the top two bits, a piece's slot below.
 const WHOLE: u32 = 0;
 const AND_ONLY: u32 = 1 << 30;
-const OR_PIECE: u32 = 2 << 30;
-/// `Item::hi` of an item that runs to the last document.
-const NONE_ORD: u32 = u32::MAX;
+const PIECE: u32 = 2 << 30;
 
 /// The two kernels of bm25.cu.
 struct Kernels {
@@ -81,8 +79,8 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
         .map_err(Clone::clone)
 }
 
-/// Postings a piece of a split OR query should hold (`DFSETS_BM25_PIECE`, 0: never split;
-/// default [`DEFAULT_PIECE`]).
+/// The work (candidates times lists searched, see [`plan`]) a piece of a split query should
+/// hold (`DFSETS_BM25_PIECE`, 0: never split; default [`DEFAULT_PIECE`]).
 fn piece_postings() -> u64 {
     static P: OnceLock<u64> = OnceLock::new();
     *P.get_or_init(|| env_knob("DFSETS_BM25_PIECE", DEFAULT_PIECE))
@@ -90,8 +88,8 @@ fn piece_postings() -> u64 {
 const DEFAULT_PIECE: u64 = 16384;
 
 /// How the device ranks one query: `pieces` blocks over ordinal ranges (1: the whole query
-/// in one block), each holding about `work / pieces` postings to visit, cut at the ordinals
-/// of the list `lead` (its position among the query's terms; `run` keeps its term id there).
+/// in one block), each holding about `work / pieces` of the work (candidates times lists
+/// searched), cut at the ordinals of the list `lead` (its position among the query's terms).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Plan {
     pieces: u32,
@@ -112,11 +110,18 @@ fn malformed() -> GpuError {
 /// OR query visits the postings of its essential lists (those left once the lists whose
 /// maxima, smallest first, sum with the static bound to no more than the floor are put
 /// aside), or of all its lists (no floor, or none put aside); AND visits its shortest list.
-/// Only the count of pieces and where they are cut depend on this estimate, never the
-/// answer (every split is exact). Only a query with a floor is split: a piece starts from
-/// its query's floor, whereas without one each piece would collect and sort its own k
-/// candidates before it could prune (measured: OR at k = 100, no floor, 2.85 ms of kernels
-/// unsplit, 4.97 ms split into 16,186 pieces of 4,096 postings).
+/// Each candidate is then looked up by a binary search in every other list, one list after
+/// the other: a block's time follows those chains of dependent loads (ncu on the H100: the
+/// OR launch's busiest multiprocessor was active 1.9x as long as the average one, held by
+/// queries of 8-12 terms whose pieces had as many postings as a two-term query's), so the
+/// work is the candidates times the lists searched (at least one). A query with more work
+/// than `piece` is split into pieces over ranges of ordinals, cut at equal shares of its
+/// longest essential list (AND: of its shortest list). Only the count of pieces and where
+/// they are cut depend on this estimate, never the answer (every split is exact). An OR query
+/// is split only with a floor: a piece starts from its query's floor, whereas without one
+/// each piece would collect and sort its own k candidates before it could prune (measured:
+/// OR at k = 100, no floor, 2.85 ms of kernels unsplit, 4.97 ms split into 16,186 pieces of
+/// 4,096 postings); the sweep's work is all its postings.
 fn plan(
     lens: &[u64],
     maxima: impl Fn(usize) -> f64,
@@ -126,22 +131,37 @@ fn plan(
     k: usize,
     piece: u64,
 ) -> Plan {
+    let and_or = mode == Mode::AndOr;
     let whole = |work| Plan {
         pieces: 1,
         work,
         lead: 0,
         floor,
-        and_or: mode == Mode::AndOr,
+        and_or,
     };
-    if mode == Mode::And {
-        return whole(lens.iter().copied().min().unwrap_or(0));
-    }
-    // Not split, whatever the lists (the essential ones hold no more than all): the work of
-    // the sweep is the launch order's key.
-    let all: u64 = lens.iter().sum();
     let most = (CAP / k.max(1)).min(MAX_PIECES) as u64;
-    if piece == 0 || most < 2 || floor == f64::NEG_INFINITY || all <= piece {
-        return whole(all);
+    let split = |work: u64, lead: usize| Plan {
+        pieces: if piece == 0 || most < 2 {
+            1
+        } else {
+            work.div_ceil(piece).clamp(1, most) as u32
+        },
+        work,
+        lead: lead as u32,
+        floor,
+        and_or,
+    };
+    // Lists each candidate is searched in.
+    let searched = (lens.len() as u64).saturating_sub(1).max(1);
+    if mode == Mode::And {
+        let Some((lead, &short)) = lens.iter().enumerate().min_by_key(|&(_, &l)| l) else {
+            return whole(0);
+        };
+        return split(short * searched, lead);
+    }
+    if floor == f64::NEG_INFINITY {
+        // The sweep, never split.
+        return whole(lens.iter().sum());
     }
     // Lists still essential, one bit each (at most BM25_MAX_TERMS = 64 lists).
     let mut essential: u64 = if lens.len() >= 64 {
@@ -167,15 +187,8 @@ fn plan(
         return whole(0);
     }
     let ess = (0..lens.len()).filter(|&j| is_essential(essential, j));
-    let work: u64 = ess.clone().map(|j| lens[j]).sum();
-    let pieces = work.div_ceil(piece).clamp(1, most);
-    Plan {
-        pieces: pieces as u32,
-        work,
-        lead: ess.max_by_key(|&j| lens[j]).unwrap_or(0) as u32,
-        floor,
-        and_or: mode == Mode::AndOr,
-    }
+    let work: u64 = ess.clone().map(|j| lens[j]).sum::<u64>() * searched;
+    split(work, ess.max_by_key(|&j| lens[j]).unwrap_or(0))
 }
 
 /// NVRTC options beyond C++17: the OR tile's size when `DFSETS_BM25_TILE` asks for another
@@ -474,8 +487,10 @@ fn work_bucket(work: u64) -> usize {
     let frac = ((work >> (lz - 2)) & 3) as usize; // the next two bits
     4 * (lz - 1) + frac
 }
-/// Queries per parallel task when staging a batch.
-const STAGE_GROUP: usize = 512;
+/// Queries per parallel task when staging a batch (measured on the H100 host, OR at k 10 on
+/// 10,000 queries: the writing pass took 0.60-0.69 ms in groups of 512, 0.38-0.41 ms in groups
+/// of 256, 128 or 64; its work is ~2.5 ms on one core, mostly cache misses).
+const STAGE_GROUP: usize = 128;
 /// Buckets of [`work_bucket`] (work < 2^64).
 const WORK_BUCKETS: usize = 4 * 63 + 4;
 
@@ -637,8 +652,8 @@ impl Ctx<'_> {
             && (self.res.all || ts.iter().all(|&t| self.res.refs[t as usize][0] != u64::MAX))
     }
 
-    /// The device's plan for query `i` (with `lead` as a term id), from its terms' list
-    /// references and floors (resident terms only).
+    /// The device's plan for query `i`, from its terms' list references and floors
+    /// (resident terms only).
     fn plan_of(&self, i: usize) -> Plan {
         let ts = self.batch.terms(i);
         let mode = self.batch.mode(i);
@@ -656,7 +671,7 @@ impl Ctx<'_> {
             }
             _ => f64::NEG_INFINITY,
         };
-        let mut p = plan(
+        plan(
             &lens[..ts.len()],
             |j| maxima[j],
             floor,
@@ -664,9 +679,7 @@ impl Ctx<'_> {
             mode,
             self.k,
             self.piece,
-        );
-        p.lead = ts[p.lead as usize];
-        p
+        )
     }
 }
 
@@ -711,11 +724,46 @@ struct Layout {
     piece_bytes: usize,
 }
 
+/// A group's blocks, built by the writing pass: its items (`Item` in bm25.cu: device slot,
+/// part, lead << 16 | parts, kind | piece slot counted within the group), their sort keys,
+/// and its split queries (device slot, end of its pieces within the group).
+#[derive(Default)]
+struct Blocks {
+    items: Vec<[u32; 4]>,
+    keys: Vec<u8>,
+    splits: Vec<[u32; 2]>,
+    pieces: u32,
+}
+
+impl Blocks {
+    /// Query `q`'s blocks: one, or its pieces (and a block for the AND of an AND-then-OR).
+    fn push(&mut self, q: u32, p: &Plan) {
+        if p.pieces == 1 {
+            self.items.push([q, 0, 1, WHOLE]);
+            self.keys.push(work_bucket(p.work) as u8);
+            return;
+        }
+        let key = work_bucket(p.work / u64::from(p.pieces)) as u8;
+        if p.and_or {
+            self.items.push([q, 0, 1, AND_ONLY]);
+            self.keys.push(key);
+        }
+        // Pieces of equal shares of the lead list, cut by the device.
+        for j in 0..p.pieces {
+            self.items
+                .push([q, j, p.lead << 16 | p.pieces, PIECE | (self.pieces + j)]);
+            self.keys.push(key);
+        }
+        self.pieces += p.pieces;
+        self.splits.push([q, self.pieces]);
+    }
+}
+
 /// Stage the batch: each query's place (a device slot or the CPU's share), its lists and its
-/// plan, written straight into the pinned upload buffer (a counting pass and a writing pass
-/// over groups of queries, in parallel); then the blocks' items (a query, or a piece of one)
-/// and their order, longest first, into a second pinned buffer once the plans give their
-/// number.
+/// floor, written straight into the pinned upload buffer (a counting pass and a writing pass
+/// over groups of queries, in parallel); the writing pass also plans each query and builds
+/// its group's blocks (a query, or a piece of one), which then go into a second pinned buffer
+/// with their order, longest first.
 fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged, GpuError> {
     let ms = |since: Instant| since.elapsed().as_secs_f64() * 1e3;
     let (k, batch) = (c.k, c.batch);
@@ -779,7 +827,6 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     lay.doc = align(gq * 4);
     lay.score = lay.doc + align(gq * k * 4);
     part.out_bytes = lay.score + gq * k * 8;
-    let mut plans = vec![Plan::default(); gq];
     let in_bytes = part.in_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, floors_b) = pin.split_at_mut(lay.floor);
@@ -797,7 +844,7 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
         l0: usize,
         c0: usize,
         slot: &'a mut [u32],
-        plans: &'a mut [Plan],
+        blocks: Blocks,
         qoff: &'a mut [u32],
         modes: &'a mut [u8],
         lists: &'a mut [u64],
@@ -806,9 +853,8 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     }
     let mut shares = Vec::with_capacity(groups.len());
     {
-        let (mut sl, mut pl, mut qo, mut mo, mut li, mut fl, mut cq) = (
+        let (mut sl, mut qo, mut mo, mut li, mut fl, mut cq) = (
             part.slot.as_mut_slice(),
-            plans.as_mut_slice(),
             &mut qoff[..gq],
             &mut *modes_v,
             &mut *lists_v,
@@ -821,8 +867,6 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
             let nq = r.len();
             let a;
             (a, sl) = std::mem::take(&mut sl).split_at_mut(nq);
-            let b;
-            (b, pl) = std::mem::take(&mut pl).split_at_mut(q);
             let d;
             (d, qo) = std::mem::take(&mut qo).split_at_mut(q);
             let e;
@@ -839,7 +883,7 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
                 l0,
                 c0,
                 slot: a,
-                plans: b,
+                blocks: Blocks::default(),
                 qoff: d,
                 modes: e,
                 lists: f,
@@ -854,7 +898,7 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     let refs = &c.res.refs;
     let n_terms = c.index.terms();
     let beyond = AtomicBool::new(false);
-    shares.into_par_iter().for_each(|s| {
+    let fill_share = |s: &mut Share<'_>| {
         let (mut q, mut l, mut cq) = (0, 0, 0);
         for (r, slot) in s.slot.iter_mut().enumerate() {
             let i = s.first + r;
@@ -875,34 +919,29 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
                 Mode::Or => 1,
                 Mode::AndOr => 2,
             };
-            s.plans[q] = c.plan_of(i);
-            s.floors[q] = s.plans[q].floor;
+            let p = c.plan_of(i);
+            s.floors[q] = p.floor;
+            s.blocks.push((s.q0 + q) as u32, &p);
             for &tm in batch.terms(i) {
                 s.lists[2 * l..2 * l + 2].copy_from_slice(&refs[tm as usize]);
                 l += 1;
             }
             q += 1;
         }
-    });
+    };
+    shares.par_iter_mut().for_each(fill_share);
     t.fill_ms += ms(t_fill);
     if beyond.into_inner() {
         return Err(malformed());
     }
 
-    // The items, then longest first: a counting sort on buckets of work (descending), stable.
+    // The groups' blocks, then the longest first: a counting sort on buckets of work
+    // (descending), stable.
     let t_sort = Instant::now();
-    let (mut n_items, mut n_pieces, mut n_split) = (0, 0, 0);
-    for p in &plans {
-        n_items += match (p.pieces, p.and_or) {
-            (1, _) => 1,
-            (n, true) => n as usize + 1,
-            (n, false) => n as usize,
-        };
-        if p.pieces > 1 {
-            n_pieces += p.pieces as usize;
-            n_split += 1;
-        }
-    }
+    let blocks: Vec<Blocks> = shares.into_iter().map(|s| s.blocks).collect();
+    let n_items: usize = blocks.iter().map(|b| b.items.len()).sum();
+    let n_pieces: usize = blocks.iter().map(|b| b.pieces as usize).sum();
+    let n_split: usize = blocks.iter().map(|b| b.splits.len()).sum();
     t.pieces += n_pieces;
     (part.n_items, part.n_pieces, part.n_split) = (n_items, n_pieces, n_split);
     lay.order = 0;
@@ -923,57 +962,34 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     let items_v = &mut view_mut::<u32>(items_b)[..4 * n_items];
     let splitq_v = &mut view_mut::<u32>(splitq_b)[..n_split];
     let splitp_v = &mut view_mut::<u32>(splitp_b)[..n_split + 1];
-    let mut keys = Vec::with_capacity(n_items);
-    {
-        let offs = c.index.offsets();
-        let host_ord = &c.res.host_ord;
-        let (mut it, mut sq, mut pieces) = (0usize, 0usize, 0u32);
-        let mut item = |v: &mut [u32], q: usize, lo: u32, hi: u32, ks: u32| {
-            v[4 * it..4 * it + 4].copy_from_slice(&[q as u32, lo, hi, ks]);
-            it += 1;
-        };
-        for (q, p) in plans.iter().enumerate() {
-            if p.pieces == 1 {
-                item(items_v, q, 0, NONE_ORD, WHOLE);
-                keys.push(work_bucket(p.work) as u8);
-                continue;
+    // Each group's piece slots follow the groups before it.
+    let (mut at, mut sq, mut base) = (0usize, 0usize, 0u32);
+    for b in &blocks {
+        for (dst, src) in items_v[4 * at..].chunks_exact_mut(4).zip(&b.items) {
+            let mut item = *src;
+            if item[3] & PIECE == PIECE {
+                item[3] += base;
             }
-            let key = work_bucket(p.work / u64::from(p.pieces)) as u8;
-            if p.and_or {
-                item(items_v, q, 0, NONE_ORD, AND_ONLY);
-                keys.push(key);
-            }
-            // Cut at the lead list's ordinals: pieces of equal shares of that list.
-            let tm = p.lead as usize;
-            let (o0, len) = (offs[tm], (offs[tm + 1] - offs[tm]) as u64);
-            let cut = |j: u64| host_ord[o0 + (len * j / u64::from(p.pieces)) as usize];
-            let mut lo = 0;
-            for j in 0..u64::from(p.pieces) {
-                let hi = if j + 1 == u64::from(p.pieces) {
-                    NONE_ORD
-                } else {
-                    cut(j + 1)
-                };
-                item(items_v, q, lo, hi, OR_PIECE | pieces);
-                keys.push(key);
-                pieces += 1;
-                lo = hi;
-            }
-            splitq_v[sq] = q as u32;
-            sq += 1;
-            splitp_v[sq] = pieces;
+            dst.copy_from_slice(&item);
         }
-        splitp_v[0] = 0;
-        debug_assert!(it == n_items && sq == n_split && pieces as usize == n_pieces);
+        at += b.items.len();
+        for &[q, end] in &b.splits {
+            splitq_v[sq] = q;
+            sq += 1;
+            splitp_v[sq] = base + end;
+        }
+        base += b.pieces;
     }
+    splitp_v[0] = 0;
+    let keys = || blocks.iter().flat_map(|b| b.keys.iter().copied());
     let mut start = [0u32; WORK_BUCKETS + 1];
-    for &b in &keys {
+    for b in keys() {
         start[WORK_BUCKETS - 1 - b as usize + 1] += 1;
     }
     for b in 1..=WORK_BUCKETS {
         start[b] += start[b - 1];
     }
-    for (j, &b) in keys.iter().enumerate() {
+    for (j, b) in keys().enumerate() {
         let at = &mut start[WORK_BUCKETS - 1 - b as usize];
         order_v[*at as usize] = j as u32;
         *at += 1;
@@ -1042,7 +1058,8 @@ fn launch(
     let p_pscore = d_piece + lay.pscore as u64;
     let p_and = d_piece + lay.and as u64;
     // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the part's input region
-    // holds n_items order entries and items (queries < gq, piece slots < n_pieces), gq + 1
+    // holds n_items order entries and items (queries < gq, piece slots < n_pieces, a piece's
+    // lead list among its query's lists and its part below its count of parts), gq + 1
     // offsets, gq modes and the lists' references whose postings lie in the resident
     // buffers (start + len within them, by construction), gq floors; the output region
     // holds gq counts and gq * k docs and scores; the piece region n_pieces counts,
@@ -1190,45 +1207,56 @@ mod tests {
     const INF: f64 = f64::INFINITY;
 
     #[test]
-    fn a_query_is_split_by_the_postings_its_essential_lists_hold() {
+    fn a_query_is_split_by_its_candidates_times_the_lists_searched() {
         let lens = [10_000, 300, 50_000];
         let maxima = [1.0, 2.0, 0.5];
         // No floor: all lists are swept, in one piece.
         let p = plan(&lens, |j| maxima[j], -INF, 0.0, Mode::Or, 10, 4096);
         assert_eq!((p.pieces, p.work), (1, 60_300));
-        // A floor below every maximum: all lists are swept, in pieces cut at the longest.
+        // A floor below every maximum: every posting is a candidate searched in two lists, in
+        // pieces cut at the longest list.
         let p = plan(&lens, |j| maxima[j], 0.1, 0.0, Mode::Or, 10, 4096);
-        assert_eq!((p.pieces, p.work, p.lead), (15, 60_300, 2));
+        assert_eq!((p.pieces, p.work, p.lead), (30, 120_600, 2));
         // A floor of 1.6: the two smallest maxima (0.5 + 1.0 = 1.5 <= 1.6) are put aside;
         // the candidates are the 300 postings of the list of maximum 2.0.
         let p = plan(&lens, |j| maxima[j], 1.6, 0.0, Mode::Or, 10, 128);
-        assert_eq!((p.pieces, p.work, p.lead), (3, 300, 1));
+        assert_eq!((p.pieces, p.work, p.lead), (5, 600, 1));
         // The static bound counts against the floor: 0.2 + 0.5 <= 1.0 but + 1.0 is not.
         let p = plan(&lens, |j| maxima[j], 1.0, 0.2, Mode::AndOr, 10, 4096);
-        assert_eq!((p.pieces, p.work, p.lead), (3, 10_300, 0));
-        // All lists together within one piece: not split, ordered by all their postings.
+        assert_eq!((p.pieces, p.work, p.lead), (6, 20_600, 0));
+        // Within one piece: not split.
         let p = plan(&[100, 50], |j| [1.0, 2.0][j], 1.6, 0.0, Mode::Or, 10, 200);
-        assert_eq!((p.pieces, p.work), (1, 150));
+        assert_eq!((p.pieces, p.work), (1, 50));
+        // One list: each candidate counts once.
+        let p = plan(&[1000], |_| 1.0, 0.5, 0.0, Mode::Or, 10, 100);
+        assert_eq!((p.pieces, p.work), (10, 1000));
         // Every list below the floor: nothing to visit.
         let p = plan(&lens, |j| maxima[j], 4.0, 0.0, Mode::Or, 10, 16);
         assert_eq!((p.pieces, p.work), (1, 0));
+        // AND: the shortest list's postings, each searched in the others, cut at that list.
+        let p = plan(&lens, |j| maxima[j], -INF, 0.0, Mode::And, 10, 100);
+        assert_eq!((p.pieces, p.work, p.lead), (6, 600, 1));
     }
 
     #[test]
-    fn pieces_are_bounded_by_the_merge_buffer_and_and_is_never_split() {
+    fn pieces_are_bounded_by_the_merge_buffer() {
         let lens = [1_000_000];
         let maxima = [1.0];
         let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 10, 16);
         assert_eq!(p.pieces as usize, MAX_PIECES);
         let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 100, 16);
         assert_eq!(p.pieces as usize, CAP / 100);
+        let p = plan(&[5, 1_000_000], |_| 1.0, -INF, 0.0, Mode::And, 100, 1);
+        assert_eq!((p.pieces as usize, p.work), (5, 5));
         // k above half the buffer: two pieces' answers would not fit, no split.
         let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 600, 16);
+        assert_eq!(p.pieces, 1);
+        let p = plan(&lens, |_| 1.0, -INF, 0.0, Mode::And, 600, 16);
         assert_eq!(p.pieces, 1);
         // Splitting off.
         let p = plan(&lens, |j| maxima[j], 0.5, 0.0, Mode::Or, 10, 0);
         assert_eq!(p.pieces, 1);
-        let p = plan(&[5, 1_000_000], |_| 1.0, -INF, 0.0, Mode::And, 10, 16);
+        let p = plan(&[5, 1_000_000], |_| 1.0, -INF, 0.0, Mode::And, 10, 0);
         assert_eq!((p.pieces, p.work), (1, 5));
     }
 }
