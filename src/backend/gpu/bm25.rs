@@ -81,7 +81,7 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
 
 /// The work (candidates times lists searched, see [`plan`]) a piece of a split query should
 /// hold (`DFSETS_BM25_PIECE`, 0: never split; default [`DEFAULT_PIECE`]).
-fn piece_postings() -> u64 {
+fn piece_work() -> u64 {
     static P: OnceLock<u64> = OnceLock::new();
     *P.get_or_init(|| env_knob("DFSETS_BM25_PIECE", DEFAULT_PIECE))
 }
@@ -589,7 +589,7 @@ fn run(
             .as_ref()
             .filter(|(fk, _)| *fk == k)
             .map(|(_, f)| f.as_slice()),
-        piece: piece_postings(),
+        piece: piece_work(),
     };
     let part = stage(&ctx, ws, t)?;
     let t_launch = Instant::now();
