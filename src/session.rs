@@ -8,6 +8,7 @@ use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
 use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::optimizer::Analyzer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -15,6 +16,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use crate::config::SetsConfig;
 use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
+use crate::optimizer::async_calls::{AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
 use crate::search::index_function::{BM25_INDEX, Bm25IndexFunction};
 use crate::search::topk_function::{TOPK_BM25, TopkBm25Function};
@@ -83,6 +85,10 @@ impl SessionStateBuilderExt for SessionStateBuilder {
             scalars.push(topk);
         } else {
             self = self.with_scalar_functions(vec![topk]);
+        }
+        let analyzer = self.analyzer().get_or_insert_with(Analyzer::new);
+        if !has_async_calls(analyzer) {
+            analyzer.add_function_rewrite(Arc::new(AsyncCallRewrite));
         }
         let rules = match self.physical_optimizers().take() {
             Some(optimizer) => optimizer.rules,
@@ -188,7 +194,20 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
         runtime: Arc::clone(state.runtime_env()),
     });
     ctx.register_udf(topk.as_ref().clone());
+    let state = ctx.state_ref();
+    let mut state = state.write();
+    if !has_async_calls(state.analyzer()) {
+        state.register_function_rewrite(Arc::new(AsyncCallRewrite))?;
+    }
     Ok(())
+}
+
+/// Whether `analyzer` holds the rewrite that plans `topk_bm25` asynchronously.
+fn has_async_calls(analyzer: &Analyzer) -> bool {
+    analyzer
+        .function_rewrites()
+        .iter()
+        .any(|r| r.name() == SETS_ASYNC_CALLS)
 }
 
 /// A new [`SessionContext`] with DataFusion's defaults and datafusion-sets installed.
@@ -203,6 +222,7 @@ pub fn new_context() -> SessionContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::functions::topk_bm25::TopkBm25Entry;
 
     fn rule_names(rules: &[PhysicalRule]) -> Vec<String> {
         rules.iter().map(|r| r.name().to_string()).collect()
@@ -228,6 +248,13 @@ mod tests {
             .with_sets()
             .build();
         assert_installed(&rule_names(state.physical_optimizers()));
+        assert_eq!(async_rewrites(state.analyzer()), 1);
+    }
+
+    /// How many times the `topk_bm25` rewrite is installed.
+    fn async_rewrites(analyzer: &Analyzer) -> usize {
+        let names = analyzer.function_rewrites().iter().map(|r| r.name());
+        names.filter(|n| *n == SETS_ASYNC_CALLS).count()
     }
 
     #[test]
@@ -248,6 +275,11 @@ mod tests {
             udf.name()
         );
         assert!(ctx.table_function(SIMILARITY_JOIN).is_ok());
+        assert_eq!(async_rewrites(ctx.state().analyzer()), 1);
+        // `topk_bm25` is registered as its documented entry.
+        let topk = ctx.udf(TOPK_BM25)?;
+        assert!(topk.inner().is::<TopkBm25Entry>(), "{}", topk.name());
+        assert!(topk.documentation().is_some());
         Ok(())
     }
 }

@@ -47,9 +47,59 @@ pub struct SessionHandle {
     pub runtime: Arc<RuntimeEnv>,
 }
 
-/// The `topk_bm25` scalar UDF over the given session's catalog.
+/// The `topk_bm25` scalar UDF over the given session's catalog, as a session registers it: a
+/// [`TopkBm25Entry`], which the analyzer's function rewrite
+/// ([`crate::optimizer::async_calls`]) turns into the async function before planning.
 pub fn topk_bm25_udf(handle: SessionHandle) -> Arc<ScalarUDF> {
-    Arc::new(AsyncScalarUDF::new(Arc::new(TopkBm25::new(handle))).into_scalar_udf())
+    Arc::new(ScalarUDF::new_from_impl(TopkBm25Entry::new(handle)))
+}
+
+/// `topk_bm25` as the session's function registry holds it: the name, signature, return
+/// type and documentation of the async function it carries. DataFusion 55's
+/// `AsyncScalarUDF` wrapper does not forward `documentation()`, so registering the async
+/// function itself would leave `SHOW FUNCTIONS` / `information_schema.routines` without this
+/// function's text; the planner, in turn, only runs a call asynchronously when its function
+/// is an `AsyncScalarUDF`. The function rewrite [`crate::optimizer::async_calls`] replaces
+/// each call of this entry by a call of [`TopkBm25Entry::async_udf`] (same name, arguments
+/// and type) before the plan is optimized.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct TopkBm25Entry {
+    topk: Arc<TopkBm25>,
+    async_udf: Arc<ScalarUDF>,
+}
+
+impl TopkBm25Entry {
+    pub fn new(handle: SessionHandle) -> Self {
+        let topk = Arc::new(TopkBm25::new(handle));
+        let async_udf = Arc::new(AsyncScalarUDF::new(Arc::clone(&topk) as _).into_scalar_udf());
+        Self { topk, async_udf }
+    }
+
+    /// The async function a call of this entry is planned as.
+    pub fn async_udf(&self) -> &Arc<ScalarUDF> {
+        &self.async_udf
+    }
+}
+
+impl ScalarUDFImpl for TopkBm25Entry {
+    fn name(&self) -> &str {
+        TOPK_BM25
+    }
+    fn signature(&self) -> &Signature {
+        self.async_udf.signature()
+    }
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.async_udf.return_type(arg_types)
+    }
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        exec_err!(
+            "{TOPK_BM25}: the call was not rewritten into its async form; install \
+             datafusion-sets with `register(&ctx)` or `SessionStateBuilder::with_sets()`"
+        )
+    }
+    fn documentation(&self) -> Option<&Documentation> {
+        self.topk.doc()
+    }
 }
 
 /// The element type of the result list.
