@@ -4,10 +4,11 @@
 // The sets live on the device for the whole join: `tokens` holds every set's token ranks
 // (ascending, distinct), set s is tokens[starts[s] .. starts[s + 1]]. A chunk of candidate
 // pairs comes from the CPU's filter (the Bellas & Gounaris layout: the pairs of one probe
-// set are contiguous), each with what the filter already counted: the overlap of the
-// prefixes and where to resume the merge. The answer is compacted on the device: the index
-// and overlap of each pair that reaches `alpha` (the pair's minimum overlap for the
-// threshold), in no particular order (the host sorts them).
+// set are contiguous, a group), each pair the candidate set and its minimum overlap `alpha`
+// for the threshold; the group names the probe set. Each pair is merged from the sets' first
+// tokens (8 bytes a pair cross the bus; the filter's prefix count would triple that). The
+// answer is compacted on the device: the index and overlap of each pair that reaches
+// `alpha`, in no particular order (the host sorts them).
 //
 // Two layouts, as in the paper, chosen per pair on the device from what is left to merge:
 // - verify_groups: one block per probe set; the probe set is read into shared memory once
@@ -26,20 +27,16 @@ typedef unsigned long long u64;
 #define SHARED_TOKENS 3072
 
 struct Pair {
-    u32 x;      // probe set
-    u32 y;      // candidate set
+    u32 y;      // candidate set (the probe set is the group's)
     u32 alpha;  // minimum overlap
-    u32 overlap; // common tokens the filter counted
-    u32 from_x; // resume positions
-    u32 from_y;
 };
 
-// counted + |a ∩ b| if it reaches alpha, else NONE; with exact == 0 it may stop once alpha is
-// reached (the count is then a lower bound). `a` may be in shared memory.
+// |a ∩ b| if it reaches alpha, else NONE; with exact == 0 it may stop once alpha is reached
+// (the count is then a lower bound). `a` may be in shared memory.
 __device__ __forceinline__ u32 verify_merge(const u32* a, u32 na, const u32* __restrict__ b,
-                                            u32 nb, u32 alpha, u32 counted, int exact) {
-    u32 need = alpha > counted ? alpha - counted : 0;
-    if (!exact && need == 0) return counted;
+                                            u32 nb, u32 alpha, int exact) {
+    u32 need = alpha;
+    if (!exact && need == 0) return 0;
     if (na < need || nb < need) return NONE;
     long long slack_a = (long long)(na - need);
     long long slack_b = (long long)(nb - need);
@@ -52,18 +49,18 @@ __device__ __forceinline__ u32 verify_merge(const u32* a, u32 na, const u32* __r
         i += (x <= y);
         j += (y <= x);
         if ((slack_a | slack_b) < 0) return NONE;
-        if (!exact && o >= need) return counted + o;
+        if (!exact && o >= need) return o;
     }
-    return o >= need ? counted + o : NONE;
+    return o >= need ? o : NONE;
 }
 
-// The merge-path layout's share: what is left to merge of the pair reaches large_from.
-__device__ __forceinline__ bool is_large(u32 nx, u32 ny, const Pair& p, u32 large_from) {
-    u64 left = (u64)(nx > p.from_x ? nx - p.from_x : 0) + (u64)(ny > p.from_y ? ny - p.from_y : 0);
-    return left >= large_from;
+// The merge-path layout's share: the pair's two sets together reach large_from tokens.
+__device__ __forceinline__ bool is_large(u32 nx, u32 ny, u32 large_from) {
+    return (u64)nx + ny >= large_from;
 }
 
-// counters[0]: large pairs listed; counters[1]: passing pairs written.
+// counters[0]: large pairs listed (each as its index and probe set); counters[1]: passing
+// pairs written.
 #define LARGE_COUNT 0
 #define PASS_COUNT 1
 // Set when a pair names a set that does not exist (such a pair is not read, and the host
@@ -78,21 +75,27 @@ __device__ __forceinline__ void pass(u32* counters, u32* pass_idx, u32* pass_ovl
     pass_ovl[k] = overlap;
 }
 
-// One block per group: pairs[group_start[g] .. group_start[g + 1]] (normally one probe set,
-// read into shared memory once). Pairs whose remainders are large are listed for
-// verify_large; the others are verified here. Passing pairs go to the compacted answer.
+// One block per group: pairs[group_start[g] .. group_start[g + 1]], candidates of probe set
+// group_probe[g] (read into shared memory once). Pairs whose sets are large together are
+// listed for verify_large (index, probe set); the others are verified here. Passing pairs go
+// to the compacted answer.
 extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
 verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts, u32 sets,
-              const Pair* __restrict__ pairs, const u32* __restrict__ group_start, u32 groups,
-              u32 large_from, int exact, u32* __restrict__ counters, u32* __restrict__ large,
-              u32* __restrict__ pass_idx, u32* __restrict__ pass_ovl) {
+              const Pair* __restrict__ pairs, const u32* __restrict__ group_start,
+              const u32* __restrict__ group_probe, u32 groups, u32 large_from, int exact,
+              u32* __restrict__ counters, u32* __restrict__ large, u32* __restrict__ pass_idx,
+              u32* __restrict__ pass_ovl) {
     __shared__ u32 xs[SHARED_TOKENS];
     for (u32 g = blockIdx.x; g < groups; g += gridDim.x) {
         u32 p0 = group_start[g], p1 = group_start[g + 1];
-        u32 x = pairs[p0].x;
-        // An unknown probe set is loaded as empty; its pairs are flagged below.
-        u64 xb = x < sets ? starts[x] : 0;
-        u32 nx = x < sets ? (u32)(starts[x + 1] - xb) : 0;
+        u32 x = group_probe[g];
+        if (x >= sets) {
+            // An unknown probe set: its pairs are not read, the chunk is refused.
+            if (threadIdx.x == 0) atomicOr(&counters[BAD_PAIR], 1u);
+            continue;
+        }
+        u64 xb = starts[x];
+        u32 nx = (u32)(starts[x + 1] - xb);
         const u32* shared_x = tokens + xb;
         if (nx <= SHARED_TOKENS) {
             __syncthreads();
@@ -102,24 +105,20 @@ verify_groups(const u32* __restrict__ tokens, const u64* __restrict__ starts, u3
         }
         for (u32 idx = p0 + threadIdx.x; idx < p1; idx += blockDim.x) {
             Pair p = pairs[idx];
-            if (p.x >= sets || p.y >= sets) {
+            if (p.y >= sets) {
                 atomicOr(&counters[BAD_PAIR], 1u);
                 continue;
             }
-            // A pair of another probe set (a group that is not one run) reads its own set.
-            const u32* a = p.x == x ? shared_x : tokens + starts[p.x];
-            u32 na = (u32)(starts[p.x + 1] - starts[p.x]);
             u64 yb = starts[p.y];
             u32 ny = (u32)(starts[p.y + 1] - yb);
-            if (is_large(na, ny, p, large_from)) {
-                large[atomicAdd(&counters[LARGE_COUNT], 1u)] = idx;
+            if (is_large(nx, ny, large_from)) {
+                u32 l = atomicAdd(&counters[LARGE_COUNT], 1u);
+                large[2 * l] = idx;
+                large[2 * l + 1] = x;
                 continue;
             }
-            if (p.from_x <= na && p.from_y <= ny) {
-                u32 r = verify_merge(a + p.from_x, na - p.from_x, tokens + yb + p.from_y,
-                                     ny - p.from_y, p.alpha, p.overlap, exact);
-                if (r != NONE) pass(counters, pass_idx, pass_ovl, idx, r);
-            }
+            u32 r = verify_merge(shared_x, nx, tokens + yb, ny, p.alpha, exact);
+            if (r != NONE) pass(counters, pass_idx, pass_ovl, idx, r);
         }
     }
 }
@@ -137,7 +136,7 @@ __device__ __forceinline__ u32 merge_split(const u32* __restrict__ a, u32 na,
     return lo;
 }
 
-// One block per pair listed by verify_groups (long remainders).
+// One block per pair listed by verify_groups (long sets).
 extern "C" __global__ void __launch_bounds__(LARGE_THREADS)
 verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
              const Pair* __restrict__ pairs, const u32* __restrict__ large,
@@ -146,14 +145,12 @@ verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
     __shared__ u32 warp_sums[LARGE_THREADS / 32];
     u32 n_large = counters[LARGE_COUNT];
     for (u32 l = blockIdx.x; l < n_large; l += gridDim.x) {
-        u32 idx = large[l];
+        u32 idx = large[2 * l], x = large[2 * l + 1];
         Pair p = pairs[idx];
-        u64 xb = starts[p.x], yb = starts[p.y];
-        u32 nx = (u32)(starts[p.x + 1] - xb), ny = (u32)(starts[p.y + 1] - yb);
-        bool ok = p.from_x <= nx && p.from_y <= ny;
-        const u32* a = tokens + xb + (ok ? p.from_x : 0);
-        const u32* b = tokens + yb + (ok ? p.from_y : 0);
-        u32 na = ok ? nx - p.from_x : 0, nb = ok ? ny - p.from_y : 0;
+        u64 xb = starts[x], yb = starts[p.y];
+        const u32* a = tokens + xb;
+        const u32* b = tokens + yb;
+        u32 na = (u32)(starts[x + 1] - xb), nb = (u32)(starts[p.y + 1] - yb);
         u64 total = (u64)na + nb;
         u32 d0 = (u32)(total * threadIdx.x / blockDim.x);
         u32 d1 = (u32)(total * (threadIdx.x + 1) / blockDim.x);
@@ -177,8 +174,7 @@ verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
         if (threadIdx.x == 0) {
             u32 sum = 0;
             for (u32 w = 0; w < blockDim.x / 32; ++w) sum += warp_sums[w];
-            u32 all = p.overlap + sum;
-            if (ok && all >= p.alpha) pass(counters, pass_idx, pass_ovl, idx, all);
+            if (sum >= p.alpha) pass(counters, pass_idx, pass_ovl, idx, sum);
         }
     }
 }

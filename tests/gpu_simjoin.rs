@@ -20,7 +20,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_sets::backend::gpu::{self, PairBuffer, PairToVerify};
+use datafusion_sets::backend::gpu::{self, PairBuffer, PairGroups, PairToVerify};
 
 /// The expected answer of a pair below its minimum overlap.
 const NONE: u32 = u32::MAX;
@@ -48,14 +48,7 @@ fn engine_chunk_stays_pinned_past_its_size() {
     if !gpu_or_skip("engine_chunk_stays_pinned_past_its_size") {
         return;
     }
-    let pair = |i: u32| PairToVerify {
-        x: i,
-        y: i,
-        alpha: 1,
-        overlap: 0,
-        from_x: 0,
-        from_y: 0,
-    };
+    let pair = |i: u32| PairToVerify { y: i, alpha: 1 };
     let mut b = PairBuffer::new(1 << 10, true);
     assert!(b.is_pinned(), "a GPU is there: the chunk is page-locked");
     let first = b.as_slice().as_ptr();
@@ -66,7 +59,7 @@ fn engine_chunk_stays_pinned_past_its_size() {
         b.is_full() && b.is_pinned(),
         "still page-locked after overshooting"
     );
-    assert!(b.as_slice().iter().map(|p| p.x).eq(0..5000));
+    assert!(b.as_slice().iter().map(|p| p.y).eq(0..5000));
     b.clear();
     assert!(b.is_pinned() && b.is_empty());
     // Page-locked memory given up (the first allocation, when the chunk grew; the last one,
@@ -108,47 +101,33 @@ fn engine_verify_pairs_equals_merge() {
     }
     let device = gpu::upload_sets(&tokens, &starts).expect("upload");
     assert_eq!(device.len(), sets.len());
-    // Pairs: probes in runs (as the join sends them), random resume points with the prefix
-    // overlap the filter would have counted, alphas around the true overlap.
+    // Pairs: probes in runs (as the join sends them, each run a group), alphas around the
+    // true overlap.
     let mut pairs = Vec::new();
+    let mut group_starts = Vec::new();
+    let mut probes = Vec::new();
     let mut expected = Vec::new();
     while pairs.len() < 200_000 {
         let x = rng.random_range(0..sets.len()) as u32;
+        group_starts.push(pairs.len() as u32);
+        probes.push(x);
         for _ in 0..rng.random_range(1..400) {
             let y = rng.random_range(0..sets.len()) as u32;
-            let (a, b) = (&sets[x as usize], &sets[y as usize]);
-            let fx = rng.random_range(0..=a.len().min(5)) as u32;
-            let fy = rng.random_range(0..=b.len().min(5)) as u32;
-            let counted = rng.random_range(0..3u32);
-            let rest = common_count(&a[fx as usize..], &b[fy as usize..]);
-            let total = counted + rest;
+            let total = common_count(&sets[x as usize], &sets[y as usize]);
             let alpha = match rng.random_range(0..4) {
                 0 => total,
                 1 => total + 1,
                 2 => total.saturating_sub(rng.random_range(0..10)),
                 _ => rng.random_range(0..50),
             };
-            pairs.push(PairToVerify {
-                x,
-                y,
-                alpha,
-                overlap: counted,
-                from_x: fx,
-                from_y: fy,
-            });
+            pairs.push(PairToVerify { y, alpha });
             expected.push(if total >= alpha { total } else { NONE });
         }
     }
-    // A resume point past the end of a set is never an answer.
-    pairs.push(PairToVerify {
-        x: 0,
-        y: 1,
-        alpha: 0,
-        overlap: 0,
-        from_x: sets[0].len() as u32 + 1,
-        from_y: 0,
-    });
-    expected.push(NONE);
+    let groups = PairGroups {
+        starts: &group_starts,
+        probes: &probes,
+    };
 
     // The answers as one value per pair (NONE: not passing).
     let spread = |passed: &[(u32, u32)]| -> Vec<u32> {
@@ -161,53 +140,40 @@ fn engine_verify_pairs_equals_merge() {
         }
         v
     };
-    // With the groups the join would send (runs of equal probe sets) and without.
-    let mut groups = vec![0u32];
-    for i in 1..pairs.len() {
-        if pairs[i].x != pairs[i - 1].x {
-            groups.push(i as u32);
-        }
-    }
-    for g in [Some(&groups[..]), None] {
-        let (passed, t) = gpu::verify_pairs(&device, &pairs, g, true).expect("verify");
-        assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
-        assert!(t.h2d_bytes >= 24 * pairs.len() as u64, "{t:?}");
-        assert_eq!(t.d2h_bytes, 12 + 8 * passed.len() as u64);
-        let exact = spread(&passed);
-        let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
-        assert_eq!(wrong, 0, "exact answers differ from the merge");
+    let (passed, t) = gpu::verify_pairs(&device, &pairs, groups, true).expect("verify");
+    assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
+    assert!(t.h2d_bytes >= 8 * pairs.len() as u64, "{t:?}");
+    assert_eq!(t.d2h_bytes, 12 + 8 * passed.len() as u64);
+    let exact = spread(&passed);
+    let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
+    assert_eq!(wrong, 0, "exact answers differ from the merge");
 
-        let (passed, _) = gpu::verify_pairs(&device, &pairs, g, false).expect("verify");
-        let lower = spread(&passed);
-        for (i, (&l, &e)) in lower.iter().zip(&expected).enumerate() {
-            if e == NONE {
-                assert_eq!(l, NONE, "pair {i}: {:?}", pairs[i]);
-            } else {
-                assert!(l >= pairs[i].alpha && l <= e, "pair {i}: {l} for {e}");
-            }
+    let (passed, _) = gpu::verify_pairs(&device, &pairs, groups, false).expect("verify");
+    let lower = spread(&passed);
+    for (i, (&l, &e)) in lower.iter().zip(&expected).enumerate() {
+        if e == NONE {
+            assert_eq!(l, NONE, "pair {i}: {:?}", pairs[i]);
+        } else {
+            assert!(l >= pairs[i].alpha && l <= e, "pair {i}: {l} for {e}");
         }
     }
-    // Groups that are not runs of one probe set still give the exact answers (a group's
-    // pairs of other probe sets read their own set).
-    let coarse: Vec<u32> = (0..pairs.len() as u32).step_by(1000).collect();
-    let (passed, _) = gpu::verify_pairs(&device, &pairs, Some(&coarse), true).expect("verify");
-    assert_eq!(spread(&passed), expected, "coarse groups");
-    // Queued chunks (as the join sends them: runs of one probe set, each run a group): four
-    // at the device at once, one of them abandoned unfinished (a cancelled join), the others
-    // finished in reverse order, each with the exact answers of its own pairs.
+    // Queued chunks (as the join sends them: each run of one probe set a group): four at
+    // the device at once, one of them abandoned unfinished (a cancelled join), the others
+    // finished in reverse order, each with the exact answers of its own pairs, and each
+    // answer's pairs named by their group's probe set.
     let device = Arc::new(device);
     let mut bounds: Vec<usize> = (0..4)
-        .map(|q| groups[groups.len() * q / 4] as usize)
+        .map(|q| group_starts[group_starts.len() * q / 4] as usize)
         .collect();
     bounds.push(pairs.len());
     let mut queued = Vec::new();
     for w in bounds.windows(2) {
         let mut chunk = PairBuffer::new(w[1] - w[0], true);
-        for i in w[0]..w[1] {
-            if i == w[0] || pairs[i].x != pairs[i - 1].x {
-                chunk.start_group();
+        for (i, &pair) in pairs.iter().enumerate().take(w[1]).skip(w[0]) {
+            if let Ok(g) = group_starts.binary_search(&(i as u32)) {
+                chunk.start_group(probes[g]);
             }
-            chunk.push(pairs[i]);
+            chunk.push(pair);
         }
         queued.push((w[0], gpu::submit_pairs(&device, Arc::new(chunk), true)));
     }
@@ -218,36 +184,53 @@ fn engine_verify_pairs_equals_merge() {
         // The host's time in the call need not cover the kernels: they ran while it went on.
         assert!(t.kernel_ms > 0.0 && t.total_ms >= t.wait_ms, "{t:?}");
         let mut got = vec![NONE; chunk.len()];
-        for &(i, o) in &passed {
+        let chunk_groups = chunk.groups().expect("grouped chunk");
+        chunk_groups.each_probe(&passed, |x, i, o| {
+            let at = from + i as usize;
+            let g = group_starts.partition_point(|&s| s as usize <= at) - 1;
+            assert_eq!(x, probes[g], "pair {at}'s probe set");
             got[i as usize] = o;
-        }
+        });
         assert_eq!(
             got,
             expected[from..from + chunk.len()],
             "queued chunk from pair {from}"
         );
     }
-    // An empty chunk answers nothing; a bad one answers its error from `finish`.
+    // An empty chunk answers nothing; a bad one answers its error from `finish`: pairs
+    // outside any group, a candidate set or a probe set out of range.
     let (_, answer) = gpu::submit_pairs(&device, Arc::new(PairBuffer::new(8, true)), true).finish();
     assert!(answer.expect("empty chunk").0.is_empty());
-    let mut bad_chunk = PairBuffer::new(8, true);
-    bad_chunk.push(PairToVerify {
-        y: sets.len() as u32,
-        ..PairToVerify::default()
-    });
-    let (_, answer) = gpu::submit_pairs(&device, Arc::new(bad_chunk), true).finish();
-    assert!(answer.is_err(), "a set out of range is refused");
+    let n = sets.len() as u32;
+    for (probe, y) in [(None, 1), (Some(0), n), (Some(n), 1)] {
+        let mut bad_chunk = PairBuffer::new(8, true);
+        if let Some(x) = probe {
+            bad_chunk.start_group(x);
+        }
+        bad_chunk.push(PairToVerify { y, alpha: 1 });
+        let (_, answer) = gpu::submit_pairs(&device, Arc::new(bad_chunk), true).finish();
+        assert!(answer.is_err(), "refused: probe {probe:?}, candidate {y}");
+    }
     // Malformed groups are refused.
-    assert!(gpu::verify_pairs(&device, &pairs, Some(&[1, 5]), true).is_err());
-    assert!(gpu::verify_pairs(&device, &pairs, Some(&[0, 5, 5]), true).is_err());
-    // Out-of-range sets are refused, not read.
-    let bad = [PairToVerify {
-        x: sets.len() as u32,
-        ..PairToVerify::default()
-    }];
-    assert!(gpu::verify_pairs(&device, &bad, None, true).is_err());
+    let malformed: [(&[u32], &[u32]); 4] = [
+        (&[1, 5], &[0, 0]),
+        (&[0, 5, 5], &[0, 0, 0]),
+        (&[0, 5], &[0]),
+        (&[], &[]),
+    ];
+    for (starts, probes) in malformed {
+        let g = PairGroups { starts, probes };
+        assert!(
+            gpu::verify_pairs(&device, &pairs, g, true).is_err(),
+            "{g:?}"
+        );
+    }
+    let none = PairGroups {
+        starts: &[],
+        probes: &[],
+    };
     assert!(
-        gpu::verify_pairs(&device, &[], None, true)
+        gpu::verify_pairs(&device, &[], none, true)
             .unwrap()
             .0
             .is_empty()

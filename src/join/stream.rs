@@ -219,9 +219,15 @@ impl SimilarityJoinStream {
         if !wanted || self.filter_only || built.collections.len() == 0 {
             return Verifier::Cpu;
         }
-        let sets = built
-            .device_sets
-            .get_or_init(|| gpu::upload_sets(tokens, starts).map(Arc::new));
+        // One partition uploads the sets; the others share them (so the upload's bytes are
+        // counted once, by the partition that made it).
+        let mut uploaded = 0;
+        let sets = built.device_sets.get_or_init(|| {
+            let sets = gpu::upload_sets(tokens, starts).map(Arc::new);
+            uploaded = sets.as_ref().map_or(0, |s| s.bytes());
+            sets
+        });
+        self.bytes_to_device.add(uploaded as usize);
         let sets = match sets {
             Ok(s) => Arc::clone(s),
             Err(e) => {
@@ -249,7 +255,6 @@ impl SimilarityJoinStream {
                 return Verifier::Cpu;
             }
         }
-        self.bytes_to_device.add(sets.bytes() as usize);
         Verifier::Gpu(Box::new(GpuVerify {
             sets,
             chunk: PairBuffer::new(capacity, true),
@@ -286,16 +291,12 @@ impl SimilarityJoinStream {
         }
         if let Verifier::Gpu(gv) = &mut self.verifier {
             if !self.scratch.candidates.is_empty() {
-                gv.chunk.start_group();
+                gv.chunk.start_group(p as u32);
             }
             for c in &self.scratch.candidates {
                 gv.chunk.push(PairToVerify {
-                    x: p as u32,
                     y: c.set,
                     alpha: c.alpha,
-                    overlap: c.overlap,
-                    from_x: c.from_x,
-                    from_y: c.from_y,
                 });
             }
             return work;
@@ -375,9 +376,10 @@ impl SimilarityJoinStream {
                 self.gpu_wait_time
                     .add_duration(std::time::Duration::from_secs_f64(t.wait_ms / 1e3));
                 let pairs = chunk.as_slice();
-                for &(i, o) in &passed {
-                    let pair = pairs[i as usize];
-                    self.record(built, pair.x, pair.y, u64::from(o));
+                if let Some(groups) = chunk.groups() {
+                    groups.each_probe(&passed, |x, i, o| {
+                        self.record(built, x, pairs[i as usize].y, u64::from(o))
+                    });
                 }
                 // The buffer goes back to the pool of this partition.
                 if let (Ok(mut buffer), Verifier::Gpu(gv)) =
@@ -393,38 +395,54 @@ impl SimilarityJoinStream {
                     "datafusion-sets: similarity_join GPU verification failed ({why}); the CPU \
                      verifies the rest"
                 );
-                self.verify_on_cpu(built, chunk.as_slice());
+                self.verify_on_cpu(built, &chunk);
                 if let Verifier::Gpu(gv) = &mut self.verifier {
                     let rest = std::mem::replace(&mut gv.chunk, PairBuffer::new(0, false));
                     self.verifier = Verifier::Cpu;
-                    self.verify_on_cpu(built, rest.as_slice());
+                    self.verify_on_cpu(built, &rest);
                 }
             }
         }
     }
 
-    fn verify_on_cpu(&mut self, built: &Built, pairs: &[PairToVerify]) {
+    /// Verify a chunk's pairs here (the device failed): each pair's whole sets, as the
+    /// device would have.
+    fn verify_on_cpu(&mut self, built: &Built, chunk: &PairBuffer) {
         let t0 = Instant::now();
         let coll = &built.collections;
-        for (n, pair) in pairs.iter().enumerate() {
-            if let Some(a) = pairs.get(n + PREFETCH_AHEAD) {
-                coll.prefetch_set(a.y as usize, a.from_y as usize);
-            }
-            let c = Candidate {
-                set: pair.y,
-                alpha: pair.alpha,
-                overlap: pair.overlap,
-                from_x: pair.from_x,
-                from_y: pair.from_y,
-            };
-            let (x, y) = (coll.set(pair.x as usize), coll.set(pair.y as usize));
-            let verified = if self.exact {
-                verify_candidate::<true>(self.kernel, x, y, &c)
-            } else {
-                verify_candidate::<false>(self.kernel, x, y, &c)
-            };
-            if let Some(o) = verified {
-                self.record(built, pair.x, pair.y, o);
+        let pairs = chunk.as_slice();
+        let Some(groups) = chunk.groups() else {
+            // Only a chunk with no pair has no groups (pairs are pushed after a group).
+            debug_assert!(pairs.is_empty());
+            return;
+        };
+        for (g, (&start, &px)) in groups.starts.iter().zip(groups.probes).enumerate() {
+            let end = groups
+                .starts
+                .get(g + 1)
+                .map_or(pairs.len(), |&e| e as usize);
+            let x = coll.set(px as usize);
+            for n in start as usize..end {
+                if let Some(a) = pairs.get(n + PREFETCH_AHEAD) {
+                    coll.prefetch_set(a.y as usize, 0);
+                }
+                let pair = pairs[n];
+                let c = Candidate {
+                    set: pair.y,
+                    alpha: pair.alpha,
+                    overlap: 0,
+                    from_x: 0,
+                    from_y: 0,
+                };
+                let y = coll.set(pair.y as usize);
+                let verified = if self.exact {
+                    verify_candidate::<true>(self.kernel, x, y, &c)
+                } else {
+                    verify_candidate::<false>(self.kernel, x, y, &c)
+                };
+                if let Some(o) = verified {
+                    self.record(built, px, pair.y, o);
+                }
             }
         }
         self.verify_time.add_elapsed(t0);

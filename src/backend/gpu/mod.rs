@@ -276,18 +276,39 @@ pub struct Bm25Output {
 pub type Bm25Cpu<'a> = dyn Fn(usize) -> Vec<crate::search::topk::Hit> + Sync + 'a;
 
 /// A candidate pair of the similarity join for [`verify_pairs`] (the layout of `Pair` in
-/// `kernels/simjoin.cu`): sets `x` (the probe) and `y` by position in [`upload_sets`]'s
-/// order, the minimum overlap `alpha`, the common tokens the filter already counted, and
-/// where the merge resumes in each set.
+/// `kernels/simjoin.cu`): the candidate set `y` by position in [`upload_sets`]'s order and
+/// the pair's minimum overlap `alpha`. The probe set is its group's ([`PairGroups`]): the
+/// join writes a probe's candidates together, so 8 bytes a pair is all that crosses the
+/// host's memory and the bus. The device merges each pair from the sets' first tokens (the
+/// filter's count of the prefixes is not sent: it would triple the pair).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PairToVerify {
-    pub x: u32,
     pub y: u32,
     pub alpha: u32,
-    pub overlap: u32,
-    pub from_x: u32,
-    pub from_y: u32,
+}
+
+/// How a chunk's pairs are grouped by probe set: group `g` holds the pairs from
+/// `starts[g]` to the next group's start (or the chunk's end), all of probe set
+/// `probes[g]`. `starts` is ascending from 0, each group non-empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PairGroups<'a> {
+    pub starts: &'a [u32],
+    pub probes: &'a [u32],
+}
+
+impl PairGroups<'_> {
+    /// The probe set of each pair of `passed` (ascending pair indices), with the pair:
+    /// `f(probe, index, item)`.
+    pub fn each_probe<T: Copy>(&self, passed: &[(u32, T)], mut f: impl FnMut(u32, u32, T)) {
+        let mut g = 0usize;
+        for &(i, item) in passed {
+            while g + 1 < self.starts.len() && self.starts[g + 1] <= i {
+                g += 1;
+            }
+            f(self.probes[g], i, item);
+        }
+    }
 }
 
 /// A queued chunk's answer ([`PendingVerify::finish`]): the chunk back (so a failed call

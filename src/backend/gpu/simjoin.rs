@@ -3,8 +3,8 @@
 //!
 //! - [`upload_sets`] copies one join's sets (token ranks, CSR) to the device once; they stay
 //!   there while the join's [`DeviceSets`] lives.
-//! - [`verify_pairs`] verifies one chunk of candidate pairs: the chunk goes up in one copy
-//!   (pairs, then the two layouts' work lists, built here), two launches (a block per probe
+//! - [`verify_pairs`] verifies one chunk of candidate pairs: the chunk goes up in two copies
+//!   (pairs; the groups' starts and probe sets), two launches (a block per probe
 //!   set for short remainders, a block per pair, merge-path partitioned, for long ones), and
 //!   one copy back of the passing pairs (index and overlap), compacted on the device.
 //!   Calls from several threads (the join's partitions) run at once, each on a lane of its
@@ -12,8 +12,9 @@
 //!   the number of concurrent callers), so no call waits for another's and one chunk's
 //!   copies overlap another's kernels.
 //!
-//! The answers equal the CPU's `join::filter::verify` (same counts; with `exact = false` a
-//! passing pair's count may be any value from `alpha` up to its overlap, as on the CPU).
+//! The answers equal the CPU's `join::filter::verify` of the whole sets (same counts; with
+//! `exact = false` a passing pair's count may be any value from `alpha` up to its overlap, as
+//! on the CPU).
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -26,14 +27,14 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 use super::cuda::{
     DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu, panic_message,
 };
-use super::{GpuError, PairBuffer, PairToVerify, VerifyAnswer, VerifyTimings};
+use super::{GpuError, PairBuffer, PairGroups, PairToVerify, VerifyAnswer, VerifyTimings};
 
 const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
 const GROUP_THREADS: u32 = 128;
 const LARGE_THREADS: u32 = 256;
-/// Pairs whose remainders (tokens left to merge in both sets) reach this go to the block-per-
-/// pair layout; `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
+/// Pairs whose two sets together hold this many tokens go to the block-per-pair layout;
+/// `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
 const LARGE_FROM: u64 = 1024;
 /// The kernels' counters: large pairs, passing pairs, the bad-pair flag.
 const COUNTERS: usize = 3;
@@ -175,14 +176,13 @@ pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuEr
 }
 
 /// Verify a chunk of candidate pairs against sets on the device. The answer lists the pairs
-/// that reach their `alpha`, as (index in `pairs`, overlap with the filter's count
-/// included), by ascending index. `groups`: where each run of pairs with the same probe set
-/// starts (ascending, from 0), as the join knows it; `None`: found here. `exact = false`
-/// lets a passing pair stop counting at its `alpha`.
+/// that reach their `alpha`, as (index in `pairs`, overlap), by ascending index. `groups`:
+/// each pair's probe set (see [`PairGroups`]). `exact = false` lets a passing pair stop
+/// counting at its `alpha`.
 pub fn verify_pairs(
     sets: &DeviceSets,
     pairs: &[PairToVerify],
-    groups: Option<&[u32]>,
+    groups: PairGroups<'_>,
     exact: bool,
 ) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
     check_chunk(sets, pairs, groups)?;
@@ -244,11 +244,13 @@ pub fn submit_pairs(sets: &Arc<DeviceSets>, pairs: Arc<PairBuffer>, exact: bool)
     };
     let queued = (|| -> Result<Option<Inflight>, GpuError> {
         let chunk = pending.pairs.as_slice();
-        let groups = pending.pairs.groups();
-        check_chunk(sets, chunk, groups)?;
         if chunk.is_empty() {
             return Ok(None);
         }
+        let groups = pending.pairs.groups().ok_or_else(|| {
+            GpuError::Unsupported("candidate pairs outside any probe set's group".into())
+        })?;
+        check_chunk(sets, chunk, groups)?;
         let (g, k, lane) = take_lane()?;
         let (lane, launched) = guarded(g, lane, |lane| {
             launch(g, k, lane, sets, chunk, groups, exact)
@@ -315,7 +317,7 @@ impl Drop for PendingVerify {
 fn check_chunk(
     sets: &DeviceSets,
     pairs: &[PairToVerify],
-    groups: Option<&[u32]>,
+    groups: PairGroups<'_>,
 ) -> Result<(), GpuError> {
     if sets.sets >= u32::MAX as usize {
         return Err(GpuError::Unsupported("too many sets".into()));
@@ -323,9 +325,10 @@ fn check_chunk(
     if pairs.len() >= u32::MAX as usize {
         return Err(GpuError::Unsupported("too many pairs in one chunk".into()));
     }
-    if let Some(gs) = groups
-        && !pairs.is_empty()
+    let gs = groups.starts;
+    if !pairs.is_empty()
         && (gs.first() != Some(&0)
+            || gs.len() != groups.probes.len()
             || gs.windows(2).any(|w| w[0] >= w[1])
             || gs.last().is_some_and(|&l| l as usize >= pairs.len()))
     {
@@ -439,41 +442,26 @@ fn launch(
     lane: &mut Lane,
     sets: &DeviceSets,
     pairs: &[PairToVerify],
-    groups: Option<&[u32]>,
+    groups: PairGroups<'_>,
     exact: bool,
 ) -> Result<Launched, GpuError> {
     let mut t = VerifyTimings::default();
     let m = pairs.len();
-    // Where each run of pairs with the same probe set starts, then the end.
-    let mut group_start: Vec<u32> = match groups {
-        Some(gs) => gs.to_vec(),
-        None => {
-            let mut gs = Vec::new();
-            let mut last_x = u32::MAX;
-            for (i, p) in pairs.iter().enumerate() {
-                if p.x != last_x || gs.is_empty() {
-                    gs.push(i as u32);
-                    last_x = p.x;
-                }
-            }
-            gs
-        }
-    };
-    let n_groups = group_start.len();
-    group_start.push(m as u32);
+    let n_groups = groups.starts.len();
     t.groups = n_groups as u64;
 
-    // Input: pairs | group_start | counters (3 u32, zero). The pairs are copied straight
-    // from the caller's memory (page-locked when it is a pinned `PairBuffer`), the rest
-    // through the lane's pinned staging buffer. Device output: large list | pass_idx |
-    // pass_ovl (m u32 each), filled by the kernels; only the counters and the passing pairs
-    // come back.
+    // Input: pairs | group_start (the groups' starts, then m) | group_probe | counters (3
+    // u32, zero). The pairs are copied straight from the caller's memory (page-locked when
+    // it is a pinned `PairBuffer`), the rest through the lane's pinned staging buffer. Device
+    // output: large list (2 m u32: index, probe set) | pass_idx | pass_ovl (m u32 each),
+    // filled by the kernels; only the counters and the passing pairs come back.
     let gs_at = align(std::mem::size_of_val(pairs));
-    let cnt_at = gs_at + align(group_start.len() * 4);
+    let gp_at = gs_at + align((n_groups + 1) * 4);
+    let cnt_at = gp_at + align(n_groups * 4);
     let in_bytes = cnt_at + align(COUNTERS * 4);
     let lists_bytes = in_bytes - gs_at;
     let large_at = 0usize;
-    let pidx_at = align(m * 4);
+    let pidx_at = align(2 * m * 4);
     let povl_at = pidx_at + align(m * 4);
     let out_bytes = povl_at + align(m * 4);
     let ws = &mut lane.ws;
@@ -483,7 +471,10 @@ fn launch(
         let pin =
             &mut Workspace::pinned(&mut ws.pin_in, lists_bytes)?.as_mut_slice()[..lists_bytes];
         pin.fill(0);
-        pin[..group_start.len() * 4].copy_from_slice(bytes_of(&group_start));
+        pin[..n_groups * 4].copy_from_slice(bytes_of(groups.starts));
+        pin[n_groups * 4..(n_groups + 1) * 4].copy_from_slice(&(m as u32).to_ne_bytes());
+        let gp = gp_at - gs_at;
+        pin[gp..gp + n_groups * 4].copy_from_slice(bytes_of(groups.probes));
     }
     let stream = &lane.stream;
     let cs = stream.cu_stream();
@@ -510,6 +501,7 @@ fn launch(
     let p_starts = sets.starts.as_ref().map_or(0, |b| b.ptr);
     let p_pairs = d_in;
     let p_gs = d_in + gs_at as u64;
+    let p_gp = d_in + gp_at as u64;
     let p_cnt = d_in + cnt_at as u64;
     let p_large = d_out + large_at as u64;
     let p_pidx = d_out + pidx_at as u64;
@@ -519,10 +511,13 @@ fn launch(
     let exact32 = i32::from(exact);
     let large_from32 = large_from().min(u64::from(u32::MAX)) as u32;
     // SAFETY: the parameters match `verify_groups` and `verify_large` in
-    // kernels/simjoin.cu; the input region holds m pairs (verify_groups reads a pair's sets
-    // only when both are < n_sets, verify_large only pairs verify_groups listed),
-    // n_groups + 1 group starts (ascending, within 0..=m) and three zeroed counters; the output region holds three lists of m u32 (each kernel writes at most m
-    // entries: one per pair); the sets' buffers hold every set's tokens and len + 1 starts.
+    // kernels/simjoin.cu; the input region holds m pairs, n_groups + 1 group starts
+    // (ascending, within 0..=m), n_groups probe sets and three zeroed counters
+    // (verify_groups reads a group's pairs only when its probe set is < n_sets, a pair's
+    // candidate only when it is < n_sets; verify_large only pairs verify_groups listed); the
+    // output region holds the large list (2 m u32: at most one entry per pair) and two lists
+    // of m u32 (at most one entry per pair); the sets' buffers hold every set's tokens and
+    // len + 1 starts.
     unsafe {
         launch_on(
             stream,
@@ -535,6 +530,7 @@ fn launch(
                 arg(&n_sets),
                 arg(&p_pairs),
                 arg(&p_gs),
+                arg(&p_gp),
                 arg(&groups32),
                 arg(&large_from32),
                 arg(&exact32),

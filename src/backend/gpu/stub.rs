@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Bm25Batch, Bm25Cpu, Bm25Output, Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, Mode,
-    PairBuffer, PairToVerify, RowValidity, VerifyAnswer, VerifyTimings,
+    PairBuffer, PairGroups, PairToVerify, RowValidity, VerifyAnswer, VerifyTimings,
 };
 use crate::backend::cpu::SetElem;
 use crate::search::index::InvertedIndex;
@@ -88,7 +88,7 @@ pub fn upload_sets(_tokens: &[u32], _starts: &[usize]) -> Result<DeviceSets, Gpu
 pub fn verify_pairs(
     _sets: &DeviceSets,
     _pairs: &[PairToVerify],
-    _groups: Option<&[u32]>,
+    _groups: PairGroups<'_>,
     _exact: bool,
 ) -> Result<(Vec<(u32, u32)>, VerifyTimings), GpuError> {
     Err(GpuError::NotCompiled)
