@@ -9,6 +9,7 @@
 //!   SETS_BENCH_REPS=3 ...                                     # repetitions of each large case
 //!   SETS_BENCH_LARGE_CASES=jaccard ...                        # large cases whose name contains it
 //!   SETS_BENCH_CPU_KERNEL=scalar ...                          # `sets.cpu_kernel` (verification kernel)
+//!   SETS_BENCH_SPLIT_SCAN=0 ...                               # `sets.similarity_join_split_scan`
 //!
 //! What one iteration measures: planning and running
 //! `SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', measure, t)` on a session
@@ -85,6 +86,10 @@ impl Engine {
         rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
         if let Ok(kernel) = std::env::var("SETS_BENCH_CPU_KERNEL") {
             let sql = format!("SET sets.cpu_kernel = '{kernel}'");
+            rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
+        }
+        if let Some(split) = env_flag("SETS_BENCH_SPLIT_SCAN") {
+            let sql = format!("SET sets.similarity_join_split_scan = {split}");
             rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
         }
         Self { rt, ctx }

@@ -114,6 +114,10 @@ pub struct SetsConfig {
     /// as `SimilarityJoinExec` instead of a nested loop (the `similarity_join_rewrite`
     /// physical optimizer rule). Read when a query is planned.
     pub similarity_join_rewrite: bool,
+    /// Read a similarity join's Parquet input with fewer row groups than
+    /// `target_partitions` in row ranges at page boundaries, one task each (the offset index
+    /// derived from the page headers when the file has none), instead of a row group per task.
+    pub similarity_join_split_scan: bool,
     /// Device memory (bytes) the resident `topk_bm25` index may take on the GPU; 0: the
     /// `DFSETS_GPU_INDEX_BUDGET` environment variable, else half the device's memory. When
     /// the index does not fit, the terms queries visit most are admitted first and queries
@@ -138,6 +142,7 @@ impl Default for SetsConfig {
             bm25_b: 0.75,
             bm25_alpha: 0.3,
             similarity_join_rewrite: true,
+            similarity_join_split_scan: true,
             gpu_index_budget: 0,
             gpu_resident_columns: true,
             gpu_column_budget: 0,
@@ -155,6 +160,7 @@ const PARALLEL_DOC: &str =
 const GPU_INDEX_BUDGET_DOC: &str = "Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.";
 const GPU_RESIDENT_COLUMNS_DOC: &str = "Keep the list columns list_intersect / list_intersect_count send to the GPU on the device for later batches and queries (least recently used evicted first).";
 const GPU_COLUMN_BUDGET_DOC: &str = "Device memory (bytes) the resident list columns may take; 0: DFSETS_GPU_COLUMN_BUDGET, else a quarter of the device's memory.";
+const SPLIT_SCAN_DOC: &str = "Read a similarity join's Parquet input with fewer row groups than target_partitions in row ranges at page boundaries, one task each (the offset index derived from the page headers when the file has none).";
 const REWRITE_DOC: &str = "Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.";
 
 impl ExtensionOptions for SetsConfig {
@@ -179,11 +185,12 @@ impl ExtensionOptions for SetsConfig {
             "bm25_b" => set_f64(&mut self.bm25_b, key, value, 0.0, 1.0),
             "bm25_alpha" => set_f64(&mut self.bm25_alpha, key, value, 0.0, 1.0),
             "similarity_join_rewrite" => self.similarity_join_rewrite.set("", value),
+            "similarity_join_split_scan" => self.similarity_join_split_scan.set("", value),
             "gpu_index_budget" => set_usize(&mut self.gpu_index_budget, key, value),
             "gpu_resident_columns" => self.gpu_resident_columns.set("", value),
             "gpu_column_budget" => set_usize(&mut self.gpu_column_budget, key, value),
             other => config_err!(
-                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.gpu_index_budget, sets.gpu_resident_columns, sets.gpu_column_budget"
+                "unknown option sets.{other}: expected one of sets.backend, sets.cpu_kernel, sets.parallel_min_values, sets.bm25_k1, sets.bm25_b, sets.bm25_alpha, sets.similarity_join_rewrite, sets.similarity_join_split_scan, sets.gpu_index_budget, sets.gpu_resident_columns, sets.gpu_column_budget"
             ),
         }
     }
@@ -209,6 +216,11 @@ impl ExtensionOptions for SetsConfig {
                 "similarity_join_rewrite",
                 self.similarity_join_rewrite.to_string(),
                 REWRITE_DOC,
+            ),
+            entry(
+                "similarity_join_split_scan",
+                self.similarity_join_split_scan.to_string(),
+                SPLIT_SCAN_DOC,
             ),
             entry(
                 "gpu_index_budget",

@@ -51,9 +51,10 @@ use futures::StreamExt;
 use tokio::sync::OnceCell;
 
 use super::filter::{Collections, reserve};
+use super::split_scan::split_scan;
 use super::stream::SimilarityJoinStream;
 use super::threshold::Threshold;
-use crate::config::BackendChoice;
+use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::set_similarity::{Measure, coerce_pair};
 
 /// One input of the join: a plan, its token column and (optionally) its id column.
@@ -650,12 +651,21 @@ async fn build_collections(
     let self_join = inputs.len() == 1;
     let mut tokens = Vec::with_capacity(inputs.len());
     let mut columns = Vec::with_capacity(inputs.len());
-    // Every partition of every input is read (and decoded) by its own task, all at once.
+    // Every partition of every input is read (and decoded) by its own task, all at once; a
+    // Parquet input of fewer row groups than cores is read in row ranges (split_scan.rs).
+    let threads = context.session_config().target_partitions();
+    let split =
+        SetsConfig::from_options(context.session_config().options()).similarity_join_split_scan;
     let mut reads = Vec::with_capacity(inputs.len());
     for (input, keep) in inputs.iter().zip(&gathered) {
-        let tasks = (0..input.plan.output_partitioning().partition_count())
+        let plan = match split {
+            true => split_scan(&input.plan, threads, &context, &reservation).await,
+            false => None,
+        }
+        .unwrap_or_else(|| Arc::clone(&input.plan));
+        let tasks = (0..plan.output_partitioning().partition_count())
             .map(|part| {
-                let stream = input.plan.execute(part, Arc::clone(&context))?;
+                let stream = plan.execute(part, Arc::clone(&context))?;
                 Ok(SpawnedTask::spawn(read_partition(
                     stream,
                     Arc::clone(&reservation),
@@ -705,12 +715,7 @@ async fn build_collections(
         tokens.push(side_tokens);
     }
     let _timer = build_time.timer();
-    let collections = Collections::build(
-        &tokens,
-        &threshold,
-        &reservation,
-        context.session_config().target_partitions(),
-    )?;
+    let collections = Collections::build(&tokens, &threshold, &reservation, threads)?;
     drop(tokens);
     let id_order = match (self_join, inputs[0].id) {
         (true, Some(id)) => match columns[0].get(id) {

@@ -7,6 +7,7 @@ mod build;
 pub mod exec;
 mod filter;
 pub mod rewrite;
+mod split_scan;
 mod stream;
 pub mod table_function;
 pub mod threshold;

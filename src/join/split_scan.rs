@@ -1,0 +1,966 @@
+//! A Parquet scan with fewer row groups than cores, split into row ranges at page boundaries so
+//! that every core decodes a part of it.
+//!
+//! The join reads its whole input before it can build, and DataFusion gives a row group to one
+//! task: a one-row-group file (what writers produce below a million rows) decodes on one thread
+//! while the other cores wait. Reading it in row ranges needs the offset index (where each page
+//! starts and which row it begins with), so that a task fetches and decompresses only its own
+//! pages; without it every task decompresses the whole column chunk and the split costs what it
+//! saves. Most writers write no offset index (pyarrow does not by default), so we derive it:
+//! walk the page headers of each column chunk, and count the rows each page begins (a data page
+//! v2 says so in its header; a v1 page of a flat column holds one value per row; a v1 page of a
+//! repeated column begins one row per repetition level 0, counted after decompression, pages in
+//! parallel). A row group is split only where every page of every column begins a row (the
+//! offset index's own rule); otherwise it is read whole.
+//!
+//! The derived metadata lives in a process-wide cache keyed by the file's path and checked
+//! against its size and modification time (DataFusion's own metadata cache works the same way),
+//! so a file is walked once. The split scan is a copy of the input's `DataSourceExec` whose files
+//! carry a [`ParquetAccessPlan`] each (one row range) and whose reader takes the metadata from
+//! that cache. Anything unexpected (encryption, a header that does not parse, row counts that do
+//! not add up) leaves the scan as it was.
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use bytes::{Buf, Bytes};
+use datafusion::common::{DataFusionError, Result};
+// DataFusion 55 has two `CachedParquetMetaData`; `DFParquetMetadata` (which the cached reader
+// factory uses) looks for the one in `metadata`.
+use datafusion::datasource::physical_plan::parquet::metadata::{
+    CachedParquetMetaData, DFParquetMetadata,
+};
+use datafusion::datasource::physical_plan::parquet::{
+    CachedParquetFileReaderFactory, ParquetAccessPlan, RowGroupAccess,
+};
+use datafusion::datasource::physical_plan::{FileGroup, FileSource, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::TaskContext;
+use datafusion::execution::cache::cache_manager::{CachedFileMetadataEntry, FileMetadataCache};
+use datafusion::execution::cache::default_cache::DefaultCache;
+use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use datafusion::parquet::column::page::{Page, PageReader};
+use datafusion::parquet::file::metadata::{
+    ColumnChunkMetaData, PageIndexPolicy, ParquetMetaData, ParquetMetaDataBuilder,
+};
+use datafusion::parquet::file::page_index::column_index::ColumnIndexMetaData;
+use datafusion::parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
+use datafusion::parquet::file::reader::{ChunkReader, Length};
+use datafusion::parquet::file::serialized_reader::SerializedPageReader;
+use datafusion::physical_plan::ExecutionPlan;
+use rayon::prelude::*;
+
+use super::filter::reserve;
+
+/// Bytes of derived metadata the process keeps (a page location is 24 bytes).
+const CACHE_BYTES: usize = 64 << 20;
+
+fn cache() -> &'static Arc<FileMetadataCache> {
+    static CACHE: OnceLock<Arc<FileMetadataCache>> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        Arc::new(DefaultCache::new(CACHE_BYTES).with_name("datafusion-sets: derived offset index"))
+    })
+}
+
+/// `plan` read in about `pieces` row ranges, when it is a Parquet scan with fewer row groups
+/// than `pieces` whose pages can be located; `None` leaves it as it is.
+pub(super) async fn split_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+    pieces: usize,
+    context: &TaskContext,
+    reservation: &MemoryReservation,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    match try_split(plan, pieces, context, reservation).await {
+        Ok(split) => split,
+        Err(e) => {
+            log::debug!("similarity join: the Parquet scan is read as planned: {e}");
+            None
+        }
+    }
+}
+
+async fn try_split(
+    plan: &Arc<dyn ExecutionPlan>,
+    pieces: usize,
+    context: &TaskContext,
+    reservation: &MemoryReservation,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(exec) = plan.downcast_ref::<DataSourceExec>() else {
+        return Ok(None);
+    };
+    let Some((config, source)) = exec.downcast_to_file_source::<ParquetSource>() else {
+        return Ok(None);
+    };
+    // A limit, a predicate (page pruning reads a column index we do not derive) or an access
+    // plan someone else chose: read as planned. (The reader factory is replaced by one reading
+    // the same object store through the cache of derived metadata.)
+    if pieces < 2 || config.limit.is_some() || FileSource::filter(source).is_some() {
+        return Ok(None);
+    }
+    // The distinct files (DataFusion may have cut one file into byte ranges).
+    let mut files: Vec<datafusion::datasource::listing::PartitionedFile> = Vec::new();
+    for file in config.file_groups.iter().flat_map(|g| g.iter()) {
+        if !file.extensions.is_empty() {
+            return Ok(None);
+        }
+        if !files
+            .iter()
+            .any(|f| f.object_meta.location == file.object_meta.location)
+        {
+            files.push(file.clone());
+        }
+    }
+    let store = context
+        .runtime_env()
+        .object_store(&config.object_store_url)?;
+    let mut metadata = Vec::with_capacity(files.len());
+    for file in &files {
+        metadata.push(fetch_metadata(&store, &file.object_meta).await?);
+    }
+    let row_groups: usize = metadata.iter().map(|m| m.num_row_groups()).sum();
+    if row_groups >= pieces {
+        return Ok(None);
+    }
+    let total = metadata.iter().map(|m| file_rows(m)).sum::<usize>().max(1);
+    let mut groups = Vec::new();
+    let mut split_any = false;
+    for (file, meta) in files.iter().zip(&metadata) {
+        let meta = match meta.offset_index() {
+            Some(_) => Some(Arc::clone(meta)),
+            None => derive_offset_index(&store, &file.object_meta, meta, reservation).await?,
+        };
+        let Some(meta) = meta else {
+            groups.push(FileGroup::new(vec![whole(file)]));
+            continue;
+        };
+        let n = meta.num_row_groups();
+        for g in 0..n {
+            let rows = meta.row_group(g).num_rows() as usize;
+            let want = (pieces * rows).div_ceil(total).max(1);
+            for range in cut_row_group(&meta, g, want) {
+                split_any |= range.len() < rows;
+                let mut access = vec![RowGroupAccess::Skip; n];
+                access[g] = RowGroupAccess::Selection(selection(range, rows));
+                let mut piece = whole(file);
+                piece = piece.with_extension(ParquetAccessPlan::new(access));
+                groups.push(FileGroup::new(vec![piece]));
+            }
+        }
+        {
+            cache().put(
+                &file.object_meta.location,
+                CachedFileMetadataEntry::new(
+                    file.object_meta.clone(),
+                    Arc::new(CachedParquetMetaData::new(meta)),
+                ),
+            );
+        }
+    }
+    if !split_any {
+        return Ok(None);
+    }
+    log::debug!(
+        "similarity join: the Parquet scan of {} file(s), {row_groups} row group(s), read in {} row ranges",
+        files.len(),
+        groups.len()
+    );
+    let mut split = config.clone();
+    split.file_groups = groups;
+    // Each piece stays with its partition (no work sharing between sibling streams), so the
+    // partitions read in order give the rows in file order, as the scan planned does: the
+    // build's tie order (and so the join's work, not its answer) stays the same.
+    split.preserve_order = true;
+    split.file_source = Arc::new(source.clone().with_parquet_file_reader_factory(Arc::new(
+        CachedParquetFileReaderFactory::new(store, Arc::clone(cache())),
+    )));
+    Ok(Some(DataSourceExec::from_data_source(split)))
+}
+
+/// `file` read whole: no byte range (the pieces say which rows), no statistics (a piece's are
+/// not the file's).
+fn whole(
+    file: &datafusion::datasource::listing::PartitionedFile,
+) -> datafusion::datasource::listing::PartitionedFile {
+    let mut file = file.clone();
+    file.range = None;
+    file.statistics = None;
+    file
+}
+
+fn file_rows(meta: &ParquetMetaData) -> usize {
+    meta.row_groups()
+        .iter()
+        .map(|g| g.num_rows() as usize)
+        .sum()
+}
+
+/// Rows `range` of a row group of `rows` rows.
+fn selection(range: Range<usize>, rows: usize) -> RowSelection {
+    let mut selectors = Vec::with_capacity(3);
+    if range.start > 0 {
+        selectors.push(RowSelector::skip(range.start));
+    }
+    selectors.push(RowSelector::select(range.len()));
+    if range.end < rows {
+        selectors.push(RowSelector::skip(rows - range.end));
+    }
+    RowSelection::from(selectors)
+}
+
+/// Row group `g` in at most `want` row ranges that start where a page of its largest column
+/// starts (the other columns' tasks may start inside a page and skip to their first row).
+fn cut_row_group(meta: &ParquetMetaData, g: usize, want: usize) -> Vec<Range<usize>> {
+    let rows = meta.row_group(g).num_rows() as usize;
+    let starts: Vec<usize> = match meta.offset_index() {
+        Some(index) if want > 1 && rows > 0 => {
+            let columns = meta.row_group(g).columns();
+            let largest = (0..columns.len())
+                .max_by_key(|&c| columns[c].compressed_size())
+                .unwrap_or(0);
+            index[g]
+                .get(largest)
+                .map(|o| {
+                    o.page_locations()
+                        .iter()
+                        .map(|p| p.first_row_index as usize)
+                        .collect()
+                })
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    cuts(&starts, rows, want)
+}
+
+/// The row ranges between cut points chosen among the page starts `starts`, the `k`-th nearest
+/// to `k * rows / want`; every range non-empty, together exactly `0..rows`.
+fn cuts(starts: &[usize], rows: usize, want: usize) -> Vec<Range<usize>> {
+    let mut bounds = vec![0];
+    for k in 1..want {
+        let target = k * rows / want;
+        let nearest = starts
+            .iter()
+            .copied()
+            .filter(|&s| s > 0 && s < rows)
+            .min_by_key(|&s| s.abs_diff(target));
+        if let Some(s) = nearest
+            && s > *bounds.last().unwrap_or(&0)
+        {
+            bounds.push(s);
+        }
+    }
+    bounds.push(rows);
+    bounds
+        .windows(2)
+        .map(|w| w[0]..w[1])
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+/// The file's footer, with its page index when it has one.
+async fn fetch_metadata(
+    store: &Arc<dyn ObjectStore>,
+    object_meta: &ObjectMeta,
+) -> Result<Arc<ParquetMetaData>> {
+    if let Some(entry) = cache().get(&object_meta.location)
+        && entry.is_valid_for(object_meta)
+        && let Some(cached) = entry
+            .file_metadata
+            .as_any()
+            .downcast_ref::<CachedParquetMetaData>()
+    {
+        return Ok(Arc::clone(cached.parquet_metadata()));
+    }
+    DFParquetMetadata::new(store.as_ref(), object_meta)
+        .with_page_index_policy(Some(PageIndexPolicy::Optional))
+        .fetch_metadata()
+        .await
+}
+
+/// `meta` with an offset index derived from the page headers, or `None` when some page does
+/// not begin a row or cannot be read.
+async fn derive_offset_index(
+    store: &Arc<dyn ObjectStore>,
+    object_meta: &ObjectMeta,
+    meta: &ParquetMetaData,
+    reservation: &MemoryReservation,
+) -> Result<Option<Arc<ParquetMetaData>>> {
+    let mut index = Vec::with_capacity(meta.num_row_groups());
+    for group in meta.row_groups() {
+        let mut columns = Vec::with_capacity(group.num_columns());
+        for column in group.columns() {
+            let (start, len) = column.byte_range();
+            let len = usize::try_from(len).map_err(|e| DataFusionError::External(Box::new(e)))?;
+            reserve(reservation, len, "a column chunk's page headers")?;
+            let bytes = store
+                .get_range(&object_meta.location, start..start + len as u64)
+                .await;
+            let located = bytes
+                .map_err(|e| DataFusionError::External(Box::new(e)))
+                .map(|bytes| locate_pages(ChunkAt { start, bytes }, column, group.num_rows()));
+            reservation.shrink(len);
+            match located? {
+                Some(pages) => columns.push(OffsetIndexMetaData {
+                    page_locations: pages,
+                    unencoded_byte_array_data_bytes: None,
+                }),
+                None => return Ok(None),
+            }
+        }
+        index.push(columns);
+    }
+    let none = meta
+        .row_groups()
+        .iter()
+        .map(|g| vec![ColumnIndexMetaData::NONE; g.num_columns()])
+        .collect();
+    let derived = ParquetMetaDataBuilder::new_from_metadata(meta.clone())
+        .set_offset_index(Some(index))
+        .set_column_index(Some(none))
+        .build();
+    Ok(Some(Arc::new(derived)))
+}
+
+/// One column chunk's bytes, addressed by file offset.
+#[derive(Clone)]
+struct ChunkAt {
+    start: u64,
+    bytes: Bytes,
+}
+
+impl Length for ChunkAt {
+    fn len(&self) -> u64 {
+        self.start + self.bytes.len() as u64
+    }
+}
+
+impl ChunkReader for ChunkAt {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> datafusion::parquet::errors::Result<Self::T> {
+        Ok(self.get_bytes(start, 0)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> datafusion::parquet::errors::Result<Bytes> {
+        let from = start
+            .checked_sub(self.start)
+            .map(|s| s as usize)
+            .filter(|&s| s <= self.bytes.len());
+        let Some(from) = from else {
+            return Err(datafusion::parquet::errors::ParquetError::EOF(format!(
+                "offset {start} outside the column chunk"
+            )));
+        };
+        let to = if length == 0 {
+            self.bytes.len()
+        } else {
+            (from + length).min(self.bytes.len())
+        };
+        Ok(self.bytes.slice(from..to))
+    }
+}
+
+/// A data page found by walking a column chunk's headers.
+struct Found {
+    offset: u64,
+    /// Header and body.
+    size: usize,
+    /// Rows the page begins, when its header says (v2, or v1 of a flat column).
+    rows: Option<usize>,
+    /// Levels in the page (v1).
+    levels: usize,
+}
+
+/// Where each data page of `column` starts and the first row of each, or `None` when a page
+/// does not begin a row or something does not add up to `rows`.
+fn locate_pages(
+    chunk: ChunkAt,
+    column: &ColumnChunkMetaData,
+    rows: i64,
+) -> Option<Vec<PageLocation>> {
+    let max_rep = column.column_descr().max_rep_level();
+    let mut found = Vec::new();
+    let mut at = 0usize;
+    while at < chunk.bytes.len() {
+        let (header, header_len) = PageHeader::parse(&chunk.bytes[at..])?;
+        let size = header_len.checked_add(usize::try_from(header.compressed_size).ok()?)?;
+        match header.page_type {
+            DATA_PAGE => {
+                let levels = usize::try_from(header.num_values).ok()?;
+                if max_rep > 0 && header.rep_encoding != Some(RLE) {
+                    return None;
+                }
+                found.push(Found {
+                    offset: chunk.start + at as u64,
+                    size,
+                    rows: (max_rep == 0).then_some(levels),
+                    levels,
+                });
+            }
+            DATA_PAGE_V2 => found.push(Found {
+                offset: chunk.start + at as u64,
+                size,
+                rows: Some(usize::try_from(header.num_rows?).ok()?),
+                levels: 0,
+            }),
+            DICTIONARY_PAGE if found.is_empty() => {}
+            INDEX_PAGE => {}
+            _ => return None,
+        }
+        at = at.checked_add(size)?;
+    }
+    if at != chunk.bytes.len() || found.is_empty() {
+        return None;
+    }
+    let counts: Vec<Option<usize>> = found
+        .par_iter()
+        .map(|page| match page.rows {
+            Some(rows) => Some(rows),
+            None => rows_begun(&chunk, column, page, max_rep),
+        })
+        .collect();
+    let mut first = 0usize;
+    let mut pages = Vec::with_capacity(found.len());
+    for (page, count) in found.iter().zip(counts) {
+        pages.push(PageLocation {
+            offset: page.offset as i64,
+            compressed_page_size: i32::try_from(page.size).ok()?,
+            first_row_index: first as i64,
+        });
+        first += count?;
+    }
+    (first as i64 == rows).then_some(pages)
+}
+
+/// The rows a v1 page of a repeated column begins: its repetition levels equal to 0, read
+/// after decompressing the page; `None` when the page does not begin with one.
+fn rows_begun(
+    chunk: &ChunkAt,
+    column: &ColumnChunkMetaData,
+    page: &Found,
+    max_rep: i16,
+) -> Option<usize> {
+    let location = PageLocation {
+        offset: page.offset as i64,
+        compressed_page_size: i32::try_from(page.size).ok()?,
+        first_row_index: 0,
+    };
+    let mut reader =
+        SerializedPageReader::new(Arc::new(chunk.clone()), column, 0, Some(vec![location])).ok()?;
+    if page.offset != chunk.start {
+        // The reader takes the bytes before its first location for a dictionary page.
+        reader.skip_next_page().ok()?;
+    }
+    let Some(Page::DataPage { buf, .. }) = reader.get_next_page().ok()? else {
+        return None;
+    };
+    let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+    let levels = buf.get(4..4usize.checked_add(len)?)?;
+    let width = (16 - (max_rep as u16).leading_zeros()) as u8;
+    let (zeros, first_is_zero) = count_zero_levels(levels, width, page.levels)?;
+    first_is_zero.then_some(zeros)
+}
+
+/// How many of the first `n` levels of an RLE / bit-packed hybrid run of `width`-bit values
+/// are 0, and whether the first one is; `None` when the run is shorter than `n`.
+fn count_zero_levels(data: &[u8], width: u8, n: usize) -> Option<(usize, bool)> {
+    if n == 0 || width == 0 || width > 16 {
+        return None;
+    }
+    let mut at = 0usize;
+    let mut left = n;
+    let mut zeros = 0usize;
+    let mut first = None;
+    while left > 0 {
+        let header = varint(data, &mut at)?;
+        if header & 1 == 0 {
+            let count = usize::try_from(header >> 1).ok()?;
+            let bytes = width.div_ceil(8) as usize;
+            let value = data
+                .get(at..at + bytes)?
+                .iter()
+                .rev()
+                .fold(0u32, |v, &b| (v << 8) | b as u32);
+            at += bytes;
+            let take = count.min(left);
+            if take > 0 {
+                first.get_or_insert(value == 0);
+            }
+            if value == 0 {
+                zeros += take;
+            }
+            left -= take;
+        } else {
+            let values = usize::try_from(header >> 1).ok()?.checked_mul(8)?;
+            let bytes = (header >> 1) as usize * width as usize;
+            let packed = data.get(at..at.checked_add(bytes)?)?;
+            at += bytes;
+            let take = values.min(left);
+            let w = width as usize;
+            for i in 0..take {
+                let bit = i * w;
+                let mut v = 0u32;
+                for b in 0..w {
+                    let p = bit + b;
+                    v |= (((packed[p / 8] >> (p % 8)) & 1) as u32) << b;
+                }
+                if i == 0 {
+                    first.get_or_insert(v == 0);
+                }
+                zeros += (v == 0) as usize;
+            }
+            left -= take;
+        }
+    }
+    Some((zeros, first?))
+}
+
+fn varint(data: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *data.get(*at)?;
+        *at += 1;
+        value |= ((byte & 0x7f) as u64) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+// Page types and the one level encoding we read, as the format numbers them.
+const DATA_PAGE: i32 = 0;
+const INDEX_PAGE: i32 = 1;
+const DICTIONARY_PAGE: i32 = 2;
+const DATA_PAGE_V2: i32 = 3;
+const RLE: i32 = 3;
+
+/// The fields of a Parquet page header (Thrift compact protocol) that locate a page.
+#[derive(Debug, PartialEq)]
+struct PageHeader {
+    page_type: i32,
+    compressed_size: i32,
+    /// v1: levels in the page.
+    num_values: i32,
+    /// v1: how the repetition levels are encoded.
+    rep_encoding: Option<i32>,
+    /// v2: rows in the page.
+    num_rows: Option<i32>,
+}
+
+impl PageHeader {
+    /// The header at the start of `data` and its length in bytes.
+    fn parse(data: &[u8]) -> Option<(Self, usize)> {
+        let mut r = Compact { data, at: 0 };
+        let mut header = PageHeader {
+            page_type: -1,
+            compressed_size: -1,
+            num_values: 0,
+            rep_encoding: None,
+            num_rows: None,
+        };
+        r.each_field(|r, id, kind| {
+            match (id, kind) {
+                (1, I32) => header.page_type = r.i32()?,
+                (3, I32) => header.compressed_size = r.i32()?,
+                (5, STRUCT) => r.each_field(|r, id, kind| {
+                    match (id, kind) {
+                        (1, I32) => header.num_values = r.i32()?,
+                        (4, I32) => header.rep_encoding = Some(r.i32()?),
+                        _ => r.skip(kind, 0)?,
+                    }
+                    Some(())
+                })?,
+                (8, STRUCT) => r.each_field(|r, id, kind| {
+                    match (id, kind) {
+                        (3, I32) => header.num_rows = Some(r.i32()?),
+                        _ => r.skip(kind, 0)?,
+                    }
+                    Some(())
+                })?,
+                _ => r.skip(kind, 0)?,
+            }
+            Some(())
+        })?;
+        (header.compressed_size >= 0).then_some((header, r.at))
+    }
+}
+
+// Thrift compact protocol type codes.
+const BOOL_TRUE: u8 = 1;
+const BOOL_FALSE: u8 = 2;
+const BYTE: u8 = 3;
+const I16: u8 = 4;
+const I32: u8 = 5;
+const I64: u8 = 6;
+const DOUBLE: u8 = 7;
+const BINARY: u8 = 8;
+const LIST: u8 = 9;
+const SET: u8 = 10;
+const MAP: u8 = 11;
+const STRUCT: u8 = 12;
+
+/// A reader of the Thrift compact protocol, enough to walk a page header.
+struct Compact<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Compact<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.data.get(self.at)?;
+        self.at += 1;
+        Some(b)
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        varint(self.data, &mut self.at)
+    }
+
+    fn i32(&mut self) -> Option<i32> {
+        let v = self.varint()?;
+        i32::try_from((v >> 1) as i64 ^ -((v & 1) as i64)).ok()
+    }
+
+    /// Calls `f(reader, field id, type)` for each field of the struct that starts here.
+    fn each_field(&mut self, mut f: impl FnMut(&mut Self, i16, u8) -> Option<()>) -> Option<()> {
+        let mut last = 0i16;
+        loop {
+            let b = self.byte()?;
+            if b == 0 {
+                return Some(());
+            }
+            let kind = b & 0x0f;
+            let delta = (b >> 4) as i16;
+            let id = if delta == 0 {
+                i16::try_from(self.i32()?).ok()?
+            } else {
+                last.checked_add(delta)?
+            };
+            last = id;
+            f(self, id, kind)?;
+        }
+    }
+
+    /// Skips a value of type `kind` (`depth`: nesting, bounded against malformed input).
+    fn skip(&mut self, kind: u8, depth: u32) -> Option<()> {
+        if depth > 32 {
+            return None;
+        }
+        match kind {
+            BOOL_TRUE | BOOL_FALSE => {}
+            BYTE => {
+                self.byte()?;
+            }
+            I16 | I32 | I64 => {
+                self.varint()?;
+            }
+            DOUBLE => self.at = self.at.checked_add(8).filter(|&e| e <= self.data.len())?,
+            BINARY => {
+                let len = usize::try_from(self.varint()?).ok()?;
+                self.at = self.at.checked_add(len).filter(|&e| e <= self.data.len())?;
+            }
+            LIST | SET => {
+                let b = self.byte()?;
+                let count = match b >> 4 {
+                    15 => usize::try_from(self.varint()?).ok()?,
+                    n => n as usize,
+                };
+                let elem = b & 0x0f;
+                for _ in 0..count {
+                    // A bool in a list is a byte.
+                    if elem == BOOL_TRUE || elem == BOOL_FALSE {
+                        self.byte()?;
+                    } else {
+                        self.skip(elem, depth + 1)?;
+                    }
+                }
+            }
+            MAP => {
+                let count = usize::try_from(self.varint()?).ok()?;
+                if count > 0 {
+                    let kinds = self.byte()?;
+                    for _ in 0..count {
+                        self.skip(kinds >> 4, depth + 1)?;
+                        self.skip(kinds & 0x0f, depth + 1)?;
+                    }
+                }
+            }
+            STRUCT => self.each_field(|r, _, kind| r.skip(kind, depth + 1))?,
+            _ => return None,
+        }
+        Some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{
+        ArrayRef, ListBuilder, RecordBatch, StringArray, UInt32Array, UInt32Builder,
+    };
+    use datafusion::arrow::compute::concat_batches;
+    use datafusion::execution::memory_pool::MemoryConsumer;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::basic::{Compression, ZstdLevel};
+    use datafusion::parquet::file::properties::{
+        EnabledStatistics, WriterProperties, WriterVersion,
+    };
+    use datafusion::physical_plan::{ExecutionPlanProperties, collect, collect_partitioned};
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    /// Rows of (id, tokens, name): lists of 0..40 values, some NULL, some empty.
+    fn batch(rows: usize, seed: u64) -> RecordBatch {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut lists = ListBuilder::new(UInt32Builder::new());
+        for _ in 0..rows {
+            match rng.random_range(0..20) {
+                0 => lists.append_null(),
+                1 => lists.append(true),
+                _ => {
+                    for _ in 0..rng.random_range(1..40) {
+                        lists.values().append_value(rng.random_range(0..500));
+                    }
+                    lists.append(true);
+                }
+            }
+        }
+        let ids: ArrayRef = Arc::new(UInt32Array::from_iter_values(0..rows as u32));
+        let names: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..rows).map(|i| format!("row {i}")),
+        ));
+        RecordBatch::try_from_iter([
+            ("id", ids),
+            ("tokens", Arc::new(lists.finish()) as ArrayRef),
+            ("name", names),
+        ])
+        .unwrap()
+    }
+
+    /// `batch` written as one row group of small pages; with or without an offset index.
+    fn write(path: &std::path::Path, batch: &RecordBatch, index: bool, version: WriterVersion) {
+        let props = WriterProperties::builder()
+            .set_writer_version(version)
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_data_page_row_count_limit(300)
+            .set_write_batch_size(100)
+            .set_max_row_group_row_count(Some(1 << 20))
+            .set_statistics_enabled(match index {
+                true => EnabledStatistics::Page,
+                false => EnabledStatistics::Chunk,
+            })
+            .set_offset_index_disabled(!index)
+            .build();
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+    }
+
+    async fn scan(ctx: &SessionContext, path: &std::path::Path) -> Arc<dyn ExecutionPlan> {
+        ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        let plan = ctx
+            .sql("SELECT id, tokens, name FROM t")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        assert!(plan.downcast_ref::<DataSourceExec>().is_some(), "{plan:?}");
+        plan
+    }
+
+    fn reservation(ctx: &SessionContext) -> MemoryReservation {
+        MemoryConsumer::new("test").register(&ctx.runtime_env().memory_pool)
+    }
+
+    /// The offset index derived from the page headers equals the one the writer wrote, and
+    /// the split scan returns every row once, in order, for v1 and v2 pages.
+    #[tokio::test]
+    async fn derived_index_and_split_scan_match_the_writer_and_the_plain_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        for (k, version) in [WriterVersion::PARQUET_1_0, WriterVersion::PARQUET_2_0]
+            .into_iter()
+            .enumerate()
+        {
+            let data = batch(5_000, k as u64);
+            let plain = dir.path().join(format!("plain{k}.parquet"));
+            let indexed = dir.path().join(format!("indexed{k}.parquet"));
+            write(&plain, &data, false, version);
+            write(&indexed, &data, true, version);
+
+            let ctx =
+                SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+            let store = ctx
+                .runtime_env()
+                .object_store(
+                    datafusion::execution::object_store::ObjectStoreUrl::local_filesystem(),
+                )
+                .unwrap();
+            let meta_of = |p: &std::path::Path| {
+                let path = datafusion::object_store::path::Path::from_filesystem_path(p).unwrap();
+                let store = Arc::clone(&store);
+                async move { store.head(&path).await.unwrap() }
+            };
+            let written = DFParquetMetadata::new(store.as_ref(), &meta_of(&indexed).await)
+                .with_page_index_policy(Some(PageIndexPolicy::Required))
+                .fetch_metadata()
+                .await
+                .unwrap();
+            let plain_meta = meta_of(&plain).await;
+            let footer = DFParquetMetadata::new(store.as_ref(), &plain_meta)
+                .fetch_metadata()
+                .await
+                .unwrap();
+            assert!(footer.offset_index().is_none());
+            assert_eq!(footer.num_row_groups(), 1);
+            let derived = derive_offset_index(&store, &plain_meta, &footer, &reservation(&ctx))
+                .await
+                .unwrap()
+                .expect("every page of these files begins a row");
+            let pages = |m: &ParquetMetaData| -> Vec<Vec<(i32, i64)>> {
+                m.offset_index().unwrap()[0]
+                    .iter()
+                    .map(|c| {
+                        c.page_locations()
+                            .iter()
+                            .map(|p| (p.compressed_page_size, p.first_row_index))
+                            .collect()
+                    })
+                    .collect()
+            };
+            // Same sizes and first rows; the offsets differ by the files' layouts only if the
+            // writers differ (they do not: same data, same properties but the index).
+            assert_eq!(pages(&derived), pages(&written), "{version:?}");
+            assert!(
+                pages(&derived)[1].len() > 4,
+                "the test wants several pages per column"
+            );
+
+            let plan = scan(&ctx, &plain).await;
+            let expected = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+            let expected = concat_batches(&plan.schema(), &expected).unwrap();
+            for pieces in [2, 3, 4, 7] {
+                let split = split_scan(&plan, pieces, &ctx.task_ctx(), &reservation(&ctx))
+                    .await
+                    .expect("a one-row-group Parquet scan is split");
+                let parts = split.output_partitioning().partition_count();
+                assert!(
+                    parts > 1 && parts <= pieces,
+                    "{parts} partitions for {pieces}"
+                );
+                let got = collect_partitioned(split, ctx.task_ctx()).await.unwrap();
+                let got: Vec<RecordBatch> = got.into_iter().flatten().collect();
+                let got = concat_batches(&plan.schema(), &got).unwrap();
+                assert_eq!(got, expected, "{version:?}, {pieces} pieces");
+            }
+            ctx.deregister_table("t").unwrap();
+        }
+    }
+
+    /// Not split: one piece wanted, or as many row groups as pieces.
+    #[tokio::test]
+    async fn scans_that_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        write(&path, &batch(1_000, 7), false, WriterVersion::PARQUET_1_0);
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        let plan = scan(&ctx, &path).await;
+        assert!(
+            split_scan(&plan, 1, &ctx.task_ctx(), &reservation(&ctx))
+                .await
+                .is_none()
+        );
+        // A plan that is not a Parquet scan.
+        let values = ctx
+            .sql("VALUES (1)")
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        assert!(
+            split_scan(&values, 4, &ctx.task_ctx(), &reservation(&ctx))
+                .await
+                .is_none()
+        );
+        // Row groups enough for the pieces already.
+        let many = dir.path().join("many.parquet");
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(100))
+            .build();
+        let data = batch(1_000, 8);
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&many).unwrap(),
+            data.schema(),
+            Some(props),
+        )
+        .unwrap();
+        w.write(&data).unwrap();
+        w.close().unwrap();
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(4));
+        let plan = scan(&ctx, &many).await;
+        assert!(
+            split_scan(&plan, 4, &ctx.task_ctx(), &reservation(&ctx))
+                .await
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn zero_levels_of_rle_and_bit_packed_runs() {
+        // RLE: 5 zeros, then 3 ones (width 1).
+        assert_eq!(count_zero_levels(&[10, 0, 6, 1], 1, 8), Some((5, true)));
+        // Bit-packed, one group of 8 (width 1): 0b1011_0010 -> values 0,1,0,0,1,1,0,1.
+        assert_eq!(count_zero_levels(&[3, 0b1011_0010], 1, 8), Some((4, true)));
+        // Only the first n count (the rest is padding).
+        assert_eq!(count_zero_levels(&[3, 0b1111_1100], 1, 3), Some((2, true)));
+        // A page that continues a row: the first level is not 0.
+        assert_eq!(count_zero_levels(&[4, 1, 2, 0], 1, 3), Some((1, false)));
+        // Width 2, bit-packed: values 0, 2, 1, 0, 3, 0, 0, 1 (2 bits each, LSB first).
+        let v = [0u16, 2, 1, 0, 3, 0, 0, 1];
+        let bits = v
+            .iter()
+            .enumerate()
+            .fold(0u16, |a, (i, &x)| a | (x << (2 * i)));
+        let packed = [3u8, bits as u8, (bits >> 8) as u8];
+        assert_eq!(count_zero_levels(&packed, 2, 8), Some((4, true)));
+        // Truncated input.
+        assert_eq!(count_zero_levels(&[10], 1, 5), None);
+        assert_eq!(count_zero_levels(&[3], 1, 8), None);
+    }
+
+    #[test]
+    fn cut_points_are_page_starts_covering_every_row_once() {
+        let starts = [0, 10, 25, 40, 70, 90];
+        for want in 1..8 {
+            let ranges = cuts(&starts, 100, want);
+            assert!(ranges.len() <= want);
+            assert_eq!(ranges.first().unwrap().start, 0);
+            assert_eq!(ranges.last().unwrap().end, 100);
+            for w in ranges.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(starts.contains(&w[1].start));
+            }
+        }
+        assert_eq!(cuts(&starts, 100, 2), vec![0..40, 40..100]);
+        assert_eq!(cuts(&[0], 100, 4), vec![0..100]);
+    }
+
+    #[test]
+    fn malformed_page_headers_are_refused() {
+        assert_eq!(PageHeader::parse(&[]), None);
+        // A struct that never ends.
+        assert_eq!(PageHeader::parse(&[0x15, 0x00]), None);
+        // type = DATA_PAGE (0), compressed size = -1: refused.
+        assert_eq!(PageHeader::parse(&[0x15, 0x00, 0x25, 0x01, 0x00]), None);
+        // type 0, uncompressed 4, compressed 4, then stop.
+        let (h, len) = PageHeader::parse(&[0x15, 0x00, 0x15, 0x08, 0x15, 0x08, 0x00]).unwrap();
+        assert_eq!((h.page_type, h.compressed_size, len), (DATA_PAGE, 4, 7));
+    }
+}
