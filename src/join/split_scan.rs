@@ -20,8 +20,9 @@
 //! that cache. Anything unexpected (encryption, a header that does not parse, row counts that do
 //! not add up) leaves the scan as it was.
 
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf, Bytes};
 use datafusion::common::{DataFusionError, Result};
@@ -39,6 +40,7 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::cache::cache_manager::{CachedFileMetadataEntry, FileMetadataCache};
 use datafusion::execution::cache::default_cache::DefaultCache;
 use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use datafusion::parquet::column::page::{Page, PageReader};
@@ -57,11 +59,18 @@ use super::filter::reserve;
 /// Bytes of derived metadata the process keeps (a page location is 24 bytes).
 const CACHE_BYTES: usize = 64 << 20;
 
-fn cache() -> &'static Arc<FileMetadataCache> {
-    static CACHE: OnceLock<Arc<FileMetadataCache>> = OnceLock::new();
-    CACHE.get_or_init(|| {
+/// The derived metadata of the files of one object store (the cache is keyed by path, as the
+/// reader factory looks it up; a path names different files in different stores).
+fn cache(store: &ObjectStoreUrl) -> Arc<FileMetadataCache> {
+    static CACHES: OnceLock<Mutex<HashMap<String, Arc<FileMetadataCache>>>> = OnceLock::new();
+    let mut caches = CACHES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let cache = caches.entry(store.as_str().to_owned()).or_insert_with(|| {
         Arc::new(DefaultCache::new(CACHE_BYTES).with_name("datafusion-sets: derived offset index"))
-    })
+    });
+    Arc::clone(cache)
 }
 
 /// `plan` read in about `pieces` row ranges, when it is a Parquet scan with fewer row groups
@@ -93,10 +102,18 @@ async fn try_split(
     let Some((config, source)) = exec.downcast_to_file_source::<ParquetSource>() else {
         return Ok(None);
     };
-    // A limit, a predicate (page pruning reads a column index we do not derive) or an access
-    // plan someone else chose: read as planned. (The reader factory is replaced by one reading
-    // the same object store through the cache of derived metadata.)
-    if pieces < 2 || config.limit.is_some() || FileSource::filter(source).is_some() {
+    // A limit, a predicate (page pruning reads a column index we do not derive), decryption or
+    // an access plan someone else chose: read as planned. (The reader factory is replaced by
+    // one reading the same object store through the cache of derived metadata.)
+    if pieces < 2
+        || config.limit.is_some()
+        || FileSource::filter(source).is_some()
+        || source
+            .table_parquet_options()
+            .crypto
+            .file_decryption
+            .is_some()
+    {
         return Ok(None);
     }
     // The distinct files (DataFusion may have cut one file into byte ranges).
@@ -115,9 +132,10 @@ async fn try_split(
     let store = context
         .runtime_env()
         .object_store(&config.object_store_url)?;
+    let cache = cache(&config.object_store_url);
     let mut metadata = Vec::with_capacity(files.len());
     for file in &files {
-        metadata.push(fetch_metadata(&store, &file.object_meta).await?);
+        metadata.push(fetch_metadata(&store, cache.as_ref(), &file.object_meta).await?);
     }
     let row_groups: usize = metadata.iter().map(|m| m.num_row_groups()).sum();
     if row_groups >= pieces {
@@ -132,6 +150,8 @@ async fn try_split(
             None => derive_offset_index(&store, &file.object_meta, meta, reservation).await?,
         };
         let Some(meta) = meta else {
+            // Some page does not begin a row: read whole (and derived again next time; the
+            // walk is cheap next to the decode it would have split).
             groups.push(FileGroup::new(vec![whole(file)]));
             continue;
         };
@@ -143,20 +163,17 @@ async fn try_split(
                 split_any |= range.len() < rows;
                 let mut access = vec![RowGroupAccess::Skip; n];
                 access[g] = RowGroupAccess::Selection(selection(range, rows));
-                let mut piece = whole(file);
-                piece = piece.with_extension(ParquetAccessPlan::new(access));
+                let piece = whole(file).with_extension(ParquetAccessPlan::new(access));
                 groups.push(FileGroup::new(vec![piece]));
             }
         }
-        {
-            cache().put(
-                &file.object_meta.location,
-                CachedFileMetadataEntry::new(
-                    file.object_meta.clone(),
-                    Arc::new(CachedParquetMetaData::new(meta)),
-                ),
-            );
-        }
+        cache.put(
+            &file.object_meta.location,
+            CachedFileMetadataEntry::new(
+                file.object_meta.clone(),
+                Arc::new(CachedParquetMetaData::new(meta)),
+            ),
+        );
     }
     if !split_any {
         return Ok(None);
@@ -173,7 +190,7 @@ async fn try_split(
     // build's tie order (and so the join's work, not its answer) stays the same.
     split.preserve_order = true;
     split.file_source = Arc::new(source.clone().with_parquet_file_reader_factory(Arc::new(
-        CachedParquetFileReaderFactory::new(store, Arc::clone(cache())),
+        CachedParquetFileReaderFactory::new(store, cache),
     )));
     Ok(Some(DataSourceExec::from_data_source(split)))
 }
@@ -262,9 +279,10 @@ fn cuts(starts: &[usize], rows: usize, want: usize) -> Vec<Range<usize>> {
 /// The file's footer, with its page index when it has one.
 async fn fetch_metadata(
     store: &Arc<dyn ObjectStore>,
+    cache: &FileMetadataCache,
     object_meta: &ObjectMeta,
 ) -> Result<Arc<ParquetMetaData>> {
-    if let Some(entry) = cache().get(&object_meta.location)
+    if let Some(entry) = cache.get(&object_meta.location)
         && entry.is_valid_for(object_meta)
         && let Some(cached) = entry
             .file_metadata
