@@ -341,17 +341,20 @@ impl Collections {
                 ranges * distinct * size_of::<u32>(),
                 "the prefix index's counters",
             )?;
-            let chunk = members.len().div_ceil(ranges).max(1);
+            // Ranges of about equal postings, not of equal sets: the sets are in size order and
+            // a larger set has a longer prefix, so equal counts of sets left the last range
+            // with most of the work (measured: this step took as long on 2 threads as on 1).
+            let parts = split_by_weight(&members, ranges, |&p| prefixes[p as usize] as usize);
             let tokens_of = |p: u32| {
                 let from = starts[p as usize];
                 &tokens[from..from + prefixes[p as usize] as usize]
             };
             // Per range: how many postings each token gets from it.
-            let mut counters: Vec<Vec<u32>> = members
-                .par_chunks(chunk)
+            let mut counters: Vec<Vec<u32>> = parts
+                .par_iter()
                 .map(|range| {
                     let mut c = vec![0u32; distinct];
-                    for &p in range {
+                    for &p in range.iter() {
                         for &w in tokens_of(p) {
                             c[w as usize] += 1;
                         }
@@ -373,11 +376,11 @@ impl Collections {
             }
             let mut postings: Vec<Posting> = Vec::with_capacity(count);
             let out = Slots(postings.as_mut_ptr());
-            members
-                .par_chunks(chunk)
+            parts
+                .par_iter()
                 .zip(counters.par_iter_mut())
                 .for_each(|(range, next)| {
-                    for &p in range {
+                    for &p in range.iter() {
                         let size = sizes[p as usize];
                         for (pos, &w) in tokens_of(p).iter().enumerate() {
                             let slot = &mut next[w as usize];
@@ -411,6 +414,27 @@ impl Collections {
             indexes,
         })
     }
+}
+
+/// `items` cut into at most `parts` consecutive non-empty slices of about equal total weight.
+fn split_by_weight<T>(items: &[T], parts: usize, weight: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let total: usize = items.iter().map(&weight).sum();
+    let parts = parts.max(1);
+    let mut out = Vec::with_capacity(parts);
+    let mut from = 0;
+    let mut sum = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        sum += weight(item);
+        // Close a slice once it reaches its share of the total (the last takes the rest).
+        if out.len() + 1 < parts && sum * parts >= total * (out.len() + 1) {
+            out.push(&items[from..=i]);
+            from = i + 1;
+        }
+    }
+    if from < items.len() || out.is_empty() {
+        out.push(&items[from..]);
+    }
+    out
 }
 
 /// Token ranks by increasing global frequency, ties by value: a dense table when the values
@@ -627,5 +651,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn slices_of_equal_weight_cover_every_item_once() {
+        let items: Vec<usize> = (1..=100).collect();
+        for parts in 1..9 {
+            let slices = split_by_weight(&items, parts, |&w| w);
+            assert!(!slices.is_empty() && slices.len() <= parts);
+            assert!(slices.iter().all(|s| !s.is_empty()));
+            let joined: Vec<usize> = slices.concat();
+            assert_eq!(joined, items);
+            // Weights 1..100 rise as the sets' prefixes do: each slice holds about its share.
+            let share = items.iter().sum::<usize>() / parts;
+            for s in &slices {
+                let w: usize = s.iter().sum();
+                assert!(
+                    w <= share + 100,
+                    "{parts} parts: {w} against a share of {share}"
+                );
+            }
+        }
+        assert_eq!(
+            split_by_weight(&[] as &[usize], 4, |&w| w),
+            vec![&[] as &[usize]]
+        );
+        assert_eq!(
+            split_by_weight(&[0usize, 0, 0], 2, |&w| w).concat(),
+            vec![0, 0, 0]
+        );
     }
 }
