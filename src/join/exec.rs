@@ -28,9 +28,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, DynComparator, make_comparator, new_empty_array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, DynComparator, make_comparator, new_empty_array,
+};
+use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{SortOptions, cast, concat};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
@@ -129,6 +132,71 @@ pub fn output_schema(left_id: &DataType, right_id: &DataType, measure: Measure) 
     ])
 }
 
+/// How a self-join orients a pair of rows: `(row with the smaller id, the other)`, or no pair
+/// when either id is NULL or both are equal (as `r.id < s.id`).
+pub(crate) enum IdOrder {
+    /// Integer ids as order-preserving `u64` keys (a pair is recorded per verified candidate:
+    /// millions of comparisons, where Arrow's comparator pays a dynamic call and null checks).
+    Keys {
+        keys: Vec<u64>,
+        nulls: Option<NullBuffer>,
+    },
+    /// Any other id type: Arrow's comparator.
+    Dyn { ids: ArrayRef, order: DynComparator },
+}
+
+impl IdOrder {
+    fn new(ids: ArrayRef) -> Result<Self> {
+        let dt = ids.data_type();
+        let keys: Option<Vec<u64>> = if dt.is_signed_integer() {
+            let v = cast(&ids, &DataType::Int64)?;
+            let v = v.as_primitive::<Int64Type>();
+            Some(v.values().iter().map(|&x| (x as u64) ^ (1 << 63)).collect())
+        } else if dt.is_unsigned_integer() {
+            let v = cast(&ids, &DataType::UInt64)?;
+            Some(v.as_primitive::<UInt64Type>().values().to_vec())
+        } else {
+            None
+        };
+        Ok(match keys {
+            Some(keys) => IdOrder::Keys {
+                keys,
+                nulls: ids.logical_nulls().filter(|n| n.null_count() > 0),
+            },
+            None => {
+                let order = make_comparator(ids.as_ref(), ids.as_ref(), SortOptions::default())?;
+                IdOrder::Dyn { ids, order }
+            }
+        })
+    }
+
+    /// `(a, b)` or `(b, a)`, smaller id first; `None` when they are not paired.
+    #[inline]
+    pub(crate) fn orient(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+        let ordering = match self {
+            IdOrder::Keys { keys, nulls } => {
+                if let Some(n) = nulls
+                    && (n.is_null(a as usize) || n.is_null(b as usize))
+                {
+                    return None;
+                }
+                keys[a as usize].cmp(&keys[b as usize])
+            }
+            IdOrder::Dyn { ids, order } => {
+                if ids.is_null(a as usize) || ids.is_null(b as usize) {
+                    return None;
+                }
+                order(a as usize, b as usize)
+            }
+        };
+        match ordering {
+            std::cmp::Ordering::Less => Some((a, b)),
+            std::cmp::Ordering::Greater => Some((b, a)),
+            std::cmp::Ordering::Equal => None,
+        }
+    }
+}
+
 /// Everything the probes share, built once per execution.
 pub(crate) struct Built {
     pub(crate) collections: Collections,
@@ -136,7 +204,7 @@ pub(crate) struct Built {
     /// concatenated; `None` where not needed.
     pub(crate) columns: Vec<Vec<Option<ArrayRef>>>,
     /// Self-join: orders ids to orient (and filter) pairs.
-    pub(crate) id_order: Option<(ArrayRef, DynComparator)>,
+    pub(crate) id_order: Option<IdOrder>,
     /// Keeps the memory of `collections` and the columns accounted.
     pub(crate) _reservation: Arc<MemoryReservation>,
     /// The sets on the device, uploaded by the first partition that verifies on the GPU
@@ -719,11 +787,7 @@ async fn build_collections(
     drop(tokens);
     let id_order = match (self_join, inputs[0].id) {
         (true, Some(id)) => match columns[0].get(id) {
-            Some(Some(ids)) => {
-                let ids = Arc::clone(ids);
-                let order = make_comparator(ids.as_ref(), ids.as_ref(), SortOptions::default())?;
-                Some((ids, order))
-            }
+            Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids))?),
             _ => {
                 return internal_err!("SimilarityJoinExec: the self-join's id column was not kept");
             }
@@ -764,4 +828,80 @@ async fn read_partition(
         token_columns.push(cast(batch.column(tokens), &token_type)?);
     }
     Ok((columns, token_columns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int16Array, StringArray, UInt64Array};
+
+    /// Pairs each order keeps, oriented, against `r.id < s.id` written out.
+    fn oriented(order: &IdOrder, n: u32) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        for a in 0..n {
+            for b in 0..n {
+                if a != b
+                    && let Some(p) = order.orient(a, b)
+                {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn ids_orient_pairs_as_r_id_less_than_s_id() {
+        let signed: ArrayRef = Arc::new(Int16Array::from(vec![
+            Some(3),
+            Some(-7),
+            None,
+            Some(3),
+            Some(i16::MIN),
+            Some(0),
+        ]));
+        let unsigned: ArrayRef = Arc::new(UInt64Array::from(vec![
+            Some(u64::MAX),
+            Some(1),
+            None,
+            Some(u64::MAX),
+            Some(0),
+            Some(1 << 63),
+        ]));
+        let strings: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("c"),
+            Some("a"),
+            None,
+            Some("c"),
+            Some(""),
+            Some("b"),
+        ]));
+        for ids in [signed, unsigned, strings] {
+            let order = IdOrder::new(Arc::clone(&ids)).unwrap();
+            let reference =
+                make_comparator(ids.as_ref(), ids.as_ref(), SortOptions::default()).unwrap();
+            let mut expected = Vec::new();
+            for a in 0..6u32 {
+                for b in 0..6u32 {
+                    if a != b
+                        && ids.is_valid(a as usize)
+                        && ids.is_valid(b as usize)
+                        && reference(a as usize, b as usize).is_lt()
+                    {
+                        // Each unordered pair once, from both (a, b) and (b, a).
+                        expected.push((a, b));
+                        expected.push((a, b));
+                    }
+                }
+            }
+            let mut got = oriented(&order, 6);
+            got.sort_unstable();
+            expected.sort_unstable();
+            assert_eq!(got, expected, "{}", ids.data_type());
+            assert!(matches!(
+                (&order, ids.data_type()),
+                (IdOrder::Dyn { .. }, DataType::Utf8) | (IdOrder::Keys { .. }, _)
+            ));
+        }
+    }
 }

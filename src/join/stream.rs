@@ -330,16 +330,10 @@ impl SimilarityJoinStream {
         let coll = &built.collections;
         let (rp, rq) = (coll.row(p as usize), coll.row(q as usize));
         let (l, r) = match &built.id_order {
-            Some((ids, order)) => {
-                if ids.is_null(rp as usize) || ids.is_null(rq as usize) {
-                    return;
-                }
-                match order(rp as usize, rq as usize) {
-                    std::cmp::Ordering::Less => (rp, rq),
-                    std::cmp::Ordering::Greater => (rq, rp),
-                    std::cmp::Ordering::Equal => return,
-                }
-            }
+            Some(order) => match order.orient(rp, rq) {
+                Some(pair) => pair,
+                None => return,
+            },
             None if coll.side(p as usize) == 0 => (rp, rq),
             None => (rq, rp),
         };
