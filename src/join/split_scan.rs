@@ -28,6 +28,7 @@ use bytes::{Buf, Bytes};
 use datafusion::common::{DataFusionError, Result};
 // DataFusion 55 has two `CachedParquetMetaData`; `DFParquetMetadata` (which the cached reader
 // factory uses) looks for the one in `metadata`.
+use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::metadata::{
     CachedParquetMetaData, DFParquetMetadata,
 };
@@ -117,7 +118,7 @@ async fn try_split(
         return Ok(None);
     }
     // The distinct files (DataFusion may have cut one file into byte ranges).
-    let mut files: Vec<datafusion::datasource::listing::PartitionedFile> = Vec::new();
+    let mut files: Vec<PartitionedFile> = Vec::new();
     for file in config.file_groups.iter().flat_map(|g| g.iter()) {
         if !file.extensions.is_empty() {
             return Ok(None);
@@ -137,14 +138,18 @@ async fn try_split(
     for file in &files {
         metadata.push(fetch_metadata(&store, cache.as_ref(), &file.object_meta).await?);
     }
-    let row_groups: usize = metadata.iter().map(|m| m.num_row_groups()).sum();
+    let row_groups: usize = metadata.iter().map(|(m, _)| m.num_row_groups()).sum();
     if row_groups >= pieces {
         return Ok(None);
     }
-    let total = metadata.iter().map(|m| file_rows(m)).sum::<usize>().max(1);
+    let total = metadata
+        .iter()
+        .map(|(m, _)| file_rows(m))
+        .sum::<usize>()
+        .max(1);
     let mut groups = Vec::new();
     let mut split_any = false;
-    for (file, meta) in files.iter().zip(&metadata) {
+    for (file, (meta, cached)) in files.iter().zip(&metadata) {
         let meta = match meta.offset_index() {
             Some(_) => Some(Arc::clone(meta)),
             None => derive_offset_index(&store, &file.object_meta, meta, reservation).await?,
@@ -166,6 +171,9 @@ async fn try_split(
                 let piece = whole(file).with_extension(ParquetAccessPlan::new(access));
                 groups.push(FileGroup::new(vec![piece]));
             }
+        }
+        if *cached {
+            continue;
         }
         cache.put(
             &file.object_meta.location,
@@ -197,9 +205,7 @@ async fn try_split(
 
 /// `file` read whole: no byte range (the pieces say which rows), no statistics (a piece's are
 /// not the file's).
-fn whole(
-    file: &datafusion::datasource::listing::PartitionedFile,
-) -> datafusion::datasource::listing::PartitionedFile {
+fn whole(file: &PartitionedFile) -> PartitionedFile {
     let mut file = file.clone();
     file.range = None;
     file.statistics = None;
@@ -276,12 +282,12 @@ fn cuts(starts: &[usize], rows: usize, want: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// The file's footer, with its page index when it has one.
+/// The file's footer, with its page index when it has one, and whether it came from `cache`.
 async fn fetch_metadata(
     store: &Arc<dyn ObjectStore>,
     cache: &FileMetadataCache,
     object_meta: &ObjectMeta,
-) -> Result<Arc<ParquetMetaData>> {
+) -> Result<(Arc<ParquetMetaData>, bool)> {
     if let Some(entry) = cache.get(&object_meta.location)
         && entry.is_valid_for(object_meta)
         && let Some(cached) = entry
@@ -289,12 +295,13 @@ async fn fetch_metadata(
             .as_any()
             .downcast_ref::<CachedParquetMetaData>()
     {
-        return Ok(Arc::clone(cached.parquet_metadata()));
+        return Ok((Arc::clone(cached.parquet_metadata()), true));
     }
-    DFParquetMetadata::new(store.as_ref(), object_meta)
+    let meta = DFParquetMetadata::new(store.as_ref(), object_meta)
         .with_page_index_policy(Some(PageIndexPolicy::Optional))
         .fetch_metadata()
-        .await
+        .await?;
+    Ok((meta, false))
 }
 
 /// `meta` with an offset index derived from the page headers, or `None` when some page does
