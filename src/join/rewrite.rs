@@ -30,11 +30,13 @@
 //!
 //! Self-joins (`FROM t a JOIN t b ON jaccard(a.tokens, b.tokens) >= t AND a.id < b.id`) run
 //! in the exec's self-join mode (one collection, each pair once, oriented by id; the id
-//! conjunct is dropped) only when both inputs provably scan the same data: the very same
-//! in-memory batches (buffer pointers), same projection, no limit; the measure compares one
-//! column with itself; the id is an integer column (SQL's `<` is then the exec's order, and
-//! NULL or equal ids are paired by neither). Any other self-join is an R-S join with
-//! `a.id < b.id` as a filter, which is always correct.
+//! conjunct is dropped; the data is read and indexed once) only when both inputs provably
+//! produce the same rows: the very same in-memory batches (buffer pointers), or the same
+//! versions of the same files (path, size, modification time, e-tag) scanned alike, with the
+//! same projection and pushed-down predicate and no limit, possibly under equal deterministic
+//! projections and filters; the measure compares one column with itself; the id is an integer
+//! column (SQL's `<` is then the exec's order, and NULL or equal ids are paired by neither).
+//! Any other self-join is an R-S join with `a.id < b.id` as a filter, which is always correct.
 //!
 //! Left alone (the plan stays as DataFusion made it, which is always correct):
 //! - joins other than INNER; equi-joins with a similarity filter (a hash join);
@@ -59,6 +61,7 @@ use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinSide, JoinType, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
@@ -430,24 +433,68 @@ fn self_join(
     })
 }
 
-/// Whether `a` and `b` provably produce the same rows: both scan the very same in-memory
-/// batches (buffer for buffer) with the same projection and no limit. (Scans of files could
-/// be compared by path, but not proved to read the same bytes; they stay R-S joins.)
+/// Whether `a` and `b` provably produce the same rows (as a multiset): the same plan node;
+/// scans of the very same in-memory batches (buffer for buffer); scans of the same files
+/// (see [`same_files`]); or equal deterministic projections or filters over inputs that
+/// produce the same rows. Anything else is not proved, and the join stays an R-S join.
 fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
-    fn memory(p: &Arc<dyn ExecutionPlan>) -> Option<&MemorySourceConfig> {
-        p.downcast_ref::<DataSourceExec>()
-            .and_then(|d| d.data_source().downcast_ref::<MemorySourceConfig>())
-            .filter(|m| m.fetch().is_none())
-    }
     if Arc::ptr_eq(a, b) {
         return true;
     }
-    let (Some(ma), Some(mb)) = (memory(a), memory(b)) else {
+    if a.schema() != b.schema() {
+        return false;
+    }
+    if let (Some(pa), Some(pb)) = (
+        a.downcast_ref::<ProjectionExec>(),
+        b.downcast_ref::<ProjectionExec>(),
+    ) {
+        return pa.expr().len() == pb.expr().len()
+            && pa
+                .expr()
+                .iter()
+                .zip(pb.expr())
+                .all(|(x, y)| x.expr.eq(&y.expr) && !is_volatile(&x.expr))
+            && same_data(pa.input(), pb.input());
+    }
+    if let (Some(fa), Some(fb)) = (
+        a.downcast_ref::<FilterExec>(),
+        b.downcast_ref::<FilterExec>(),
+    ) {
+        return fa.fetch().is_none()
+            && fb.fetch().is_none()
+            && fa.predicate() == fb.predicate()
+            && !is_volatile(fa.predicate())
+            && fa.projection() == fb.projection()
+            && same_data(fa.input(), fb.input());
+    }
+    let (Some(da), Some(db)) = (
+        a.downcast_ref::<DataSourceExec>(),
+        b.downcast_ref::<DataSourceExec>(),
+    ) else {
         return false;
     };
-    let (pa, pb) = (ma.partitions(), mb.partitions());
-    ma.projection() == mb.projection()
-        && a.schema() == b.schema()
+    let (sa, sb) = (da.data_source(), db.data_source());
+    if let (Some(ma), Some(mb)) = (
+        sa.downcast_ref::<MemorySourceConfig>(),
+        sb.downcast_ref::<MemorySourceConfig>(),
+    ) {
+        return same_batches(ma, mb);
+    }
+    if let (Some(fa), Some(fb)) = (
+        sa.downcast_ref::<FileScanConfig>(),
+        sb.downcast_ref::<FileScanConfig>(),
+    ) {
+        return same_files(fa, fb);
+    }
+    false
+}
+
+/// Both scan the very same in-memory batches with the same projection and no limit.
+fn same_batches(a: &MemorySourceConfig, b: &MemorySourceConfig) -> bool {
+    let (pa, pb) = (a.partitions(), b.partitions());
+    a.fetch().is_none()
+        && b.fetch().is_none()
+        && a.projection() == b.projection()
         && pa.len() == pb.len()
         && pa.iter().zip(pb).all(|(xa, xb)| {
             xa.len() == xb.len()
@@ -461,6 +508,38 @@ fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
                             .all(|(ca, cb)| ca.to_data().ptr_eq(&cb.to_data()))
                 })
         })
+}
+
+/// Both scan the same versions of the same files the same way: one object store, the same
+/// files in the same groups (each with the same location, size, modification time, e-tag and
+/// version, byte range and partition values: the identity by which DataFusion's own caches
+/// tell a file version), one format, table schema, projection and pushed-down predicate (none
+/// volatile), no limit and no adapter that could rewrite values. The self-join then reads the
+/// files once, where the nested loop would have read them twice.
+fn same_files(a: &FileScanConfig, b: &FileScanConfig) -> bool {
+    let (sa, sb) = (&a.file_source, &b.file_source);
+    let files_match = a.file_groups.len() == b.file_groups.len()
+        && a.file_groups.iter().zip(&b.file_groups).all(|(ga, gb)| {
+            ga.len() == gb.len()
+                && ga.iter().zip(gb.iter()).all(|(x, y)| {
+                    x.object_meta == y.object_meta
+                        && x.range == y.range
+                        && x.partition_values == y.partition_values
+                })
+        });
+    let filter = sa.filter();
+    files_match
+        && a.object_store_url == b.object_store_url
+        && a.limit.is_none()
+        && b.limit.is_none()
+        && a.file_compression_type == b.file_compression_type
+        && a.expr_adapter_factory.is_none()
+        && b.expr_adapter_factory.is_none()
+        && sa.file_type() == sb.file_type()
+        && sa.table_schema().table_schema() == sb.table_schema().table_schema()
+        && sa.projection() == sb.projection()
+        && filter == sb.filter()
+        && !filter.as_ref().is_some_and(is_volatile)
 }
 
 /// The input of one side: `plan` itself when the measure's argument is one of its columns,
@@ -610,5 +689,191 @@ fn side_of(expr: &Arc<dyn PhysicalExpr>, nl: usize) -> Option<JoinSide> {
         Some(JoinSide::Right)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{DataType, Field};
+    use datafusion::datasource::listing::PartitionedFile;
+    use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::physical_expr::expressions::lit;
+    use datafusion::physical_plan::expressions::BinaryExpr;
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new(
+                "tokens",
+                DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true))),
+                true,
+            ),
+            Field::new("extra", DataType::Utf8, true),
+        ]))
+    }
+
+    /// What a scan is built from; each test changes one thing.
+    #[derive(Clone)]
+    struct Scan {
+        files: Vec<(&'static str, u64, u64)>,
+        projection: Option<Vec<usize>>,
+        limit: Option<usize>,
+        predicate: Option<Arc<dyn PhysicalExpr>>,
+    }
+
+    fn base() -> Scan {
+        Scan {
+            files: vec![("data/a.parquet", 1000, 10), ("data/b.parquet", 2000, 20)],
+            projection: Some(vec![0, 1]),
+            limit: None,
+            predicate: None,
+        }
+    }
+
+    fn exec(scan: &Scan) -> Arc<dyn ExecutionPlan> {
+        let mut source = ParquetSource::new(schema());
+        if let Some(p) = &scan.predicate {
+            source = source.with_predicate(Arc::clone(p));
+        }
+        let mut builder =
+            FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
+                .with_limit(scan.limit)
+                .with_projection_indices(scan.projection.clone())
+                .expect("a projection");
+        for &(path, size, seconds) in &scan.files {
+            let mut file = PartitionedFile::new(path, size);
+            file.object_meta.last_modified += std::time::Duration::from_secs(seconds);
+            builder = builder.with_file(file);
+        }
+        DataSourceExec::from_data_source(builder.build())
+    }
+
+    fn id_below(n: i64) -> Arc<dyn PhysicalExpr> {
+        Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("id", 0)),
+            Operator::Lt,
+            lit(n),
+        ))
+    }
+
+    #[test]
+    fn file_scans_are_the_same_data_only_when_every_part_matches() {
+        let same = |a: &Scan, b: &Scan| same_data(&exec(a), &exec(b));
+        let b = base();
+        assert!(same(&b, &b), "two scans built alike");
+        let with_predicate = Scan {
+            predicate: Some(id_below(5)),
+            ..base()
+        };
+        assert!(same(&with_predicate, &with_predicate), "equal predicates");
+
+        let mut other_mtime = base();
+        other_mtime.files[1].2 = 21;
+        let mut other_size = base();
+        other_size.files[0].1 = 1001;
+        let mut other_path = base();
+        other_path.files[0].0 = "data/c.parquet";
+        let mut fewer_files = base();
+        fewer_files.files.pop();
+        let differing = [
+            ("another modification time", other_mtime),
+            ("another size", other_size),
+            ("another file", other_path),
+            ("fewer files", fewer_files),
+            (
+                "another projection",
+                Scan {
+                    projection: Some(vec![0, 2]),
+                    ..base()
+                },
+            ),
+            (
+                "a limit",
+                Scan {
+                    limit: Some(10),
+                    ..base()
+                },
+            ),
+            ("a predicate", with_predicate.clone()),
+        ];
+        for (what, other) in &differing {
+            assert!(!same(&b, other), "{what}");
+            assert!(!same(other, &b), "{what}, reversed");
+        }
+        let other_predicate = Scan {
+            predicate: Some(id_below(6)),
+            ..base()
+        };
+        assert!(!same(&with_predicate, &other_predicate), "other predicates");
+        let limited = Scan {
+            limit: Some(10),
+            ..base()
+        };
+        assert!(!same(&limited, &limited), "a limit on both sides");
+        let volatile = Scan {
+            predicate: Some(random_below_half()),
+            ..base()
+        };
+        assert!(!same(&volatile, &volatile), "a volatile predicate");
+    }
+
+    /// `random() < 0.5`: each scan keeps other rows.
+    fn random_below_half() -> Arc<dyn PhysicalExpr> {
+        let random = ScalarFunctionExpr::try_new(
+            datafusion::functions::math::random(),
+            vec![],
+            &schema(),
+            Arc::new(ConfigOptions::default()),
+        )
+        .expect("random()");
+        Arc::new(BinaryExpr::new(Arc::new(random), Operator::Lt, lit(0.5)))
+    }
+
+    #[test]
+    fn projections_and_filters_over_the_same_data() {
+        let scan = exec(&base());
+        let other = exec(&Scan {
+            files: vec![("data/a.parquet", 1000, 10)],
+            ..base()
+        });
+        let filter = |input: &Arc<dyn ExecutionPlan>, n: i64| -> Arc<dyn ExecutionPlan> {
+            Arc::new(FilterExec::try_new(id_below(n), Arc::clone(input)).expect("a filter"))
+        };
+        let project = |input: &Arc<dyn ExecutionPlan>, e: Arc<dyn PhysicalExpr>| {
+            let exprs = vec![
+                (
+                    Arc::new(Column::new("tokens", 1)) as Arc<dyn PhysicalExpr>,
+                    "t".into(),
+                ),
+                (e, "x".to_string()),
+            ];
+            Arc::new(ProjectionExec::try_new(exprs, Arc::clone(input)).expect("a projection"))
+                as Arc<dyn ExecutionPlan>
+        };
+        assert!(same_data(&filter(&scan, 5), &filter(&exec(&base()), 5)));
+        assert!(!same_data(&filter(&scan, 5), &filter(&scan, 6)));
+        assert!(!same_data(&filter(&scan, 5), &filter(&other, 5)));
+        assert!(!same_data(&filter(&scan, 5), &scan));
+        let id: Arc<dyn PhysicalExpr> = Arc::new(Column::new("id", 0));
+        assert!(same_data(
+            &project(&scan, Arc::clone(&id)),
+            &project(&exec(&base()), Arc::clone(&id))
+        ));
+        assert!(!same_data(
+            &project(&scan, Arc::clone(&id)),
+            &project(&scan, lit(1i64))
+        ));
+        assert!(!same_data(
+            &project(&scan, Arc::clone(&id)),
+            &project(&other, Arc::clone(&id))
+        ));
+        let random = random_below_half();
+        assert!(!same_data(
+            &project(&scan, Arc::clone(&random)),
+            &project(&scan, random)
+        ));
     }
 }
