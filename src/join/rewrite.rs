@@ -69,10 +69,12 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr, conjunction, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::joins::utils::{JoinFilter, build_join_schema};
 use datafusion::physical_plan::joins::{CrossJoinExec, NestedLoopJoinExec};
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
@@ -435,8 +437,8 @@ fn self_join(
 
 /// Whether `a` and `b` provably produce the same rows (as a multiset): the same plan node;
 /// scans of the very same in-memory batches (buffer for buffer); scans of the same files
-/// (see [`same_files`]); or equal deterministic projections or filters over inputs that
-/// produce the same rows. Anything else is not proved, and the join stays an R-S join.
+/// (see [`same_files`]); or equal deterministic projections or filters, or repartitions, over
+/// inputs that produce the same rows. Anything else is not proved, and the join stays an R-S join.
 fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
     if Arc::ptr_eq(a, b) {
         return true;
@@ -466,6 +468,15 @@ fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
             && !is_volatile(fa.predicate())
             && fa.projection() == fb.projection()
             && same_data(fa.input(), fb.input());
+    }
+    // Moving rows between partitions keeps the multiset.
+    let regroups = |p: &Arc<dyn ExecutionPlan>| {
+        p.downcast_ref::<RepartitionExec>().is_some()
+            || p.downcast_ref::<CoalescePartitionsExec>()
+                .is_some_and(|c| c.fetch().is_none())
+    };
+    if regroups(a) && regroups(b) && a.name() == b.name() {
+        return same_data(a.children()[0], b.children()[0]);
     }
     let (Some(da), Some(db)) = (
         a.downcast_ref::<DataSourceExec>(),
@@ -854,6 +865,21 @@ mod tests {
                 as Arc<dyn ExecutionPlan>
         };
         assert!(same_data(&filter(&scan, 5), &filter(&exec(&base()), 5)));
+        let spread = |input: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+            Arc::new(
+                RepartitionExec::try_new(
+                    Arc::clone(input),
+                    datafusion::physical_plan::Partitioning::RoundRobinBatch(4),
+                )
+                .expect("a repartition"),
+            )
+        };
+        assert!(same_data(
+            &filter(&spread(&scan), 5),
+            &filter(&spread(&exec(&base())), 5)
+        ));
+        assert!(!same_data(&spread(&scan), &spread(&other)));
+        assert!(!same_data(&spread(&scan), &exec(&base())));
         assert!(!same_data(&filter(&scan, 5), &filter(&scan, 6)));
         assert!(!same_data(&filter(&scan, 5), &filter(&other, 5)));
         assert!(!same_data(&filter(&scan, 5), &scan));
