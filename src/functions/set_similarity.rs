@@ -128,6 +128,19 @@ pub fn coerce_pair(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> 
     if let Some(element) = coerced.iter().find_map(list_element_type)
         && !(element.is_integer() || element.is_null())
     {
+        let integer_list = |t: &DataType| match t {
+            DataType::ListView(f) | DataType::LargeListView(f) => f.data_type().is_integer(),
+            t => list_element_type(t).is_some_and(|e| e.is_integer()),
+        };
+        if arg_types.iter().all(integer_list) {
+            // Only a signed type with UInt64 lands here: DataFusion unifies them as a decimal.
+            return plan_err!(
+                "{name}: no integer type holds the elements of both arguments ({} and {}); \
+                 cast one of them, e.g. arrow_cast(x, 'List(Int64)')",
+                arg_types[0],
+                arg_types[1]
+            );
+        }
         return plan_err!("{name}: list elements must be integers, got {element}");
     }
     Ok(coerced)
