@@ -34,7 +34,8 @@
 //! produce the same rows: the very same in-memory batches (buffer pointers), or the same
 //! versions of the same files (path, size, modification time, e-tag) scanned alike, with the
 //! same projection and pushed-down predicate and no limit, possibly under equal deterministic
-//! projections and filters; the measure compares one column with itself; the id is an integer
+//! projections and filters (two scans that differ only in their columns are read as the one
+//! with every column of the other); the measure compares one column with itself; the id is an integer
 //! column (SQL's `<` is then the exec's order, and NULL or equal ids are paired by neither).
 //! Any other self-join is an R-S join with `a.id < b.id` as a filter, which is always correct.
 //!
@@ -285,13 +286,20 @@ fn plan(
         .map(|(_, c)| Arc::clone(c))
         .collect();
     let output = projection.unwrap_or_else(|| (0..join_schema.fields().len()).collect());
+    // Where each join input's columns are in the exec's input(s): themselves, unless a
+    // self-join reads one input that has the columns of both.
+    let (mut left_at, mut right_at): (Vec<usize>, Vec<usize>) = (
+        (0..nl).collect(),
+        (0..right_schema.fields().len()).collect(),
+    );
     let (left_input, right_input, flipped) =
         match self_join(left, right, &similarity, &residual, nl) {
             Some(s) => {
                 // The exec orients each pair by id, which is what the id conjunct asked for.
                 residual.remove(s.conjunct);
+                (left_at, right_at) = (s.input.left, s.input.right);
                 (
-                    JoinInput::new(Arc::clone(left), s.id, s.tokens),
+                    JoinInput::new(s.input.plan, s.id, s.tokens),
                     None,
                     s.flipped,
                 )
@@ -309,10 +317,10 @@ fn plan(
     // In a self-join whose id conjunct is `left.id > right.id`, the join's left row is the
     // exec's right one (the larger id).
     let column = |c: usize| match (c < nl, flipped) {
-        (true, false) => JoinColumn::Left(c),
-        (true, true) => JoinColumn::Right(c),
-        (false, false) => JoinColumn::Right(c - nl),
-        (false, true) => JoinColumn::Left(c - nl),
+        (true, false) => JoinColumn::Left(left_at[c]),
+        (true, true) => JoinColumn::Right(left_at[c]),
+        (false, false) => JoinColumn::Right(right_at[c - nl]),
+        (false, true) => JoinColumn::Left(right_at[c - nl]),
     };
     let new: Arc<dyn ExecutionPlan> = if residual.is_empty() {
         Arc::new(
@@ -386,6 +394,9 @@ fn plan(
 /// measure compares a column with itself, and a conjunct orders the pair by an integer column
 /// (`left.id < right.id`, or `>`: `flipped`).
 struct SelfJoin {
+    /// The one input, with the columns of both join inputs.
+    input: SharedInput,
+    /// The id and tokens columns, in `input.plan`.
     id: usize,
     tokens: usize,
     flipped: bool,
@@ -402,10 +413,16 @@ fn self_join(
 ) -> Option<SelfJoin> {
     let l = similarity.args[0].downcast_ref::<Column>()?;
     let r = similarity.args[1].downcast_ref::<Column>()?;
-    if l.index() + nl != r.index() || !same_data(left, right) {
+    if l.index() >= nl || r.index() < nl {
         return None;
     }
-    let schema = left.schema();
+    let input = shared_input(left, right)?;
+    // The measure compares one column with itself.
+    let tokens = input.left[l.index()];
+    if input.right[r.index() - nl] != tokens {
+        return None;
+    }
+    let schema = input.plan.schema();
     residual.iter().enumerate().find_map(|(k, conjunct)| {
         let b = conjunct.downcast_ref::<BinaryExpr>()?;
         let x = b.left().downcast_ref::<Column>()?.index();
@@ -418,7 +435,8 @@ fn self_join(
             return None;
         };
         // Integers: SQL's `<` is the order the exec orients pairs by (NULLs never paired).
-        if id_left != id_right || !schema.field(id_left).data_type().is_integer() {
+        let id = input.left[id_left];
+        if input.right[id_right] != id || !schema.field(id).data_type().is_integer() {
             return None;
         }
         let flipped = match op {
@@ -427,12 +445,110 @@ fn self_join(
             _ => return None,
         };
         Some(SelfJoin {
-            id: id_left,
-            tokens: l.index(),
+            input: input.clone(),
+            id,
+            tokens,
             flipped,
             conjunct: k,
         })
     })
+}
+
+/// A self-join's one input: `plan` produces the rows of both join inputs and has the columns
+/// of each: the left input's column `i` is `plan`'s column `left[i]`, the right's `j` is
+/// `right[j]`.
+#[derive(Clone)]
+struct SharedInput {
+    plan: Arc<dyn ExecutionPlan>,
+    left: Vec<usize>,
+    right: Vec<usize>,
+}
+
+/// The input both `a` and `b` can be read from: either, when they produce the same rows with
+/// the same columns ([`same_data`]); else the one whose scan has every column of the other's,
+/// when the two scans differ only in the columns they read ([`covered`]).
+fn shared_input(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> Option<SharedInput> {
+    let all = |p: &Arc<dyn ExecutionPlan>| (0..p.schema().fields().len()).collect::<Vec<_>>();
+    if same_data(a, b) {
+        return Some(SharedInput {
+            plan: Arc::clone(a),
+            left: all(a),
+            right: all(b),
+        });
+    }
+    if let Some(at) = covered(a, b) {
+        return Some(SharedInput {
+            plan: Arc::clone(a),
+            left: all(a),
+            right: at,
+        });
+    }
+    let at = covered(b, a)?;
+    Some(SharedInput {
+        plan: Arc::clone(b),
+        left: at,
+        right: all(b),
+    })
+}
+
+/// When `wide` and `narrow` are scans alike but for the columns they read (the same
+/// in-memory batches, or the same files: [`same_batches`], [`same_files`]) and each of
+/// `narrow`'s columns is one of `wide`'s (the same field, read by an equal deterministic
+/// expression): the position in `wide` of each of `narrow`'s columns.
+fn covered(wide: &Arc<dyn ExecutionPlan>, narrow: &Arc<dyn ExecutionPlan>) -> Option<Vec<usize>> {
+    let (sw, sn) = (
+        wide.downcast_ref::<DataSourceExec>()?.data_source(),
+        narrow.downcast_ref::<DataSourceExec>()?.data_source(),
+    );
+    let at: Vec<usize> = if let (Some(mw), Some(mn)) = (
+        sw.downcast_ref::<MemorySourceConfig>(),
+        sn.downcast_ref::<MemorySourceConfig>(),
+    ) {
+        if !same_batches(mw, mn, false) {
+            return None;
+        }
+        let read = |m: &MemorySourceConfig, p: &Arc<dyn ExecutionPlan>| {
+            m.projection()
+                .clone()
+                .unwrap_or_else(|| (0..p.schema().fields().len()).collect())
+        };
+        let (rw, rn) = (read(mw, wide), read(mn, narrow));
+        rn.iter()
+            .map(|c| rw.iter().position(|w| w == c))
+            .collect::<Option<_>>()?
+    } else if let (Some(fw), Some(fnarrow)) = (
+        sw.downcast_ref::<FileScanConfig>(),
+        sn.downcast_ref::<FileScanConfig>(),
+    ) {
+        if !same_files(fw, fnarrow, false) {
+            return None;
+        }
+        let read = |f: &FileScanConfig| -> Vec<Arc<dyn PhysicalExpr>> {
+            match f.file_source.projection() {
+                Some(p) => p.expr_iter().collect(),
+                None => {
+                    let table = f.file_source.table_schema().table_schema();
+                    (0..table.fields().len())
+                        .map(|i| Arc::new(Column::new(table.field(i).name(), i)) as _)
+                        .collect()
+                }
+            }
+        };
+        let (rw, rn) = (read(fw), read(fnarrow));
+        if rw.iter().chain(&rn).any(is_volatile) {
+            return None;
+        }
+        rn.iter()
+            .map(|e| rw.iter().position(|w| w.eq(e)))
+            .collect::<Option<_>>()?
+    } else {
+        return None;
+    };
+    let (schema_w, schema_n) = (wide.schema(), narrow.schema());
+    at.iter()
+        .enumerate()
+        .all(|(j, &k)| schema_w.field(k) == schema_n.field(j))
+        .then_some(at)
 }
 
 /// Whether `a` and `b` provably produce the same rows (as a multiset): the same plan node;
@@ -489,23 +605,24 @@ fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
         sa.downcast_ref::<MemorySourceConfig>(),
         sb.downcast_ref::<MemorySourceConfig>(),
     ) {
-        return same_batches(ma, mb);
+        return same_batches(ma, mb, true);
     }
     if let (Some(fa), Some(fb)) = (
         sa.downcast_ref::<FileScanConfig>(),
         sb.downcast_ref::<FileScanConfig>(),
     ) {
-        return same_files(fa, fb);
+        return same_files(fa, fb, true);
     }
     false
 }
 
-/// Both scan the very same in-memory batches with the same projection and no limit.
-fn same_batches(a: &MemorySourceConfig, b: &MemorySourceConfig) -> bool {
+/// Both scan the very same in-memory batches with no limit (and the same projection, with
+/// `projection`).
+fn same_batches(a: &MemorySourceConfig, b: &MemorySourceConfig, projection: bool) -> bool {
     let (pa, pb) = (a.partitions(), b.partitions());
     a.fetch().is_none()
         && b.fetch().is_none()
-        && a.projection() == b.projection()
+        && (!projection || a.projection() == b.projection())
         && pa.len() == pb.len()
         && pa.iter().zip(pb).all(|(xa, xb)| {
             xa.len() == xb.len()
@@ -526,8 +643,9 @@ fn same_batches(a: &MemorySourceConfig, b: &MemorySourceConfig) -> bool {
 /// version, byte range and partition values: the identity by which DataFusion's own caches
 /// tell a file version), one format, table schema, projection and pushed-down predicate (none
 /// volatile), no limit and no adapter that could rewrite values. The self-join then reads the
-/// files once, where the nested loop would have read them twice.
-fn same_files(a: &FileScanConfig, b: &FileScanConfig) -> bool {
+/// files once, where the nested loop would have read them twice. (`projection`: `false`
+/// leaves the projections to the caller.)
+fn same_files(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> bool {
     let (sa, sb) = (&a.file_source, &b.file_source);
     let files_match = a.file_groups.len() == b.file_groups.len()
         && a.file_groups.iter().zip(&b.file_groups).all(|(ga, gb)| {
@@ -548,7 +666,7 @@ fn same_files(a: &FileScanConfig, b: &FileScanConfig) -> bool {
         && b.expr_adapter_factory.is_none()
         && sa.file_type() == sb.file_type()
         && sa.table_schema().table_schema() == sb.table_schema().table_schema()
-        && sa.projection() == sb.projection()
+        && (!projection || sa.projection() == sb.projection())
         && filter == sb.filter()
         && !filter.as_ref().is_some_and(is_volatile)
 }
@@ -841,6 +959,36 @@ mod tests {
         )
         .expect("random()");
         Arc::new(BinaryExpr::new(Arc::new(random), Operator::Lt, lit(0.5)))
+    }
+
+    #[test]
+    fn a_scan_reading_more_columns_covers_the_other() {
+        let cols = |p: Vec<usize>| Scan {
+            projection: Some(p),
+            ..base()
+        };
+        let (wide, narrow) = (exec(&cols(vec![2, 0, 1])), exec(&cols(vec![1, 0])));
+        // narrow's tokens (table column 1) and id (0) are wide's columns 2 and 1.
+        assert_eq!(covered(&wide, &narrow), Some(vec![2, 1]));
+        assert_eq!(covered(&narrow, &wide), None, "extra is not read by narrow");
+        let all = exec(&Scan {
+            projection: None,
+            ..base()
+        });
+        assert_eq!(covered(&all, &narrow), Some(vec![1, 0]));
+        let shared = shared_input(&narrow, &wide).expect("one scan serves both");
+        assert!(Arc::ptr_eq(&shared.plan, &wide));
+        assert_eq!((shared.left, shared.right), (vec![2, 1], vec![0, 1, 2]));
+        // Other files, or a predicate on one side: not the same rows.
+        let mut other = cols(vec![1, 0]);
+        other.files[0].2 = 11;
+        assert_eq!(covered(&wide, &exec(&other)), None);
+        let filtered = Scan {
+            predicate: Some(id_below(5)),
+            ..cols(vec![1, 0])
+        };
+        assert_eq!(covered(&wide, &exec(&filtered)), None);
+        assert!(shared_input(&wide, &exec(&filtered)).is_none());
     }
 
     #[test]
