@@ -15,12 +15,13 @@
 //!
 //! The derived metadata lives in a process-wide cache keyed by the file's path and checked
 //! against its size and modification time (DataFusion's own metadata cache works the same way),
-//! so a file is walked once. The split scan is a copy of the input's `DataSourceExec` whose files
+//! so a file is walked once (a file version found unsplittable is remembered too, and read
+//! whole without another walk). The split scan is a copy of the input's `DataSourceExec` whose files
 //! carry a [`ParquetAccessPlan`] each (one row range) and whose reader takes the metadata from
 //! that cache. Anything unexpected (encryption, a header that does not parse, row counts that do
 //! not add up) leaves the scan as it was.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -72,6 +73,42 @@ fn cache(store: &ObjectStoreUrl) -> Arc<FileMetadataCache> {
         Arc::new(DefaultCache::new(CACHE_BYTES).with_name("datafusion-sets: derived offset index"))
     });
     Arc::clone(cache)
+}
+
+/// File versions whose pages cannot all be located (some page continues a row), by object
+/// store, path, size, modification time and e-tag: read whole without walking their page
+/// headers again. Forgotten all at once when it reaches [`UNSPLITTABLE_MAX`] entries.
+static UNSPLITTABLE: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+const UNSPLITTABLE_MAX: usize = 4096;
+
+fn unsplittable_key(store: &ObjectStoreUrl, meta: &ObjectMeta) -> String {
+    format!(
+        "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{:?}",
+        store.as_str(),
+        meta.location,
+        meta.size,
+        meta.last_modified.timestamp_nanos_opt().unwrap_or(i64::MIN),
+        meta.e_tag,
+        meta.version
+    )
+}
+
+/// Whether the file version was found unsplittable before; `mark` records that it is.
+fn unsplittable(store: &ObjectStoreUrl, meta: &ObjectMeta, mark: bool) -> bool {
+    let mut set = UNSPLITTABLE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let key = unsplittable_key(store, meta);
+    if mark {
+        if set.len() >= UNSPLITTABLE_MAX {
+            set.clear();
+        }
+        set.insert(key);
+        true
+    } else {
+        set.contains(&key)
+    }
 }
 
 /// `plan` read in about `pieces` row ranges, when it is a Parquet scan with fewer row groups
@@ -150,13 +187,15 @@ async fn try_split(
     let mut groups = Vec::new();
     let mut split_any = false;
     for (file, (meta, cached)) in files.iter().zip(&metadata) {
+        let url = &config.object_store_url;
         let meta = match meta.offset_index() {
             Some(_) => Some(Arc::clone(meta)),
+            None if unsplittable(url, &file.object_meta, false) => None,
             None => derive_offset_index(&store, &file.object_meta, meta, reservation).await?,
         };
         let Some(meta) = meta else {
-            // Some page does not begin a row: read whole (and derived again next time; the
-            // walk is cheap next to the decode it would have split).
+            // Some page does not begin a row: read whole, now and for later queries.
+            unsplittable(url, &file.object_meta, true);
             groups.push(FileGroup::new(vec![whole(file)]));
             continue;
         };
@@ -934,6 +973,32 @@ mod tests {
             split_scan(&plan, 4, &ctx.task_ctx(), &reservation(&ctx))
                 .await
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn unsplittable_versions_are_remembered_one_by_one() {
+        let store = ObjectStoreUrl::parse("memory://remembered").unwrap();
+        let version = |size: u64, seconds: u64| {
+            let mut meta = PartitionedFile::new("x/unsplittable.parquet", size).object_meta;
+            meta.last_modified += std::time::Duration::from_secs(seconds);
+            meta
+        };
+        assert!(!unsplittable(&store, &version(10, 1), false));
+        unsplittable(&store, &version(10, 1), true);
+        assert!(unsplittable(&store, &version(10, 1), false));
+        assert!(
+            !unsplittable(&store, &version(10, 2), false),
+            "another mtime"
+        );
+        assert!(
+            !unsplittable(&store, &version(11, 1), false),
+            "another size"
+        );
+        let other = ObjectStoreUrl::parse("memory://elsewhere").unwrap();
+        assert!(
+            !unsplittable(&other, &version(10, 1), false),
+            "another store"
         );
     }
 
