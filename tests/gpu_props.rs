@@ -1515,6 +1515,8 @@ fn bench_agg_groups() {
     if !gpu_or_skip("bench_agg_groups") {
         return;
     }
+    // RUST_LOG=datafusion_sets=debug: each fold's host and device times.
+    let _ = env_logger::try_init();
     let runtime = tokio::runtime::Runtime::new().expect("tokio");
     let mut rng = Rng(31);
     let mut report = vec![format!(

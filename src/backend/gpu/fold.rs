@@ -9,7 +9,10 @@
 //! are, read the shortest lists. Rounds stop when no group has work left; a group whose
 //! result empties drops out.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
+
+use rayon::prelude::*;
 
 use super::{GpuError, GpuOutput, HostList, HostOffsets, Mode, Timings, intersect};
 use crate::backend::cpu::{self, SetElem};
@@ -51,18 +54,18 @@ pub(crate) fn fold_groups_with<T: SetElem>(
     sets: &[&[T]],
     mut run: impl FnMut(&[HostList<'_, T>]) -> Result<GpuOutput<T>, GpuError>,
 ) -> Result<FoldOutput<T>, GpuError> {
-    // Every group's running result is `arena[at[g].clone()]`; a round appends the new
-    // results of the groups it advanced and repoints them (the arena only grows by results,
-    // which never exceed the sets they came from).
-    let mut arena: Vec<T> = Vec::new();
-    let mut at: Vec<Range<usize>> = Vec::with_capacity(groups.len());
-    for g in groups {
-        let start = arena.len();
-        if !g.is_empty() {
-            arena.extend_from_slice(sets[g.start]);
-        }
-        at.push(start..arena.len());
-    }
+    // Every group's running result stays where it was made, never copied: its first set, a
+    // row of a round's output (the outputs are kept to the end), or the CPU's redo of a
+    // flagged row in `redone`.
+    let mut cur: Vec<Cur> = groups
+        .iter()
+        .map(|g| match g.is_empty() {
+            true => Cur::Empty,
+            false => Cur::Set(g.start),
+        })
+        .collect();
+    let mut outputs: Vec<GpuOutput<T>> = Vec::new();
+    let mut redone: Vec<T> = Vec::new();
     let mut out = FoldOutput::default();
     // One round's batch: A = the active groups' running results, B = their next sets (64-bit
     // offsets, so no batch is limited to 2^31 values).
@@ -73,25 +76,30 @@ pub(crate) fn fold_groups_with<T: SetElem>(
         Vec::<T>::new(),
     );
     let mut tmp = Vec::new();
+    // Host time gathering operands and storing results, against the device calls' own time.
+    let (mut gather, mut store) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    let started = std::time::Instant::now();
     for round in 1.. {
+        let t0 = std::time::Instant::now();
         let active: Vec<usize> = (0..groups.len())
-            .filter(|&g| groups[g].len() > round && !at[g].is_empty())
+            .filter(|&g| {
+                groups[g].len() > round && !slice_of(&cur[g], sets, &outputs, &redone).is_empty()
+            })
             .collect();
         if active.is_empty() {
             break;
         }
-        a_off.clear();
-        a_val.clear();
-        b_off.clear();
-        b_val.clear();
-        a_off.push(0);
-        b_off.push(0);
-        for &g in &active {
-            a_val.extend_from_slice(&arena[at[g].clone()]);
-            a_off.push(a_val.len() as i64);
-            b_val.extend_from_slice(sets[groups[g].start + round]);
-            b_off.push(b_val.len() as i64);
-        }
+        let a_rows: Vec<&[T]> = active
+            .iter()
+            .map(|&g| slice_of(&cur[g], sets, &outputs, &redone))
+            .collect();
+        let b_rows: Vec<&[T]> = active
+            .iter()
+            .map(|&g| sets[groups[g].start + round])
+            .collect();
+        gather_rows(&a_rows, &mut a_off, &mut a_val);
+        gather_rows(&b_rows, &mut b_off, &mut b_val);
+        drop((a_rows, b_rows));
         let lists = [
             HostList {
                 offsets: HostOffsets::I64(&a_off),
@@ -104,33 +112,123 @@ pub(crate) fn fold_groups_with<T: SetElem>(
                 column: None,
             },
         ];
+        gather += t0.elapsed();
         let res = run(&lists)?;
+        let t1 = std::time::Instant::now();
         out.calls += 1;
         add_timings(&mut out.timings, &res.timings);
-        let got = res.values_slice();
         let range = |o: &[i64], k: usize| o[k] as usize..o[k + 1] as usize;
+        let index = outputs.len();
         for (k, &g) in active.iter().enumerate() {
-            let start = arena.len();
             if res.flagged.get(k).copied().unwrap_or(false) {
                 // Not reached with strictly increasing sets; kept exact all the same.
                 tmp.clear();
                 cpu::intersect_auto(&a_val[range(&a_off, k)], &b_val[range(&b_off, k)], &mut tmp);
-                arena.extend_from_slice(&tmp);
+                let start = redone.len();
+                redone.extend_from_slice(&tmp);
+                cur[g] = Cur::Redone(start..redone.len());
                 out.redone += 1;
             } else {
-                let (lo, hi) = (res.offsets[k] as usize, res.offsets[k + 1] as usize);
-                arena.extend_from_slice(&got[lo..hi]);
+                cur[g] = Cur::Out(index, res.offsets[k] as usize..res.offsets[k + 1] as usize);
             }
-            at[g] = start..arena.len();
         }
+        outputs.push(res);
+        store += t1.elapsed();
     }
-    out.offsets.reserve(groups.len() + 1);
-    out.offsets.push(0);
-    for r in &at {
-        out.values.extend_from_slice(&arena[r.clone()]);
-        out.offsets.push(out.values.len());
-    }
+    let t2 = std::time::Instant::now();
+    let rows: Vec<&[T]> = cur
+        .iter()
+        .map(|c| slice_of(c, sets, &outputs, &redone))
+        .collect();
+    let mut offsets = Vec::new();
+    gather_rows(&rows, &mut offsets, &mut out.values);
+    out.offsets = offsets.into_iter().map(|o| o as usize).collect();
+    let t = &out.timings;
+    log::debug!(
+        "datafusion-sets: GPU fold of {} groups, {} sets: {:.1} ms, host gather {:.1} ms, \
+         results stored {:.1} ms, output {:.1} ms; {} calls: {:.1} ms (stage {:.1}, h2d {:.1}, \
+         kernels {:.1}, d2h {:.1}, unstage {:.1}), {} values in, {} bytes to the device",
+        groups.len(),
+        sets.len(),
+        started.elapsed().as_secs_f64() * 1e3,
+        gather.as_secs_f64() * 1e3,
+        store.as_secs_f64() * 1e3,
+        t2.elapsed().as_secs_f64() * 1e3,
+        out.calls,
+        t.total_ms,
+        t.stage_ms,
+        t.h2d_ms,
+        t.kernel_ms,
+        t.d2h_ms,
+        t.unstage_ms,
+        t.input_values,
+        t.h2d_bytes,
+    );
     Ok(out)
+}
+
+/// Where a group's running result is (see [`fold_groups_with`]).
+#[derive(Clone, Debug)]
+enum Cur {
+    /// No set: an empty result.
+    Empty,
+    /// The group's first set, `sets[i]`.
+    Set(usize),
+    /// Row values `range` of round output `i`.
+    Out(usize, Range<usize>),
+    /// Values `range` of the CPU's redone rows.
+    Redone(Range<usize>),
+}
+
+fn slice_of<'a, T: SetElem>(
+    c: &Cur,
+    sets: &[&'a [T]],
+    outputs: &'a [GpuOutput<T>],
+    redone: &'a [T],
+) -> &'a [T] {
+    match c {
+        Cur::Empty => &[],
+        Cur::Set(i) => sets[*i],
+        Cur::Out(i, r) => &outputs[*i].values_slice()[r.clone()],
+        Cur::Redone(r) => &redone[r.clone()],
+    }
+}
+
+/// `rows` one after another into `values`, with their offsets (`rows.len() + 1`, from 0) in
+/// `offsets`; the copying on every core (a round's operands are the largest host copy of the
+/// fold).
+fn gather_rows<T: SetElem>(rows: &[&[T]], offsets: &mut Vec<i64>, values: &mut Vec<T>) {
+    offsets.clear();
+    offsets.reserve(rows.len() + 1);
+    offsets.push(0);
+    let mut total = 0usize;
+    for r in rows {
+        total += r.len();
+        offsets.push(total as i64);
+    }
+    values.clear();
+    values.reserve(total);
+    // Disjoint destinations, one per row, split off the spare capacity in order.
+    let mut rest = &mut values.spare_capacity_mut()[..total];
+    let mut parts: Vec<&mut [MaybeUninit<T>]> = Vec::with_capacity(rows.len());
+    for r in rows {
+        let (part, tail) = rest.split_at_mut(r.len());
+        parts.push(part);
+        rest = tail;
+    }
+    parts
+        .into_par_iter()
+        .zip(rows.par_iter())
+        .with_min_len(16)
+        .for_each(|(dst, src)| {
+            // SAFETY: `dst` and `src` have the same length and do not overlap (`dst` is spare
+            // capacity); `T` is `Copy`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<T>(), src.len())
+            }
+        });
+    // SAFETY: the parts cover `0..total` and every one was written above.
+    unsafe { values.set_len(total) };
 }
 
 fn add_timings(sum: &mut Timings, t: &Timings) {
