@@ -472,10 +472,19 @@ where
         let with_null = |g: usize| self.seen[g] && self.null_in_all[g];
         let extra = (0..n).filter(|&g| with_null(g)).count();
         let end = self.offsets[n];
-        let mut values = Vec::with_capacity(end + extra);
         let mut lengths = Vec::with_capacity(n);
         let mut element_valid = (extra > 0).then(|| Vec::with_capacity(end + extra));
+        // Every group, no NULL element to add: the results are the values as they are.
+        let whole = n == self.groups() && extra == 0;
+        let mut values = match whole {
+            true => std::mem::take(&mut self.values),
+            false => Vec::with_capacity(end + extra),
+        };
         for g in 0..n {
+            if whole {
+                lengths.push(self.offsets[g + 1] - self.offsets[g]);
+                continue;
+            }
             let run = &self.values[self.offsets[g]..self.offsets[g + 1]];
             values.extend_from_slice(run);
             let mut len = run.len();
@@ -515,7 +524,9 @@ where
             list::<i32>(field, lengths, element, list_nulls)?
         };
         // Drop the emitted groups.
-        self.values.drain(..end);
+        if !whole {
+            self.values.drain(..end);
+        }
         self.offsets.drain(..n);
         for o in &mut self.offsets {
             *o -= end;
