@@ -29,6 +29,7 @@ use datafusion::arrow::datatypes::{
     DataType, Field, Float64Type, Schema, SchemaRef, UInt32Type, UInt64Type,
 };
 use datafusion::common::{Result, exec_err, plan_err};
+use rayon::prelude::*;
 
 use super::tokenize::{Tokenizer, TokenizerOptions};
 
@@ -302,16 +303,21 @@ impl InvertedIndex {
     }
 }
 
+/// Documents from which [`IndexBuilder::add_texts`] tokenizes on every core.
+const PARALLEL_DOCS: usize = 512;
+
 /// Builds an [`InvertedIndex`] one document at a time (any id order; ids distinct).
 pub struct IndexBuilder {
     tokenizer: TokenizerOptions,
-    term_ids: HashMap<String, u32>,
-    /// Per term: (doc id, tf, doc length, static score).
-    postings: Vec<Vec<(u32, u32, u32, f64)>>,
+    term_ids: HashMap<String, u32, foldhash::fast::RandomState>,
+    /// Per term: (document ordinal, tf); ordinals number documents in the order added.
+    postings: Vec<Vec<(u32, u32)>>,
+    /// Per document ordinal: its id, length and static score (with `with_static`).
+    doc_ids: Vec<u32>,
+    doc_lens: Vec<u32>,
+    doc_statics: Vec<f64>,
     with_static: bool,
-    n_docs: u64,
     total_len: u64,
-    counts: HashMap<u32, u32>,
     doc_terms: Vec<u32>,
 }
 
@@ -319,12 +325,13 @@ impl IndexBuilder {
     pub fn new(tokenizer: TokenizerOptions, with_static: bool) -> Self {
         Self {
             tokenizer,
-            term_ids: HashMap::new(),
+            term_ids: HashMap::default(),
             postings: Vec::new(),
+            doc_ids: Vec::new(),
+            doc_lens: Vec::new(),
+            doc_statics: Vec::new(),
             with_static,
-            n_docs: 0,
             total_len: 0,
-            counts: HashMap::new(),
             doc_terms: Vec::new(),
         }
     }
@@ -376,31 +383,94 @@ impl IndexBuilder {
         self.finish_doc(id, static_score);
     }
 
-    fn finish_doc(&mut self, id: u32, static_score: Option<f64>) {
-        self.n_docs += 1;
-        let len = self.doc_terms.len() as u32;
-        self.total_len += len as u64;
-        self.counts.clear();
-        for &t in &self.doc_terms {
-            *self.counts.entry(t).or_default() += 1;
+    /// Add documents `(id, text, static score)` as [`add_text`](Self::add_text) does, in
+    /// order; a large batch is tokenized on every core, each task into an index of its own
+    /// whose terms and postings are then moved into this one (the finished index sorts each
+    /// term's postings by id, so the order they are added in does not show).
+    pub fn add_texts(
+        &mut self,
+        tokenizer: &mut Tokenizer,
+        docs: &[(u32, Option<&str>, Option<f64>)],
+    ) {
+        let threads = rayon::current_num_threads();
+        if threads < 2 || docs.len() < PARALLEL_DOCS {
+            for &(id, text, s) in docs {
+                self.add_text(tokenizer, id, text, s);
+            }
+            return;
         }
-        let s = static_score.unwrap_or(0.0);
-        for (&t, &tf) in &self.counts {
-            self.postings[t as usize].push((id, tf, len, s));
+        let options = self.tokenizer;
+        let with_static = self.with_static;
+        let per_task = docs.len().div_ceil(threads * 4).max(PARALLEL_DOCS / 4);
+        let parts: Vec<IndexBuilder> = docs
+            .par_chunks(per_task)
+            .map_init(
+                || Tokenizer::new(options),
+                |tok, chunk| {
+                    let mut part = IndexBuilder::new(options, with_static);
+                    for &(id, text, s) in chunk {
+                        part.add_text(tok, id, text, s);
+                    }
+                    part
+                },
+            )
+            .collect();
+        for part in parts {
+            self.absorb(part);
+        }
+    }
+
+    /// Moves `part`'s documents (none of them in this index) into this one, after its own.
+    fn absorb(&mut self, mut part: IndexBuilder) {
+        let base = self.doc_ids.len() as u32;
+        self.doc_ids.append(&mut part.doc_ids);
+        self.doc_lens.append(&mut part.doc_lens);
+        self.doc_statics.append(&mut part.doc_statics);
+        self.total_len += part.total_len;
+        for (term, local) in part.term_ids.drain() {
+            let mut postings = std::mem::take(&mut part.postings[local as usize]);
+            for p in &mut postings {
+                p.0 += base;
+            }
+            match self.term_ids.get(&term) {
+                Some(&tid) => self.postings[tid as usize].extend_from_slice(&postings),
+                None => {
+                    self.term_ids.insert(term, self.postings.len() as u32);
+                    self.postings.push(postings);
+                }
+            }
+        }
+    }
+
+    fn finish_doc(&mut self, id: u32, static_score: Option<f64>) {
+        let ordinal = self.doc_ids.len() as u32;
+        let len = self.doc_terms.len() as u32;
+        self.doc_ids.push(id);
+        self.doc_lens.push(len);
+        if self.with_static {
+            self.doc_statics.push(static_score.unwrap_or(0.0));
+        }
+        self.total_len += len as u64;
+        // Each distinct term once, with its count.
+        self.doc_terms.sort_unstable();
+        for run in self.doc_terms.chunk_by(|a, b| a == b) {
+            self.postings[run[0] as usize].push((ordinal, run.len() as u32));
         }
     }
 
     /// Number of documents added.
     pub fn docs(&self) -> u64 {
-        self.n_docs
+        self.doc_ids.len() as u64
     }
 
     /// Bytes held so far (an estimate for memory accounting).
     pub fn size_bytes(&self) -> usize {
         self.postings
             .iter()
-            .map(|p| p.capacity() * 24 + 24)
+            .map(|p| p.capacity() * 8 + 24)
             .sum::<usize>()
+            + self.doc_ids.capacity() * 8
+            + self.doc_statics.capacity() * 8
             + self.term_ids.keys().map(|k| k.len() + 40).sum::<usize>()
     }
 
@@ -415,20 +485,26 @@ impl IndexBuilder {
             tfs: Vec::with_capacity(total),
             lens: Vec::with_capacity(total),
             statics: self.with_static.then(|| Vec::with_capacity(total)),
-            n_docs: self.n_docs,
+            n_docs: self.doc_ids.len() as u64,
             total_len: self.total_len,
             tokenizer: self.tokenizer,
         };
+        let ids = &self.doc_ids;
         index.offsets.push(0);
         for (new_id, (term, old)) in terms.into_iter().enumerate() {
             let mut p = std::mem::take(&mut self.postings[old as usize]);
-            p.sort_unstable_by_key(|e| e.0);
-            for (d, tf, len, s) in p {
-                index.docs.push(d);
+            // Ordinals follow the order documents came in: already in id order when they came
+            // in id order.
+            if !p.is_sorted_by_key(|e| ids[e.0 as usize]) {
+                p.sort_unstable_by_key(|e| ids[e.0 as usize]);
+            }
+            for (ord, tf) in p {
+                let ord = ord as usize;
+                index.docs.push(ids[ord]);
                 index.tfs.push(tf);
-                index.lens.push(len);
+                index.lens.push(self.doc_lens[ord]);
                 if let Some(st) = &mut index.statics {
-                    st.push(s);
+                    st.push(self.doc_statics[ord]);
                 }
             }
             index.offsets.push(index.docs.len());
@@ -450,4 +526,84 @@ fn same_shape(got: &DataType, want: &DataType) -> bool {
 fn cast_utf8(a: &ArrayRef) -> Result<StringArray> {
     let c = datafusion::arrow::compute::cast(a, &DataType::Utf8)?;
     Ok(c.as_string::<i32>().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    /// Random documents over a small vocabulary (so terms repeat across tasks), some empty or
+    /// NULL, ids shuffled, with static scores.
+    fn docs(n: usize, seed: u64) -> Vec<(u32, Option<String>, Option<f64>)> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let words = [
+            "gpu",
+            "set",
+            "Simd",
+            "intersect",
+            "join",
+            "the",
+            "running",
+            "runs",
+            "x1",
+        ];
+        let mut ids: Vec<u32> = (0..n as u32).map(|i| i * 7 + 3).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.random_range(0..=i));
+        }
+        ids.into_iter()
+            .map(|id| {
+                let text = (!rng.random_ratio(1, 20)).then(|| {
+                    let len = rng.random_range(0..30);
+                    (0..len)
+                        .map(|_| words[rng.random_range(0..words.len())])
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                });
+                let s = rng.random_ratio(3, 4).then(|| rng.random_range(0.0..1.0));
+                (id, text, s)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn documents_indexed_on_every_core_give_the_one_thread_index() {
+        for (n, stem) in [(3_000, false), (5_000, true), (PARALLEL_DOCS - 1, false)] {
+            let options = TokenizerOptions {
+                stop_words: stem,
+                stem,
+            };
+            let docs = docs(n, n as u64);
+            let view: Vec<(u32, Option<&str>, Option<f64>)> = docs
+                .iter()
+                .map(|(i, t, s)| (*i, t.as_deref(), *s))
+                .collect();
+            let mut one = IndexBuilder::new(options, true);
+            let mut tok = Tokenizer::new(options);
+            for &(id, text, s) in &view {
+                one.add_text(&mut tok, id, text, s);
+            }
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(4)
+                .build()
+                .unwrap();
+            let mut many = IndexBuilder::new(options, true);
+            // In two batches, as two input batches would come.
+            let (a, b) = view.split_at(n / 3);
+            pool.install(|| {
+                many.add_texts(&mut tok, a);
+                many.add_texts(&mut tok, b);
+            });
+            assert_eq!(many.docs(), n as u64);
+            let (one, many) = (one.finish(), many.finish());
+            assert_eq!(one.n_docs(), many.n_docs());
+            assert_eq!(one.total_len(), many.total_len());
+            assert_eq!(
+                one.to_batch().unwrap(),
+                many.to_batch().unwrap(),
+                "{n} docs"
+            );
+        }
+    }
 }

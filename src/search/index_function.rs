@@ -325,6 +325,8 @@ fn add_batch(
         None => None,
     };
     let statics = statics.as_ref().map(|s| s.as_primitive::<Float64Type>());
+    // The rows checked in order (the first bad one is the error), then indexed together.
+    let mut docs = Vec::with_capacity(batch.num_rows());
     for r in 0..batch.num_rows() {
         if ids_in.is_null(r) {
             return exec_err!("{BM25_INDEX}: NULL in the id column");
@@ -354,7 +356,8 @@ fn add_batch(
             }
             _ => None,
         };
-        builder.add_text(tok, id, text.is_valid(r).then(|| text.value(r)), s);
+        docs.push((id, text.is_valid(r).then(|| text.value(r)), s));
     }
+    builder.add_texts(tok, &docs);
     Ok(())
 }
