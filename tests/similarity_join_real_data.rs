@@ -14,9 +14,10 @@
 //! Our pairs come from three SQL forms over the same data:
 //! - `similarity_join('sets', 'id', 'tokens', measure, t)` over the Parquet file (an external
 //!   table; the self-join mode), and `count(*)` of it (the counting path);
-//! - `JOIN ... ON measure(a.tokens, b.tokens) >= t AND a.id < b.id` over the Parquet file (the
-//!   rewrite plans an R-S join with the id filter above it);
-//! - the same JOIN over an in-memory copy (the rewrite's self-join mode).
+//! - `JOIN ... ON measure(a.tokens, b.tokens) >= t AND a.id < b.id` over the Parquet file and
+//!   over an in-memory copy (the rewrite's self-join mode: both scans read the same data);
+//! - the same JOIN over the file with `AND b.id IS NOT NULL` (true of every row, but on one
+//!   side only: the rewrite plans an R-S join with the id filter above it).
 //!
 //! The independent check against PyPI `SetSimilaritySearch.all_pairs` is
 //! `benches/data/check_similarity_join.py`, fed by this test's dump (see there).
@@ -321,26 +322,27 @@ fn check_dataset(dataset: &str, cases: &[(Measure, f64)]) {
             "{name}: count(*)"
         );
 
-        for table in ["sets", "mem"] {
+        // The Parquet file's two scans alike, and the same batches: the self-join mode; with a
+        // conjunct on one side only (true of every row), an R-S join with the id filter above.
+        for (table, extra, mode) in [
+            ("sets", "", "mode=self"),
+            ("mem", "", "mode=self"),
+            ("sets", " AND b.id IS NOT NULL", "mode=r-s"),
+        ] {
             let sql = format!(
                 "SELECT a.id, b.id, {m}(a.tokens, b.tokens) FROM {table} a JOIN {table} b \
-                 ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id"
+                 ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id{extra}"
             );
             let plan = rt.block_on(collect(&ctx, &format!("EXPLAIN {sql}")));
             let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
                 .unwrap()
                 .to_string();
-            let mode = if table == "mem" {
-                "mode=self"
-            } else {
-                "mode=r-s"
-            };
             assert!(
                 plan.contains("SimilarityJoinExec") && plan.contains(mode),
                 "{name}: {sql} is not planned as SimilarityJoinExec {mode}:\n{plan}"
             );
             let got = pairs_of(&rt.block_on(collect(&ctx, &sql)), &sql);
-            assert_same(&got, &want, &format!("{name}: JOIN over {table}"));
+            assert_same(&got, &want, &format!("{name}: JOIN over {table}{extra}"));
         }
         note!(
             "{name}: {} sets, {} pairs identical to the oracle in every SQL form \
