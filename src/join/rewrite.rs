@@ -35,9 +35,10 @@
 //! versions of the same files (path, size, modification time, e-tag) scanned alike, with the
 //! same projection and pushed-down predicate and no limit, possibly under equal deterministic
 //! projections and filters (two scans that differ only in their columns are read as the one
-//! with every column of the other); the measure compares one column with itself; the id is an integer
-//! column (SQL's `<` is then the exec's order, and NULL or equal ids are paired by neither).
-//! Any other self-join is an R-S join with `a.id < b.id` as a filter, which is always correct.
+//! with every column of the other); the measure compares one column with itself; the id is
+//! an integer column (SQL's `<` is then the exec's order, and NULL or equal ids are paired by
+//! neither). Any other self-join is an R-S join with `a.id < b.id` as a filter, which is
+//! always correct.
 //!
 //! Left alone (the plan stays as DataFusion made it, which is always correct):
 //! - joins other than INNER; equi-joins with a similarity filter (a hash join);

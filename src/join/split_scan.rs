@@ -16,9 +16,9 @@
 //! The derived metadata lives in a process-wide cache keyed by the file's path and checked
 //! against its size and modification time (DataFusion's own metadata cache works the same way),
 //! so a file is walked once (a file version found unsplittable is remembered too, and read
-//! whole without another walk). The split scan is a copy of the input's `DataSourceExec` whose files
-//! carry a [`ParquetAccessPlan`] each (one row range) and whose reader takes the metadata from
-//! that cache. Anything unexpected (encryption, a header that does not parse, row counts that do
+//! whole without another walk). The split scan is a copy of the input's `DataSourceExec`
+//! whose files carry a [`ParquetAccessPlan`] each (one row range) and whose reader takes the
+//! metadata from that cache. Anything unexpected (encryption, a header that does not parse, row counts that do
 //! not add up) leaves the scan as it was.
 
 use std::collections::{HashMap, HashSet};
@@ -78,20 +78,11 @@ fn cache(store: &ObjectStoreUrl) -> Arc<FileMetadataCache> {
 /// File versions whose pages cannot all be located (some page continues a row), by object
 /// store, path, size, modification time and e-tag: read whole without walking their page
 /// headers again. Forgotten all at once when it reaches [`UNSPLITTABLE_MAX`] entries.
-static UNSPLITTABLE: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+static UNSPLITTABLE: OnceLock<Mutex<HashSet<UnsplittableKey>>> = OnceLock::new();
 const UNSPLITTABLE_MAX: usize = 4096;
 
-fn unsplittable_key(store: &ObjectStoreUrl, meta: &ObjectMeta) -> String {
-    format!(
-        "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{:?}",
-        store.as_str(),
-        meta.location,
-        meta.size,
-        meta.last_modified.timestamp_nanos_opt().unwrap_or(i64::MIN),
-        meta.e_tag,
-        meta.version
-    )
-}
+/// A file version: store, path, size, modification time, e-tag and version.
+type UnsplittableKey = (String, String, u64, i64, Option<String>, Option<String>);
 
 /// Whether the file version was found unsplittable before; `mark` records that it is.
 fn unsplittable(store: &ObjectStoreUrl, meta: &ObjectMeta, mark: bool) -> bool {
@@ -99,7 +90,14 @@ fn unsplittable(store: &ObjectStoreUrl, meta: &ObjectMeta, mark: bool) -> bool {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let key = unsplittable_key(store, meta);
+    let key = (
+        store.as_str().to_owned(),
+        meta.location.to_string(),
+        meta.size,
+        meta.last_modified.timestamp_nanos_opt().unwrap_or(i64::MIN),
+        meta.e_tag.clone(),
+        meta.version.clone(),
+    );
     if mark {
         if set.len() >= UNSPLITTABLE_MAX {
             set.clear();

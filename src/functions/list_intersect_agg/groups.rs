@@ -79,9 +79,8 @@ where
     entries: Vec<Entry>,
     /// Values referenced by `entries`.
     pending_values: usize,
-    cur: Vec<P::Native>,
-    tmp: Vec<P::Native>,
-    row_buf: Vec<P::Native>,
+    /// Scratch of the one-thread fold (kept between folds).
+    bufs: FoldBuffers<P::Native>,
     /// The planning-time choice: with `Gpu`, folds run on the device (all groups at once).
     plan: Option<Arc<BackendPlan>>,
     /// The device's fold ([`crate::backend::gpu::fold_groups`]).
@@ -112,9 +111,7 @@ where
             array_bytes: 0,
             entries: Vec::new(),
             pending_values: 0,
-            cur: Vec::new(),
-            tmp: Vec::new(),
-            row_buf: Vec::new(),
+            bufs: FoldBuffers::default(),
             plan,
             gpu_fold: crate::backend::gpu::fold_groups::<P::Native>,
             parallel_fold_values: PARALLEL_FOLD_VALUES,
@@ -334,28 +331,31 @@ where
                 })
                 .collect()
         } else {
-            let mut bufs = FoldBuffers {
-                cur: std::mem::take(&mut self.cur),
-                tmp: std::mem::take(&mut self.tmp),
-                row: std::mem::take(&mut self.row_buf),
-            };
+            let mut bufs = std::mem::take(&mut self.bufs);
             let part = fold_block(0, &mut seen, &mut null_in_all, &mut bufs);
-            (self.cur, self.tmp, self.row_buf) = (bufs.cur, bufs.tmp, bufs.row);
+            self.bufs = bufs;
             vec![part]
         };
         self.seen = seen;
         self.null_in_all = null_in_all;
-        let total: usize = parts.iter().map(|(v, _)| v.len()).sum();
-        let mut values = Vec::with_capacity(total);
         let mut offsets = Vec::with_capacity(groups + 1);
         offsets.push(0);
-        for (part, lens) in parts {
-            values.extend_from_slice(&part);
-            for l in lens {
-                offsets.push(offsets[offsets.len() - 1] + l);
-            }
+        let mut end = 0;
+        for l in parts.iter().flat_map(|(_, lens)| lens) {
+            end += l;
+            offsets.push(end);
         }
-        self.values = values;
+        // One block's values are the result as they are; blocks are joined in order.
+        self.values = match <[_; 1]>::try_from(parts) {
+            Ok([(values, _)]) => values,
+            Err(parts) => {
+                let mut all = Vec::with_capacity(end);
+                for (v, _) in parts {
+                    all.extend_from_slice(&v);
+                }
+                all
+            }
+        };
         self.offsets = offsets;
         record_cpu_fold(self.plan.as_ref(), entries.len(), started);
         log::debug!(
@@ -643,9 +643,9 @@ where
             + (self.seen.capacity() + self.null_in_all.capacity())
             + self.offsets.capacity() * size_of::<usize>()
             + (self.values.capacity()
-                + self.cur.capacity()
-                + self.tmp.capacity()
-                + self.row_buf.capacity())
+                + self.bufs.cur.capacity()
+                + self.bufs.tmp.capacity()
+                + self.bufs.row.capacity())
                 * size_of::<P::Native>()
             + self.arrays.capacity() * size_of::<ArrayRef>()
             + self.array_bytes
