@@ -409,3 +409,76 @@ async fn explain_analyze_shows_list_intersect_agg_folds() {
         }
     }
 }
+
+/// `sets.backend = 'gpu'` in a session whose memory pool is too small for a batch's GPU
+/// staging runs the batch on the CPU (same answer, `gpu_batches=0`); a large pool lets it
+/// run on the device, and every reservation is returned when the query ends. Without a GPU
+/// every batch is a CPU batch in both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_staging_is_reserved_in_the_query_pool() {
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::prelude::SessionContext;
+    use datafusion_sets::SessionStateBuilderExt;
+    let mut answers = Vec::new();
+    for limit in [256 << 10, 1 << 30] {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(limit, 1.0)
+            .build_arc()
+            .unwrap();
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_runtime_env(std::sync::Arc::clone(&runtime))
+            .with_sets()
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        // One batch of 8,192 rows of two 40-value lists: ~2.6 MB staged, far past 256 KiB.
+        for s in [
+            "SET sets.backend = 'gpu'",
+            "SET sets.gpu_resident_columns = false",
+            "CREATE TABLE t AS SELECT range(v, v + 40) AS a, range(v + 7, v + 90, 3) AS b FROM generate_series(1, 8192) AS s(v)",
+        ] {
+            ctx.sql(s).await.unwrap().collect().await.unwrap();
+        }
+        let run = |sql: String| {
+            let ctx = ctx.clone();
+            async move {
+                let out = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+                pretty_format_batches(&out).unwrap().to_string()
+            }
+        };
+        let lists = run("EXPLAIN ANALYZE SELECT list_intersect(a, b) FROM t".into()).await;
+        answers.push(run("SELECT sum(cardinality(list_intersect(a, b))) FROM t".into()).await);
+        assert_eq!(runtime.memory_pool.reserved(), 0, "{limit}");
+        // topk_bm25 over a small index (it fits the small pool): 5,000 queries' top-10 come
+        // back through ~0.4 MB of staging, past the small pool too.
+        for s in [
+            "CREATE TABLE docs AS SELECT v AS doc_id, concat('w', v % 7, ' x', v % 11) AS body FROM generate_series(1, 500) AS s(v)",
+            "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')",
+            "CREATE TABLE q AS SELECT v AS qid, concat('w', v % 7, ' x', v % 5) AS text FROM generate_series(1, 5000) AS s(v)",
+        ] {
+            ctx.sql(s).await.unwrap().collect().await.unwrap();
+        }
+        let topk =
+            run("EXPLAIN ANALYZE SELECT qid, topk_bm25('idx', text, 10) FROM q".into()).await;
+        answers.push(
+            run("SELECT sum(cardinality(topk_bm25('idx', text, 10))), sum(topk_bm25('idx', text, 10)[10]['doc_id']) FROM q".into())
+                .await,
+        );
+        for plan in [&lists, &topk] {
+            let (gpu_batches, cpu_batches) =
+                (metric(plan, "gpu_batches"), metric(plan, "cpu_batches"));
+            if gpu::device().is_err() || limit < 1 << 20 {
+                assert_eq!(gpu_batches, 0, "{limit}: {plan}");
+                assert!(cpu_batches >= 1, "{limit}: {plan}");
+            } else {
+                assert!(gpu_batches >= 1, "{limit}: {plan}");
+                assert_eq!(cpu_batches, 0, "{limit}: {plan}");
+            }
+        }
+    }
+    assert_eq!(answers[0], answers[2]);
+    assert_eq!(answers[1], answers[3]);
+    assert!(answers[0].contains("| 90112 "), "{}", answers[0]);
+    assert!(answers[1].contains("| 50000 "), "{}", answers[1]);
+}

@@ -263,7 +263,7 @@ fn a_term_beyond_the_index_is_refused() {
             queries: &qs,
             mode: Mode::Or,
         };
-        let r = gpu::bm25_topk(&index, &scored, &batch, 10, budget, &on_cpu);
+        let r = gpu::bm25_topk(&index, &scored, &batch, 10, budget, &on_cpu, &mut |_| true);
         assert!(
             matches!(&r, Err(gpu::GpuError::Unsupported(m)) if m.contains("malformed")),
             "{budget:?}: {:?}",

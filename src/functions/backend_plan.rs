@@ -3,8 +3,10 @@
 //! ANALYZE`, through `optimizer::backend_exec`).
 
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 
 use crate::config::BackendChoice;
 
@@ -18,6 +20,11 @@ pub struct BackendPlan {
     /// queried again) runs on the GPU, its columns kept there, when the cost model prices
     /// the batch faster on device-resident columns than on the CPU.
     pub resident_on_gpu: bool,
+    /// The memory pool of the query that runs the call, and the consumer name to reserve
+    /// under (set by `SetsBackendExec::execute` from its `TaskContext`): a GPU call reserves
+    /// the host memory it stages through there for as long as it runs, and runs on the CPU
+    /// when the pool refuses.
+    pool: Mutex<Option<(Arc<dyn MemoryPool>, String)>>,
 }
 
 impl BackendPlan {
@@ -27,8 +34,33 @@ impl BackendPlan {
             reason: reason.into(),
             metrics: BackendMetrics::default(),
             resident_on_gpu: false,
+            pool: Mutex::new(None),
         }
     }
+
+    /// Binds the call to the memory pool of the query executing it; GPU work reserves under
+    /// `consumer` (e.g. `list_intersect[gpu]`).
+    pub fn bind_pool(&self, pool: &Arc<dyn MemoryPool>, consumer: &str) {
+        let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|(p, _)| !Arc::ptr_eq(p, pool)) {
+            *slot = Some((Arc::clone(pool), consumer.to_string()));
+        }
+    }
+
+    /// An empty reservation in the bound pool, `None` when the call was not bound to one
+    /// (a function invoked outside a planned query).
+    pub fn reservation(&self) -> Option<MemoryReservation> {
+        let slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref()
+            .map(|(pool, name)| MemoryConsumer::new(name.clone()).register(pool))
+    }
+}
+
+/// Host memory a GPU call holds, kept within a reservation when there is one: `hold(bytes)`
+/// asks to hold `bytes` in all (not more), `false` when the pool refuses. With no
+/// reservation every request is granted (a function invoked outside a planned query).
+pub(crate) fn holder(r: &Option<MemoryReservation>) -> impl FnMut(usize) -> bool + '_ {
+    move |bytes| r.as_ref().is_none_or(|r| r.try_resize(bytes).is_ok())
 }
 
 /// Counters of one planned call, summed over its batches and partitions.

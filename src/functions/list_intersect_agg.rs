@@ -16,7 +16,7 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::backend_plan::{BackendMetrics, BackendPlan, PlanSlot};
+use super::backend_plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 use super::common::IntLists;
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::backend::gpu;
@@ -232,12 +232,13 @@ fn append_as_set<O: OffsetSizeTrait, T: SetElem>(
 type FoldFn<T> = fn(
     &[std::ops::Range<usize>],
     &[&[T]],
+    &mut dyn FnMut(usize) -> bool,
 ) -> std::result::Result<gpu::FoldOutput<T>, gpu::GpuError>;
 
 /// Groups' sets folded on the GPU when `plan` chose it (see [`gpu::fold_groups`] for the
 /// layout), the call's counters updated; `None` when the CPU must fold them (not chosen, an
-/// element width the kernels do not take, or the device failed: the reason goes to the
-/// debug log).
+/// element width the kernels do not take, the query's memory pool refused the fold's host
+/// memory, or the device failed: the reason goes to the debug log).
 fn fold_on_gpu<T: SetElem>(
     plan: Option<&Arc<BackendPlan>>,
     groups: &[std::ops::Range<usize>],
@@ -248,7 +249,9 @@ fn fold_on_gpu<T: SetElem>(
     if !matches!(T::BITS, 32 | 64) {
         return None;
     }
-    match fold(groups, sets) {
+    // The fold's host memory (operands, staging, results) reserved in the query's pool.
+    let reservation = plan.reservation();
+    match fold(groups, sets, &mut holder(&reservation)) {
         Ok(out) => {
             plan.metrics.record_gpu(
                 sets.len() as u64,

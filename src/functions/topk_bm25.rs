@@ -25,6 +25,7 @@ use datafusion::catalog::CatalogProviderList;
 use datafusion::common::types::{NativeType, logical_int64, logical_string};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::async_udf::{AsyncScalarUDF, AsyncScalarUDFImpl};
 use datafusion::logical_expr::{
@@ -34,7 +35,7 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionConfig;
 use datafusion_macros::user_doc;
 
-use crate::functions::backend_plan::{BackendMetrics, BackendPlan, PlanSlot};
+use crate::functions::backend_plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 use crate::search::loaded::load_index;
 use crate::search::rank::{RankStats, rank_batch};
 use crate::search::topk::Mode;
@@ -289,7 +290,22 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         let budget = (config.gpu_index_budget > 0).then_some(config.gpu_index_budget);
         let backend = self.plan().map_or(config.backend, |p| p.backend);
         let started = Instant::now();
-        let (ranked, stats) = rank_batch(&loaded, &scored, texts, k, mode, backend, budget);
+        // The GPU's host staging reserved in the session's pool while the batch runs.
+        let reservation = Some(
+            MemoryConsumer::new(format!("{TOPK_BM25}[gpu]"))
+                .register(&self.handle.runtime.memory_pool),
+        );
+        let (ranked, stats) = rank_batch(
+            &loaded,
+            &scored,
+            texts,
+            k,
+            mode,
+            backend,
+            budget,
+            &mut holder(&reservation),
+        );
+        drop(reservation);
         if let Some(p) = self.plan() {
             record(&p.metrics, texts.len(), &stats, started);
         }

@@ -88,6 +88,11 @@ impl ExecutionPlan for SetsBackendExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        // GPU calls reserve the host memory they stage through in this query's pool.
+        for c in &self.calls {
+            c.plan
+                .bind_pool(context.memory_pool(), &format!("{}[gpu]", c.function));
+        }
         self.input.execute(partition, context)
     }
     fn metrics(&self) -> Option<MetricsSet> {

@@ -193,6 +193,31 @@ pub fn rank_terms(
     backend: BackendChoice,
     budget: Option<usize>,
 ) -> (Ranked, RankStats) {
+    rank_terms_held(
+        index,
+        scored,
+        queries,
+        k,
+        mode,
+        backend,
+        budget,
+        &mut |_| true,
+    )
+}
+
+/// [`rank_terms`] with the GPU's host staging held through `hold(bytes)` (the bytes held
+/// in all; `false`: refused, and the batch is ranked on the CPU).
+#[allow(clippy::too_many_arguments)]
+pub fn rank_terms_held(
+    index: &InvertedIndex,
+    scored: &Arc<Scored>,
+    queries: &[QueryTerms],
+    k: usize,
+    mode: Mode,
+    backend: BackendChoice,
+    budget: Option<usize>,
+    hold: &mut dyn FnMut(usize) -> bool,
+) -> (Ranked, RankStats) {
     let mut stats = RankStats::default();
     let cpu = |q: &QueryTerms| top(index, scored, &q.ids, q.unknown, k, mode);
     let all_cpu = |stats: &mut RankStats| {
@@ -212,7 +237,7 @@ pub fn rank_terms(
     // unknown terms); a query it does not take comes back to `cpu`.
     let batch = gpu::Bm25Batch { queries, mode };
     let on_cpu = |i: usize| cpu(&queries[i]);
-    match gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu) {
+    match gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu, hold) {
         Ok(out) => {
             if out.timings.on_device > 0 {
                 gpu::count_bm25_batch();
@@ -233,7 +258,8 @@ pub fn rank_terms(
 
 /// The top-k of every row of `texts`, on the backend chosen (see the module doc;
 /// tokenization always on the CPU, in parallel). A NULL row gets an empty entry (the
-/// caller takes the nulls from `texts`).
+/// caller takes the nulls from `texts`). `hold` as for [`rank_terms_held`].
+#[allow(clippy::too_many_arguments)]
 pub fn rank_batch(
     loaded: &LoadedIndex,
     scored: &Arc<Scored>,
@@ -242,6 +268,7 @@ pub fn rank_batch(
     mode: Mode,
     backend: BackendChoice,
     gpu_budget: Option<usize>,
+    hold: &mut dyn FnMut(usize) -> bool,
 ) -> (Ranked, RankStats) {
     let options = loaded.index.tokenizer();
     let rows = texts.len() - texts.null_count();
@@ -284,7 +311,16 @@ pub fn rank_batch(
             },
         )
         .collect();
-    rank_terms(&loaded.index, scored, &parsed, k, mode, backend, gpu_budget)
+    rank_terms_held(
+        &loaded.index,
+        scored,
+        &parsed,
+        k,
+        mode,
+        backend,
+        gpu_budget,
+        hold,
+    )
 }
 
 #[cfg(test)]

@@ -406,6 +406,7 @@ pub fn bm25_topk(
     k: usize,
     budget: Option<usize>,
     cpu: &Bm25Cpu<'_>,
+    hold: &mut dyn FnMut(usize) -> bool,
 ) -> Result<Bm25Output, GpuError> {
     let n = batch.len();
     let g = gpu()?;
@@ -441,6 +442,7 @@ pub fn bm25_topk(
             k,
             budget.unwrap_or_else(|| default_budget(g)),
             cpu,
+            hold,
             &mut timings,
         )
     }))
@@ -523,6 +525,7 @@ fn run(
     k: usize,
     budget: usize,
     cpu: &Bm25Cpu<'_>,
+    hold: &mut dyn FnMut(usize) -> bool,
     t: &mut Bm25Timings,
 ) -> Result<Ranked, GpuError> {
     let n = batch.len();
@@ -591,7 +594,7 @@ fn run(
             .map(|(_, f)| f.as_slice()),
         piece: piece_work(),
     };
-    let part = stage(&ctx, ws, t)?;
+    let part = stage(&ctx, ws, hold, t)?;
     let t_launch = Instant::now();
     let part = launch(g, f, &ctx, ws, part, t)?;
     t.launch_ms = ms(t_launch);
@@ -764,7 +767,21 @@ impl Blocks {
 /// over groups of queries, in parallel); the writing pass also plans each query and builds
 /// its group's blocks (a query, or a piece of one), which then go into a second pinned buffer
 /// with their order, longest first.
-fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged, GpuError> {
+///
+/// `hold(bytes)` is asked for the pinned bytes the batch stages through (queries up and
+/// results down, then the blocks too) before they are written; refused: `MemoryLimit`.
+fn stage(
+    c: &Ctx<'_>,
+    ws: &mut Workspace,
+    hold: &mut dyn FnMut(usize) -> bool,
+    t: &mut Bm25Timings,
+) -> Result<Staged, GpuError> {
+    let mut ask = |bytes: usize| match hold(bytes) {
+        true => Ok(()),
+        false => Err(GpuError::MemoryLimit(format!(
+            "{bytes} bytes of topk_bm25's GPU staging"
+        ))),
+    };
     let ms = |since: Instant| since.elapsed().as_secs_f64() * 1e3;
     let (k, batch) = (c.k, c.batch);
     let nq = batch.len();
@@ -827,6 +844,7 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     lay.doc = align(gq * 4);
     lay.score = lay.doc + align(gq * k * 4);
     part.out_bytes = lay.score + gq * k * 8;
+    ask(part.in_bytes + part.out_bytes)?;
     let in_bytes = part.in_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, floors_b) = pin.split_at_mut(lay.floor);
@@ -953,6 +971,7 @@ fn stage(c: &Ctx<'_>, ws: &mut Workspace, t: &mut Bm25Timings) -> Result<Staged,
     lay.pscore = lay.pord + align(n_pieces * k * 4);
     lay.and = lay.pscore + align(n_pieces * k * 8);
     lay.piece_bytes = lay.and + align(gq * 4);
+    ask(part.in_bytes + part.items_bytes + part.out_bytes)?;
     let items_bytes = part.items_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_items, items_bytes)?.as_mut_slice()[..items_bytes];
     let (head, splitp_b) = pin.split_at_mut(lay.splitp);

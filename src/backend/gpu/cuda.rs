@@ -9,7 +9,7 @@
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -552,6 +552,7 @@ fn init() -> Result<Gpu, GpuError> {
         .and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(info.total_memory / 8)
         .clamp(MIN_BUDGET, 4 << 30);
+    LAUNCH_BYTES.store(budget, Ordering::Relaxed);
     Ok(Gpu {
         ctx,
         stream,
@@ -1037,6 +1038,16 @@ fn resident_columns<T: SetElem>(
         .collect()
 }
 
+/// Input bytes per launch group (a copy of the workspace's budget, read without its lock); 0
+/// before the device is set up.
+static LAUNCH_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Input value bytes one launch group of [`intersect`] takes at most (a batch past it is
+/// split), `None` before the device is set up.
+pub fn launch_group_bytes() -> Option<usize> {
+    Some(LAUNCH_BYTES.load(Ordering::Relaxed)).filter(|&b| b > 0)
+}
+
 /// Run the batched intersection of `lists` (k ≥ 2 list columns with the same number of
 /// rows, 32- or 64-bit elements) on the GPU. Rows whose lists are not all strictly
 /// increasing come back flagged (their device result is meaningless); the caller recomputes
@@ -1177,6 +1188,7 @@ fn intersect_in<T: SetElem>(
                     return Err(GpuError::OutOfMemory(what));
                 }
                 ws.budget /= 2;
+                LAUNCH_BYTES.store(ws.budget, Ordering::Relaxed);
                 log::debug!(
                     "datafusion-sets: GPU memory short ({what}); launch groups cut to {} bytes",
                     ws.budget

@@ -33,6 +33,9 @@ pub enum GpuError {
     /// Device or pinned host memory ran out (after splitting the input as far as allowed).
     #[error("out of GPU or pinned memory in {0}")]
     OutOfMemory(&'static str),
+    /// The query's memory pool refused the host memory the call would stage through.
+    #[error("the memory pool refused {0}")]
+    MemoryLimit(String),
     /// NVRTC could not compile the kernels.
     #[error("NVRTC failed to compile the kernels: {0}")]
     Compile(String),

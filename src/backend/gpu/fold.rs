@@ -36,11 +36,16 @@ pub struct FoldOutput<T> {
 /// (shortest first is the caller's choice and the efficient one). A group with no set gets an
 /// empty result; with one set, that set. The result is the same as folding the sets with
 /// the CPU's kernels (a row the device flags is recomputed on the CPU).
+///
+/// `hold(bytes)` asks to hold `bytes` of host memory in all (the rounds' operands and
+/// staging, the results kept to the end, the output); when it answers `false` the fold stops
+/// with [`GpuError::MemoryLimit`] (the caller folds on the CPU).
 pub fn fold_groups<T: SetElem>(
     groups: &[Range<usize>],
     sets: &[&[T]],
+    hold: &mut dyn FnMut(usize) -> bool,
 ) -> Result<FoldOutput<T>, GpuError> {
-    fold_groups_with(groups, sets, |lists| {
+    fold_groups_with(groups, sets, hold, |lists| {
         let out = intersect(lists, None, Mode::Values, None, false)?;
         super::BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(out)
@@ -52,6 +57,7 @@ pub fn fold_groups<T: SetElem>(
 pub(crate) fn fold_groups_with<T: SetElem>(
     groups: &[Range<usize>],
     sets: &[&[T]],
+    hold: &mut dyn FnMut(usize) -> bool,
     mut run: impl FnMut(&[HostList<'_, T>]) -> Result<GpuOutput<T>, GpuError>,
 ) -> Result<FoldOutput<T>, GpuError> {
     // Every group's running result stays where it was made, never copied: its first set, a
@@ -76,6 +82,15 @@ pub(crate) fn fold_groups_with<T: SetElem>(
         Vec::<T>::new(),
     );
     let mut tmp = Vec::new();
+    let esz = std::mem::size_of::<T>();
+    // Bytes of the round outputs kept to the end (the redone rows' are `redone`'s).
+    let mut kept = 0usize;
+    let mut ask = |bytes: usize, what: &str| match hold(bytes) {
+        true => Ok(()),
+        false => Err(GpuError::MemoryLimit(format!(
+            "{bytes} bytes for the GPU fold ({what})"
+        ))),
+    };
     // Host time gathering operands and storing results, against the device calls' own time.
     let (mut gather, mut store) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     let started = std::time::Instant::now();
@@ -113,6 +128,11 @@ pub(crate) fn fold_groups_with<T: SetElem>(
             },
         ];
         gather += t0.elapsed();
+        let operands =
+            (a_val.capacity() + b_val.capacity()) * esz + (a_off.capacity() + b_off.capacity()) * 8;
+        let staged = super::staging_bytes(&lists, Mode::Values, super::launch_group_bytes());
+        let held = kept + redone.capacity() * esz;
+        ask(held + operands + staged, &format!("round {round}"))?;
         let res = run(&lists)?;
         let t1 = std::time::Instant::now();
         out.calls += 1;
@@ -132,6 +152,8 @@ pub(crate) fn fold_groups_with<T: SetElem>(
                 cur[g] = Cur::Out(index, res.offsets[k] as usize..res.offsets[k + 1] as usize);
             }
         }
+        kept +=
+            std::mem::size_of_val(res.values_slice()) + res.offsets.len() * 8 + res.flagged.len();
         outputs.push(res);
         store += t1.elapsed();
     }
@@ -140,6 +162,11 @@ pub(crate) fn fold_groups_with<T: SetElem>(
         .iter()
         .map(|c| slice_of(c, sets, &outputs, &redone))
         .collect();
+    let total: usize = rows.iter().map(|r| r.len()).sum();
+    ask(
+        kept + redone.capacity() * esz + total * esz + (rows.len() + 1) * 8,
+        "its output",
+    )?;
     let mut offsets = Vec::new();
     gather_rows(&rows, &mut offsets, &mut out.values);
     out.offsets = offsets.into_iter().map(|o| o as usize).collect();
@@ -252,8 +279,9 @@ fn add_timings(sum: &mut Timings, t: &Timings) {
 pub(crate) fn fold_groups_emulated<T: SetElem>(
     groups: &[Range<usize>],
     sets: &[&[T]],
+    hold: &mut dyn FnMut(usize) -> bool,
 ) -> Result<FoldOutput<T>, GpuError> {
-    fold_groups_with(groups, sets, |lists| {
+    fold_groups_with(groups, sets, hold, |lists| {
         let rows = lists[0].offsets.rows();
         let mut out = GpuOutput::<T> {
             offsets: vec![0],
@@ -316,7 +344,7 @@ mod tests {
                 ranges.push(start..sets.len());
             }
             let views: Vec<&[i64]> = sets.iter().map(Vec::as_slice).collect();
-            let out = fold_groups_emulated(&ranges, &views).unwrap();
+            let out = fold_groups_emulated(&ranges, &views, &mut |_| true).unwrap();
             prop_assert_eq!(out.offsets.len(), groups.len() + 1);
             for (g, r) in ranges.iter().enumerate() {
                 let want = reference(&sets[r.clone()]);
@@ -325,5 +353,55 @@ mod tests {
             let max = groups.iter().map(Vec::len).max().unwrap_or(0);
             prop_assert!(out.calls as usize <= max.saturating_sub(1));
         }
+    }
+
+    /// The fold asks for its host memory before each round and before its output, in
+    /// amounts that cover what it then holds; refused, it stops with `MemoryLimit`.
+    #[test]
+    fn fold_holds_its_memory_and_stops_when_refused() {
+        let sets: Vec<Vec<u32>> = (0..40u32)
+            .map(|i| (0..200 + 10 * i).map(|v| v * (1 + i % 3)).collect())
+            .collect();
+        let views: Vec<&[u32]> = sets.iter().map(Vec::as_slice).collect();
+        let ranges: Vec<Range<usize>> = (0..10).map(|g| 4 * g..4 * g + 4).collect();
+        let mut asked = Vec::new();
+        let out = fold_groups_emulated(&ranges, &views, &mut |b| {
+            asked.push(b);
+            true
+        })
+        .unwrap();
+        // Three rounds (four sets per group), then the output.
+        assert_eq!(asked.len(), out.calls as usize + 1);
+        // Each round's request covers at least its two operands (A and B) as gathered and as
+        // staged; the output's covers the output.
+        let first_round: usize = ranges
+            .iter()
+            .map(|r| (sets[r.start].len() + sets[r.start + 1].len()) * 4)
+            .sum();
+        assert!(asked[0] >= 2 * first_round, "{asked:?} vs {first_round}");
+        assert!(*asked.last().unwrap() >= out.values.len() * 4 + out.offsets.len() * 8);
+        // Refused at the second request: the fold stops there.
+        let mut n = 0;
+        let err = fold_groups_emulated(&ranges, &views, &mut |_| {
+            n += 1;
+            n < 2
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&err, GpuError::MemoryLimit(m) if m.contains("round 2")),
+            "{err}"
+        );
+        // Refused its output: stops too.
+        let mut n = 0;
+        let calls = out.calls as usize;
+        let err = fold_groups_emulated(&ranges, &views, &mut |_| {
+            n += 1;
+            n <= calls
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&err, GpuError::MemoryLimit(m) if m.contains("output")),
+            "{err}"
+        );
     }
 }

@@ -43,7 +43,7 @@ mod simjoin;
 #[cfg(feature = "cuda")]
 pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
-pub use cuda::{device, intersect, intersect_resident, measure_ceilings};
+pub use cuda::{device, intersect, intersect_resident, launch_group_bytes, measure_ceilings};
 #[cfg(feature = "cuda")]
 pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
 
@@ -52,7 +52,7 @@ mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
     DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, intersect_resident,
-    measure_ceilings, submit_pairs, upload_sets, verify_pairs,
+    launch_group_bytes, measure_ceilings, submit_pairs, upload_sets, verify_pairs,
 };
 
 /// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each
@@ -383,6 +383,35 @@ pub struct HostList<'a, T> {
     pub column: Option<(&'a Buffer, &'a Buffer)>,
 }
 
+/// The host memory a call of [`intersect`] stages through, to reserve in the query's memory
+/// pool while it runs: the pinned input of its largest launch group (values, at most
+/// `launch_bytes` of them, offsets and validity) and the pinned output (a flag and an offset
+/// per row and, for [`Mode::Values`], at most the smallest list's values). An upper bound:
+/// lists already resident on the device stage no values.
+pub fn staging_bytes<T>(
+    lists: &[HostList<'_, T>],
+    mode: Mode,
+    launch_bytes: Option<usize>,
+) -> usize {
+    let esz = std::mem::size_of::<T>();
+    let cap = |b: usize| launch_bytes.map_or(b, |l| b.min(l));
+    let n = lists.first().map_or(0, |l| l.offsets.rows());
+    let count = |l: &HostList<'_, T>| l.offsets.at(n).saturating_sub(l.offsets.at(0));
+    let values: usize = lists.iter().map(|l| count(l) * esz).sum();
+    let offsets: usize = lists
+        .iter()
+        .map(|l| match l.offsets {
+            HostOffsets::I32(o) => o.len() * 4,
+            HostOffsets::I64(o) => o.len() * 8,
+        })
+        .sum();
+    let results = match mode {
+        Mode::Values => lists.iter().map(count).min().unwrap_or(0) * esz,
+        Mode::Counts => 0,
+    };
+    cap(values) + offsets + n.div_ceil(8) + n + (n + 1) * 8 + cap(results)
+}
+
 /// Row validity shared by all arguments: bit `bit_offset + i` of `bits` (LSB first, Arrow's
 /// layout) is set when row `i` is not NULL. NULL rows get an empty result.
 #[derive(Clone, Copy, Debug)]
@@ -486,6 +515,60 @@ mod tests {
     use super::Bm25Batch;
     use crate::search::rank::QueryTerms;
     use crate::search::topk::Mode;
+
+    /// The staging estimate: input values capped by the launch group, offsets, validity,
+    /// flags and result offsets, and the smallest list's values for `Values` only.
+    #[test]
+    fn staging_bytes_counts_what_a_call_stages() {
+        use super::{HostList, HostOffsets, Mode, staging_bytes};
+        let (a_off, b_off) = ([0i32, 3, 5], [0i64, 10, 100]);
+        let a = [1u32, 2, 3, 4, 5, 6];
+        let b = [0u64; 100];
+        let lists = [
+            HostList {
+                offsets: HostOffsets::I32(&a_off),
+                values: &a[..5],
+                column: None,
+            },
+            HostList {
+                offsets: HostOffsets::I32(&a_off),
+                values: &a,
+                column: None,
+            },
+        ];
+        // 2 rows: values 2 x 5 x 4, offsets 2 x 3 x 4, validity 1, flags 2, result offsets
+        // 3 x 8, results 5 x 4.
+        assert_eq!(
+            staging_bytes(&lists, Mode::Values, None),
+            40 + 24 + 1 + 2 + 24 + 20
+        );
+        assert_eq!(
+            staging_bytes(&lists, Mode::Counts, None),
+            40 + 24 + 1 + 2 + 24
+        );
+        assert_eq!(
+            staging_bytes(&lists, Mode::Values, Some(16)),
+            16 + 24 + 1 + 2 + 24 + 16
+        );
+        let wide = [
+            HostList {
+                offsets: HostOffsets::I64(&b_off),
+                values: &b,
+                column: None,
+            },
+            HostList {
+                offsets: HostOffsets::I64(&[0, 0, 1]),
+                values: &b,
+                column: None,
+            },
+        ];
+        // 100 + 1 values of 8 bytes, 64-bit offsets, one result value at most.
+        assert_eq!(
+            staging_bytes(&wide, Mode::Values, None),
+            101 * 8 + 48 + 1 + 2 + 24 + 8
+        );
+        assert_eq!(staging_bytes::<u64>(&[], Mode::Values, None), 8);
+    }
 
     #[test]
     fn a_batch_applies_the_rules_for_unknown_terms() {

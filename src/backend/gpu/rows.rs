@@ -14,6 +14,7 @@ use datafusion::arrow::buffer::NullBuffer;
 use super::{GpuOutput, HostList, HostOffsets, Mode, RowValidity};
 use crate::backend::cpu::SetElem;
 use crate::config::BackendChoice;
+use crate::functions::backend_plan::holder;
 use crate::functions::common::IntLists;
 use crate::functions::intersect_rows::{
     EngineOptions, ValuesOut, cpu_counts_rows, cpu_values_rows,
@@ -88,6 +89,15 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         bit_offset: nb.inner().offset(),
     });
     let share = mode == Mode::Values;
+    // The host memory the call stages through, reserved in the query's pool while it runs.
+    let reservation = opts.plan.as_ref().and_then(|p| p.reservation());
+    let staged = super::staging_bytes(&host, mode, super::launch_group_bytes());
+    if !holder(&reservation)(staged) {
+        log::debug!(
+            "datafusion-sets: list intersection on the CPU: the memory pool refused {staged} bytes of GPU staging"
+        );
+        return None;
+    }
     let out = match resident_budget {
         None => super::intersect(&host, validity, mode, opts.gpu_columns, share),
         Some(budget) => {

@@ -38,6 +38,11 @@ pub fn intersect_resident<T: SetElem>(
     Err(GpuError::NotCompiled)
 }
 
+/// Input bytes per launch group: none without the `cuda` feature.
+pub fn launch_group_bytes() -> Option<usize> {
+    None
+}
+
 /// Transfer ceilings: not available without the `cuda` feature.
 pub fn measure_ceilings(_bytes: usize) -> Result<Ceilings, GpuError> {
     Err(GpuError::NotCompiled)
@@ -51,6 +56,7 @@ pub fn bm25_topk(
     _k: usize,
     _budget: Option<usize>,
     _cpu: &Bm25Cpu<'_>,
+    _hold: &mut dyn FnMut(usize) -> bool,
 ) -> Result<Bm25Output, GpuError> {
     Err(GpuError::NotCompiled)
 }

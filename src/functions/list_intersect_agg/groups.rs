@@ -823,6 +823,39 @@ mod tests {
         }
     }
 
+    /// Bound to the GPU in a query with a memory pool, the fold reserves its host memory
+    /// there: a pool too small for it sends the fold to the CPU (same answer), a large one
+    /// lets it run on the (emulated) device, and nothing stays reserved afterwards.
+    #[test]
+    fn gpu_fold_reserves_in_the_query_pool() {
+        use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
+        let rows: Vec<(Row, bool)> = (0..200)
+            .map(|i| {
+                let list = (0..40).map(|v| Some((v * (1 + i % 3)) as i32)).collect();
+                ((i % 5, Some(list)), true)
+            })
+            .collect();
+        let expected = reference(&rows, 5);
+        let ret = DataType::new_list(DataType::Int32, true);
+        for (limit, on_gpu) in [(256usize, false), (1 << 30, true)] {
+            let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(limit));
+            let plan = Arc::new(BackendPlan::new(BackendChoice::Gpu, "test"));
+            plan.bind_pool(&pool, "list_intersect_agg[gpu]");
+            let mut acc = IntersectGroups::<Int32Type>::new(&ret, Some(Arc::clone(&plan))).unwrap();
+            acc.gpu_fold = crate::backend::gpu::fold_groups_emulated::<i32>;
+            let plain: Vec<Row> = rows.iter().map(|(r, _)| r.clone()).collect();
+            let gi: Vec<usize> = plain.iter().map(|(g, _)| *g).collect();
+            acc.update_batch(&[list_array(&plain, false)], &gi, None, 5)
+                .unwrap();
+            let out = decode(&acc.evaluate(EmitTo::All).unwrap());
+            assert_eq!(out, expected, "pool of {limit} bytes");
+            let m = &plan.metrics;
+            assert_eq!(BackendMetrics::get(&m.gpu_batches) > 0, on_gpu, "{limit}");
+            assert_eq!(BackendMetrics::get(&m.cpu_batches) > 0, !on_gpu, "{limit}");
+            assert_eq!(pool.reserved(), 0);
+        }
+    }
+
     /// Many small batches over few groups: the held lists are folded while rows still come
     /// in (not only at the end), and what is held after each fold stays bounded.
     #[test]
