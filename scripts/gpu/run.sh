@@ -104,7 +104,7 @@ for v in $variants; do
         fi
     fi
 done
-if command -v compute-sanitizer >/dev/null; then
+if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer memcheck on the engine tests"
     if have gpu_props; then
         timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_props --test-threads=1 engine_ 2>&1 | tail -15 | tee "$out/memcheck.log" || status=1

@@ -59,7 +59,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef};
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinSide, JoinType, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -552,13 +552,14 @@ fn covered(wide: &Arc<dyn ExecutionPlan>, narrow: &Arc<dyn ExecutionPlan>) -> Op
         .then_some(at)
 }
 
-/// Whether `a` and `b` provably produce the same rows (as a multiset): the same plan node;
-/// scans of the very same in-memory batches (buffer for buffer); scans of the same files
+/// Whether `a` and `b` provably produce the same rows (as a multiset): the same plan node
+/// with nothing volatile and no limit below it (executed once for both sides instead of
+/// twice); scans of the very same in-memory batches (buffer for buffer); scans of the same files
 /// (see [`same_files`]); or equal deterministic projections or filters, or repartitions, over
 /// inputs that produce the same rows. Anything else is not proved, and the join stays an R-S join.
 fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
     if Arc::ptr_eq(a, b) {
-        return true;
+        return repeatable(a);
     }
     if a.schema() != b.schema() {
         return false;
@@ -615,6 +616,23 @@ fn same_data(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
         return same_files(fa, fb, true);
     }
     false
+}
+
+/// Whether executing `plan` twice gives the same rows: no node below it holds a volatile
+/// expression or a limit (a limit over several partitions keeps whichever rows come first).
+fn repeatable(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut volatile = false;
+    let walked = plan.apply_expressions(&mut |e| {
+        volatile |= is_volatile(e);
+        Ok(match volatile {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    walked.is_ok()
+        && !volatile
+        && plan.fetch().is_none()
+        && plan.children().into_iter().all(repeatable)
 }
 
 /// Both scan the very same in-memory batches with no limit (and the same projection, with
@@ -1048,7 +1066,21 @@ mod tests {
         let random = random_below_half();
         assert!(!same_data(
             &project(&scan, Arc::clone(&random)),
-            &project(&scan, random)
+            &project(&scan, Arc::clone(&random))
         ));
+        // One node shared by both sides: the same rows unless something below it is volatile
+        // or limited (then each side's execution may keep other rows).
+        let shared = project(&filter(&spread(&scan), 5), Arc::clone(&id));
+        assert!(same_data(&shared, &shared));
+        let shared = project(&filter(&scan, 5), Arc::clone(&random));
+        assert!(!same_data(&shared, &shared), "a volatile expression");
+        let shared = spread(&project(&scan, random));
+        assert!(!same_data(&shared, &shared), "a volatile expression below");
+        let limited = exec(&Scan {
+            limit: Some(10),
+            ..base()
+        });
+        let shared = filter(&spread(&limited), 5);
+        assert!(!same_data(&shared, &shared), "a limit below");
     }
 }
