@@ -63,7 +63,7 @@ use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, Tr
 use datafusion::common::{JoinSide, JoinType, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
 use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
@@ -80,6 +80,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
+use super::split_scan::datafusion_reader_factory;
 use super::threshold::{Comparison, Threshold};
 use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::cosine::Cosine;
@@ -673,10 +674,29 @@ fn same_files(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> bool 
                     x.object_meta == y.object_meta
                         && x.range == y.range
                         && x.partition_values == y.partition_values
+                        && x.extensions.is_empty()
+                        && y.extensions.is_empty()
                 })
         });
     let filter = sa.filter();
+    // Parquet read through a reader factory of the user's may read anything: only the same one
+    // on both sides, or DataFusion's own.
+    let parquet = |s: &Arc<dyn FileSource>| {
+        s.downcast_ref::<ParquetSource>()
+            .and_then(|p| p.parquet_file_reader_factory().cloned())
+    };
+    let readers_match = match (parquet(sa), parquet(sb)) {
+        (Some(x), Some(y)) => {
+            Arc::ptr_eq(&x, &y)
+                || (datafusion_reader_factory(x.as_ref()) && datafusion_reader_factory(y.as_ref()))
+        }
+        (x, y) => {
+            x.is_none_or(|x| datafusion_reader_factory(x.as_ref()))
+                && y.is_none_or(|y| datafusion_reader_factory(y.as_ref()))
+        }
+    };
     files_match
+        && readers_match
         && a.object_store_url == b.object_store_url
         && a.limit.is_none()
         && b.limit.is_none()
@@ -844,7 +864,12 @@ fn side_of(expr: &Arc<dyn PhysicalExpr>, nl: usize) -> Option<JoinSide> {
 mod tests {
     use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::datasource::listing::PartitionedFile;
-    use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
+    use datafusion::datasource::physical_plan::FileScanConfigBuilder;
+    use datafusion::datasource::physical_plan::parquet::{
+        DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileReaderFactory,
+    };
+
+    use crate::join::split_scan::tests::CustomFactory;
     use datafusion::execution::object_store::ObjectStoreUrl;
     use datafusion::physical_expr::expressions::lit;
     use datafusion::physical_plan::expressions::BinaryExpr;
@@ -870,6 +895,9 @@ mod tests {
         projection: Option<Vec<usize>>,
         limit: Option<usize>,
         predicate: Option<Arc<dyn PhysicalExpr>>,
+        factory: Option<Arc<dyn ParquetFileReaderFactory>>,
+        /// Whether the first file carries an access plan (which rows of it to read).
+        access_plan: bool,
     }
 
     fn base() -> Scan {
@@ -878,6 +906,8 @@ mod tests {
             projection: Some(vec![0, 1]),
             limit: None,
             predicate: None,
+            factory: None,
+            access_plan: false,
         }
     }
 
@@ -886,14 +916,20 @@ mod tests {
         if let Some(p) = &scan.predicate {
             source = source.with_predicate(Arc::clone(p));
         }
+        if let Some(f) = &scan.factory {
+            source = source.with_parquet_file_reader_factory(Arc::clone(f));
+        }
         let mut builder =
             FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
                 .with_limit(scan.limit)
                 .with_projection_indices(scan.projection.clone())
                 .expect("a projection");
-        for &(path, size, seconds) in &scan.files {
+        for (i, &(path, size, seconds)) in scan.files.iter().enumerate() {
             let mut file = PartitionedFile::new(path, size);
             file.object_meta.last_modified += std::time::Duration::from_secs(seconds);
+            if scan.access_plan && i == 0 {
+                file = file.with_extension(ParquetAccessPlan::new_all(1));
+            }
             builder = builder.with_file(file);
         }
         DataSourceExec::from_data_source(builder.build())
@@ -966,6 +1002,45 @@ mod tests {
             ..base()
         };
         assert!(!same(&volatile, &volatile), "a volatile predicate");
+
+        // Reader factories: DataFusion's own or the same one on both sides.
+        let store = Arc::new(datafusion::object_store::local::LocalFileSystem::new());
+        let own = || -> Arc<dyn ParquetFileReaderFactory> {
+            Arc::new(DefaultParquetFileReaderFactory::new(store.clone()))
+        };
+        let custom = || -> Arc<dyn ParquetFileReaderFactory> {
+            Arc::new(CustomFactory(DefaultParquetFileReaderFactory::new(
+                store.clone(),
+            )))
+        };
+        let with = |f: Option<Arc<dyn ParquetFileReaderFactory>>| Scan {
+            factory: f,
+            ..base()
+        };
+        assert!(same(&with(Some(own())), &b), "DataFusion's factory or none");
+        assert!(same(&with(Some(own())), &with(Some(own()))));
+        let one = custom();
+        assert!(
+            same(&with(Some(Arc::clone(&one))), &with(Some(one))),
+            "one custom factory"
+        );
+        assert!(
+            !same(&with(Some(custom())), &with(Some(custom()))),
+            "two custom factories"
+        );
+        assert!(
+            !same(&with(Some(custom())), &b),
+            "a custom factory on one side"
+        );
+        assert!(!same(&b, &with(Some(custom()))), "the same, reversed");
+        // A file read through an access plan (some of its rows).
+        let planned = Scan {
+            access_plan: true,
+            ..base()
+        };
+        assert!(!same(&planned, &planned), "an access plan");
+        assert!(!same(&b, &planned), "an access plan on one side");
+        assert!(!same(&planned, &b), "the same, reversed");
     }
 
     /// `random() < 0.5`: each scan keeps other rows.

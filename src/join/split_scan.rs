@@ -34,7 +34,7 @@ use datafusion::datasource::physical_plan::parquet::metadata::{
     CachedParquetMetaData, DFParquetMetadata,
 };
 use datafusion::datasource::physical_plan::parquet::{
-    CachedParquetFileReaderFactory, ParquetAccessPlan, RowGroupAccess,
+    CachedParquetFileReaderFactory, ParquetAccessPlan, ParquetFileReaderFactory, RowGroupAccess,
 };
 use datafusion::datasource::physical_plan::{FileGroup, FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
@@ -138,11 +138,15 @@ async fn try_split(
     let Some((config, source)) = exec.downcast_to_file_source::<ParquetSource>() else {
         return Ok(None);
     };
-    // A limit, a predicate (page pruning reads a column index we do not derive), decryption or
-    // an access plan someone else chose: read as planned. (The reader factory is replaced by
-    // one reading the same object store through the cache of derived metadata.)
+    // A limit, a predicate (page pruning reads a column index we do not derive), decryption,
+    // a reader factory other than DataFusion's own, or an access plan someone else chose: read
+    // as planned. (DataFusion's reader factory is replaced by one reading the same object
+    // store through the cache of derived metadata.)
     if pieces < 2
         || config.limit.is_some()
+        || source
+            .parquet_file_reader_factory()
+            .is_some_and(|f| !datafusion_reader_factory(f.as_ref()))
         || FileSource::filter(source).is_some()
         || source
             .table_parquet_options()
@@ -238,6 +242,23 @@ async fn try_split(
         CachedParquetFileReaderFactory::new(store, cache),
     )));
     Ok(Some(DataSourceExec::from_data_source(split)))
+}
+
+/// Whether `f` is one of DataFusion's own Parquet reader factories, which the split may
+/// replace by its cached one: told by the type name its `Debug` form begins with (the trait
+/// offers no downcast), so a factory of any other type (a custom reader, a cache of its own,
+/// another store) is kept and the scan read as planned.
+pub(crate) fn datafusion_reader_factory(f: &dyn ParquetFileReaderFactory) -> bool {
+    let name = format!("{f:?}");
+    [
+        "CachedParquetFileReaderFactory",
+        "DefaultParquetFileReaderFactory",
+    ]
+    .iter()
+    .any(|own| {
+        name.strip_prefix(own)
+            .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+    })
 }
 
 /// `file` read whole: no byte range (the pieces say which rows), no statistics (a piece's are
@@ -758,12 +779,13 @@ impl Compact<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use datafusion::arrow::array::{
         ArrayRef, ListBuilder, RecordBatch, StringArray, UInt32Array, UInt32Builder,
     };
     use datafusion::arrow::compute::concat_batches;
+    use datafusion::datasource::physical_plan::parquet::DefaultParquetFileReaderFactory;
     use datafusion::execution::memory_pool::MemoryConsumer;
     use datafusion::parquet::arrow::ArrowWriter;
     use datafusion::parquet::basic::{Compression, ZstdLevel};
@@ -951,6 +973,36 @@ mod tests {
                 .await
                 .is_none()
         );
+        // Split with DataFusion's own reader factory, not with one of another type.
+        let with_factory = |f: Arc<dyn ParquetFileReaderFactory>| {
+            let (config, source) = plan
+                .downcast_ref::<DataSourceExec>()
+                .and_then(|e| e.downcast_to_file_source::<ParquetSource>())
+                .expect("a Parquet scan");
+            let mut config = config.clone();
+            config.file_source = Arc::new(source.clone().with_parquet_file_reader_factory(f));
+            DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>
+        };
+        let store = ctx
+            .runtime_env()
+            .object_store(ObjectStoreUrl::local_filesystem())
+            .unwrap();
+        let own = with_factory(Arc::new(DefaultParquetFileReaderFactory::new(Arc::clone(
+            &store,
+        ))));
+        assert!(
+            split_scan(&own, 4, &ctx.task_ctx(), &reservation(&ctx))
+                .await
+                .is_some()
+        );
+        let custom = with_factory(Arc::new(CustomFactory(
+            DefaultParquetFileReaderFactory::new(store),
+        )));
+        assert!(
+            split_scan(&custom, 4, &ctx.task_ctx(), &reservation(&ctx))
+                .await
+                .is_none()
+        );
         // Row groups enough for the pieces already.
         let many = dir.path().join("many.parquet");
         let props = WriterProperties::builder()
@@ -972,6 +1024,23 @@ mod tests {
                 .await
                 .is_none()
         );
+    }
+
+    /// A reader factory of the user's: reads as the default one does, under another type.
+    #[derive(Debug)]
+    pub(crate) struct CustomFactory(pub(crate) DefaultParquetFileReaderFactory);
+    impl ParquetFileReaderFactory for CustomFactory {
+        fn create_reader(
+            &self,
+            partition_index: usize,
+            file: PartitionedFile,
+            metadata_size_hint: Option<usize>,
+            metrics: &datafusion::physical_plan::metrics::ExecutionPlanMetricsSet,
+        ) -> Result<Box<dyn datafusion::parquet::arrow::async_reader::AsyncFileReader + Send>>
+        {
+            self.0
+                .create_reader(partition_index, file, metadata_size_hint, metrics)
+        }
     }
 
     #[test]
