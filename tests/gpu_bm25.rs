@@ -105,7 +105,16 @@ fn check(
     budget: Option<usize>,
     what: &str,
 ) -> datafusion_sets::search::rank::RankStats {
-    let (got, stats) = rank_terms(index, scored, qs, k, mode, BackendChoice::Gpu, budget);
+    let (got, stats) = rank_terms(
+        index,
+        scored,
+        qs,
+        k,
+        mode,
+        BackendChoice::Gpu,
+        budget,
+        &mut |_| true,
+    );
     assert_eq!(got.len(), qs.len());
     let got = got.to_lists();
     for (i, (q, g)) in qs.iter().zip(&got).enumerate() {
@@ -469,11 +478,28 @@ fn bench_gpu_bm25() {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
             gpu::bm25_evict();
             let t0 = Instant::now();
-            let (first, stats) =
-                rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Gpu, None);
+            let (first, stats) = rank_terms(
+                &index,
+                &scored,
+                &qs,
+                k,
+                mode,
+                BackendChoice::Gpu,
+                None,
+                &mut |_| true,
+            );
             let cold = t0.elapsed().as_secs_f64() * 1e3;
             let upload = stats.timings.as_ref().map_or(0, |t| t.uploaded_bytes);
-            let (want, _) = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Cpu, None);
+            let (want, _) = rank_terms(
+                &index,
+                &scored,
+                &qs,
+                k,
+                mode,
+                BackendChoice::Cpu,
+                None,
+                &mut |_| true,
+            );
             let same = first == want;
             assert!(same, "GPU != CPU on gcide, {mode:?} k {k}");
             let mut cpu = Vec::new();
@@ -481,11 +507,29 @@ fn bench_gpu_bm25() {
             let mut tims: Vec<gpu::Bm25Timings> = Vec::new();
             for _ in 0..7 {
                 let t0 = Instant::now();
-                let r = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Cpu, None);
+                let r = rank_terms(
+                    &index,
+                    &scored,
+                    &qs,
+                    k,
+                    mode,
+                    BackendChoice::Cpu,
+                    None,
+                    &mut |_| true,
+                );
                 cpu.push(t0.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(r);
                 let t0 = Instant::now();
-                let (r, s) = rank_terms(&index, &scored, &qs, k, mode, BackendChoice::Gpu, None);
+                let (r, s) = rank_terms(
+                    &index,
+                    &scored,
+                    &qs,
+                    k,
+                    mode,
+                    BackendChoice::Gpu,
+                    None,
+                    &mut |_| true,
+                );
                 gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
                 assert!(r == want);
                 tims.push(s.timings.unwrap_or_default());
@@ -536,10 +580,28 @@ fn bench_gpu_bm25() {
             let mut gpu_ms = Vec::new();
             for _ in 0..7 {
                 let t0 = Instant::now();
-                let a = rank_terms(&index, &scored, sub, 10, mode, BackendChoice::Cpu, None);
+                let a = rank_terms(
+                    &index,
+                    &scored,
+                    sub,
+                    10,
+                    mode,
+                    BackendChoice::Cpu,
+                    None,
+                    &mut |_| true,
+                );
                 cpu.push(t0.elapsed().as_secs_f64() * 1e3);
                 let t0 = Instant::now();
-                let b = rank_terms(&index, &scored, sub, 10, mode, BackendChoice::Gpu, None);
+                let b = rank_terms(
+                    &index,
+                    &scored,
+                    sub,
+                    10,
+                    mode,
+                    BackendChoice::Gpu,
+                    None,
+                    &mut |_| true,
+                );
                 gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
                 assert!(a.0 == b.0);
             }

@@ -183,32 +183,10 @@ pub struct RankStats {
 }
 
 /// The top-k of every query, on the backend chosen (see the module doc). `budget` bounds the
-/// GPU's resident index (bytes; `None`: the default).
-pub fn rank_terms(
-    index: &InvertedIndex,
-    scored: &Arc<Scored>,
-    queries: &[QueryTerms],
-    k: usize,
-    mode: Mode,
-    backend: BackendChoice,
-    budget: Option<usize>,
-) -> (Ranked, RankStats) {
-    rank_terms_held(
-        index,
-        scored,
-        queries,
-        k,
-        mode,
-        backend,
-        budget,
-        &mut |_| true,
-    )
-}
-
-/// [`rank_terms`] with the GPU's host staging held through `hold(bytes)` (the bytes held
-/// in all; `false`: refused, and the batch is ranked on the CPU).
+/// GPU's resident index (bytes; `None`: the default); `hold(bytes)` is asked for the GPU's host
+/// staging (the bytes held in all; `false`: refused, and the batch is ranked on the CPU).
 #[allow(clippy::too_many_arguments)]
-pub fn rank_terms_held(
+pub fn rank_terms(
     index: &InvertedIndex,
     scored: &Arc<Scored>,
     queries: &[QueryTerms],
@@ -258,7 +236,7 @@ pub fn rank_terms_held(
 
 /// The top-k of every row of `texts`, on the backend chosen (see the module doc;
 /// tokenization always on the CPU, in parallel). A NULL row gets an empty entry (the
-/// caller takes the nulls from `texts`). `hold` as for [`rank_terms_held`].
+/// caller takes the nulls from `texts`). `hold` as for [`rank_terms`].
 #[allow(clippy::too_many_arguments)]
 pub fn rank_batch(
     loaded: &LoadedIndex,
@@ -311,7 +289,7 @@ pub fn rank_batch(
             },
         )
         .collect();
-    rank_terms_held(
+    rank_terms(
         &loaded.index,
         scored,
         &parsed,
@@ -358,8 +336,16 @@ mod tests {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
             for k in [1, 5, 1000] {
                 for backend in [BackendChoice::Cpu, BackendChoice::Gpu, BackendChoice::Auto] {
-                    let (got, stats) =
-                        rank_terms(&index, &scored, &queries, k, mode, backend, None);
+                    let (got, stats) = rank_terms(
+                        &index,
+                        &scored,
+                        &queries,
+                        k,
+                        mode,
+                        backend,
+                        None,
+                        &mut |_| true,
+                    );
                     assert_eq!(stats.on_gpu + stats.on_cpu, queries.len());
                     assert_eq!(got.len(), queries.len());
                     for (i, q) in queries.iter().enumerate() {
