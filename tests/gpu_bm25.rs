@@ -474,32 +474,16 @@ fn bench_gpu_bm25() {
          | mode | k | call | inside | lookup | fill | sort | launch | wait (kernel) | cpu | unpack | on GPU |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
+    let rank =
+        |k, mode, backend| rank_terms(&index, &scored, &qs, k, mode, backend, None, &mut |_| true);
     for k in [10, 100] {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
             gpu::bm25_evict();
             let t0 = Instant::now();
-            let (first, stats) = rank_terms(
-                &index,
-                &scored,
-                &qs,
-                k,
-                mode,
-                BackendChoice::Gpu,
-                None,
-                &mut |_| true,
-            );
+            let (first, stats) = rank(k, mode, BackendChoice::Gpu);
             let cold = t0.elapsed().as_secs_f64() * 1e3;
             let upload = stats.timings.as_ref().map_or(0, |t| t.uploaded_bytes);
-            let (want, _) = rank_terms(
-                &index,
-                &scored,
-                &qs,
-                k,
-                mode,
-                BackendChoice::Cpu,
-                None,
-                &mut |_| true,
-            );
+            let (want, _) = rank(k, mode, BackendChoice::Cpu);
             let same = first == want;
             assert!(same, "GPU != CPU on gcide, {mode:?} k {k}");
             let mut cpu = Vec::new();
@@ -507,29 +491,11 @@ fn bench_gpu_bm25() {
             let mut tims: Vec<gpu::Bm25Timings> = Vec::new();
             for _ in 0..7 {
                 let t0 = Instant::now();
-                let r = rank_terms(
-                    &index,
-                    &scored,
-                    &qs,
-                    k,
-                    mode,
-                    BackendChoice::Cpu,
-                    None,
-                    &mut |_| true,
-                );
+                let r = rank(k, mode, BackendChoice::Cpu);
                 cpu.push(t0.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(r);
                 let t0 = Instant::now();
-                let (r, s) = rank_terms(
-                    &index,
-                    &scored,
-                    &qs,
-                    k,
-                    mode,
-                    BackendChoice::Gpu,
-                    None,
-                    &mut |_| true,
-                );
+                let (r, s) = rank(k, mode, BackendChoice::Gpu);
                 gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
                 assert!(r == want);
                 tims.push(s.timings.unwrap_or_default());
