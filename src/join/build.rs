@@ -278,13 +278,7 @@ impl Collections {
             rows.push(row);
         }
         let mut tokens = vec![0u32; total];
-        let mut slots: Vec<&mut [u32]> = Vec::with_capacity(sets);
-        let mut rest = tokens.as_mut_slice();
-        for &len in &sizes {
-            let (slot, tail) = rest.split_at_mut(len as usize);
-            slots.push(slot);
-            rest = tail;
-        }
+        let slots = crate::backend::split_lengths(&mut tokens, sizes.iter().map(|&l| l as usize));
         items
             .par_iter()
             .zip(slots.into_par_iter())

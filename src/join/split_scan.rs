@@ -250,15 +250,13 @@ async fn try_split(
 /// another store) is kept and the scan read as planned.
 pub(crate) fn datafusion_reader_factory(f: &dyn ParquetFileReaderFactory) -> bool {
     let name = format!("{f:?}");
-    [
-        "CachedParquetFileReaderFactory",
-        "DefaultParquetFileReaderFactory",
-    ]
-    .iter()
-    .any(|own| {
-        name.strip_prefix(own)
-            .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
-    })
+    let type_name = name
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .next();
+    matches!(
+        type_name,
+        Some("CachedParquetFileReaderFactory" | "DefaultParquetFileReaderFactory")
+    )
 }
 
 /// `file` read whole: no byte range (the pieces say which rows), no statistics (a piece's are

@@ -236,13 +236,10 @@ fn gather_rows<T: SetElem>(rows: &[&[T]], offsets: &mut Vec<i64>, values: &mut V
     values.clear();
     values.reserve(total);
     // Disjoint destinations, one per row, split off the spare capacity in order.
-    let mut rest = &mut values.spare_capacity_mut()[..total];
-    let mut parts: Vec<&mut [MaybeUninit<T>]> = Vec::with_capacity(rows.len());
-    for r in rows {
-        let (part, tail) = rest.split_at_mut(r.len());
-        parts.push(part);
-        rest = tail;
-    }
+    let parts: Vec<&mut [MaybeUninit<T>]> = crate::backend::split_lengths(
+        &mut values.spare_capacity_mut()[..total],
+        rows.iter().map(|r| r.len()),
+    );
     parts
         .into_par_iter()
         .zip(rows.par_iter())
