@@ -31,7 +31,6 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, DynComparator, make_comparator, new_empty_array,
 };
-use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::{SortOptions, cast, concat};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::common::runtime::SpawnedTask;
@@ -132,66 +131,87 @@ pub fn output_schema(left_id: &DataType, right_id: &DataType, measure: Measure) 
     ])
 }
 
-/// How a self-join orients a pair of rows: `(row with the smaller id, the other)`, or no pair
-/// when either id is NULL or both are equal (as `r.id < s.id`).
+/// How a self-join orients a pair of sets: `(set with the smaller id, the other)`, or no
+/// pair when either id is NULL or both are equal (as `r.id < s.id`). Indexed by set, not by
+/// row, so a verified pair is oriented without looking up either set's row.
 pub(crate) enum IdOrder {
-    /// Integer ids as order-preserving `u64` keys (a pair is recorded per verified candidate:
-    /// millions of comparisons, where Arrow's comparator pays a dynamic call and null checks).
+    /// Integer ids as order-preserving `u64` keys, one per set in set order (a pair is
+    /// oriented per verified candidate: millions of comparisons, where Arrow's comparator
+    /// pays a dynamic call, null checks and two row lookups).
     Keys {
         keys: Vec<u64>,
-        nulls: Option<NullBuffer>,
+        /// Per set: its id is NULL (absent when no id is).
+        nulls: Option<Vec<bool>>,
     },
-    /// Any other id type: Arrow's comparator.
-    Dyn { ids: ArrayRef, order: DynComparator },
+    /// Any other id type: Arrow's comparator over the rows of the sets.
+    Dyn {
+        ids: ArrayRef,
+        rows: Vec<u32>,
+        order: DynComparator,
+    },
 }
 
 impl IdOrder {
-    fn new(ids: ArrayRef) -> Result<Self> {
+    /// `ids`: the id of each input row; `rows[p]`: the row of set `p`.
+    fn new(ids: ArrayRef, rows: &[u32]) -> Result<Self> {
         let dt = ids.data_type();
         let keys: Option<Vec<u64>> = if dt.is_signed_integer() {
             let v = cast(&ids, &DataType::Int64)?;
-            let v = v.as_primitive::<Int64Type>();
-            Some(v.values().iter().map(|&x| (x as u64) ^ (1 << 63)).collect())
+            let v = v.as_primitive::<Int64Type>().values();
+            Some(
+                rows.iter()
+                    .map(|&r| (v[r as usize] as u64) ^ (1 << 63))
+                    .collect(),
+            )
         } else if dt.is_unsigned_integer() {
             let v = cast(&ids, &DataType::UInt64)?;
-            Some(v.as_primitive::<UInt64Type>().values().to_vec())
+            let v = v.as_primitive::<UInt64Type>().values();
+            Some(rows.iter().map(|&r| v[r as usize]).collect())
         } else {
             None
         };
         Ok(match keys {
             Some(keys) => IdOrder::Keys {
                 keys,
-                nulls: ids.logical_nulls().filter(|n| n.null_count() > 0),
+                nulls: ids
+                    .logical_nulls()
+                    .filter(|n| n.null_count() > 0)
+                    .map(|n| rows.iter().map(|&r| n.is_null(r as usize)).collect()),
             },
             None => {
                 let order = make_comparator(ids.as_ref(), ids.as_ref(), SortOptions::default())?;
-                IdOrder::Dyn { ids, order }
+                IdOrder::Dyn {
+                    ids,
+                    rows: rows.to_vec(),
+                    order,
+                }
             }
         })
     }
 
-    /// `(a, b)` or `(b, a)`, smaller id first; `None` when they are not paired.
+    /// `(p, q)` or `(q, p)`, the set of smaller id first; `None` when they are not paired.
     #[inline]
-    pub(crate) fn orient(&self, a: u32, b: u32) -> Option<(u32, u32)> {
+    pub(crate) fn orient(&self, p: u32, q: u32) -> Option<(u32, u32)> {
         let ordering = match self {
             IdOrder::Keys { keys, nulls } => {
                 if let Some(n) = nulls
-                    && (n.is_null(a as usize) || n.is_null(b as usize))
+                    && (n[p as usize] || n[q as usize])
                 {
                     return None;
                 }
-                keys[a as usize].cmp(&keys[b as usize])
+                keys[p as usize].cmp(&keys[q as usize])
             }
-            IdOrder::Dyn { ids, order } => {
-                if ids.is_null(a as usize) || ids.is_null(b as usize) {
+            IdOrder::Dyn { ids, rows, order } => {
+                let (a, b) = (rows[p as usize] as usize, rows[q as usize] as usize);
+                if ids.is_null(a) || ids.is_null(b) {
                     return None;
                 }
-                order(a as usize, b as usize)
+                order(a, b)
             }
         };
         match ordering {
-            std::cmp::Ordering::Less => Some((a, b)),
-            std::cmp::Ordering::Greater => Some((b, a)),
+            std::cmp::Ordering::Less => Some((p, q)),
+            std::cmp::Ordering::Greater => Some((q, p)),
             std::cmp::Ordering::Equal => None,
         }
     }
@@ -787,7 +807,7 @@ async fn build_collections(
     drop(tokens);
     let id_order = match (self_join, inputs[0].id) {
         (true, Some(id)) => match columns[0].get(id) {
-            Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids))?),
+            Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids), collections.rows())?),
             _ => {
                 return internal_err!("SimilarityJoinExec: the self-join's id column was not kept");
             }
@@ -835,7 +855,7 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{Int16Array, StringArray, UInt64Array};
 
-    /// Pairs each order keeps, oriented, against `r.id < s.id` written out.
+    /// Pairs of sets each order keeps, oriented, against `r.id < s.id` written out.
     fn oriented(order: &IdOrder, n: u32) -> Vec<(u32, u32)> {
         let mut out = Vec::new();
         for a in 0..n {
@@ -876,18 +896,17 @@ mod tests {
             Some(""),
             Some("b"),
         ]));
+        // Sets are numbered in another order than rows: set p is row rows[p].
+        let rows = [4u32, 0, 5, 2, 1, 3];
         for ids in [signed, unsigned, strings] {
-            let order = IdOrder::new(Arc::clone(&ids)).unwrap();
+            let order = IdOrder::new(Arc::clone(&ids), &rows).unwrap();
             let reference =
                 make_comparator(ids.as_ref(), ids.as_ref(), SortOptions::default()).unwrap();
             let mut expected = Vec::new();
             for a in 0..6u32 {
                 for b in 0..6u32 {
-                    if a != b
-                        && ids.is_valid(a as usize)
-                        && ids.is_valid(b as usize)
-                        && reference(a as usize, b as usize).is_lt()
-                    {
+                    let (ra, rb) = (rows[a as usize] as usize, rows[b as usize] as usize);
+                    if a != b && ids.is_valid(ra) && ids.is_valid(rb) && reference(ra, rb).is_lt() {
                         // Each unordered pair once, from both (a, b) and (b, a).
                         expected.push((a, b));
                         expected.push((a, b));

@@ -189,6 +189,11 @@ impl Collections {
         self.rows[p]
     }
 
+    /// The input row of every set, in set order.
+    pub fn rows(&self) -> &[u32] {
+        &self.rows
+    }
+
     /// Hint the CPU to fetch the tokens of set `q` from position `from` on (the first two
     /// cache lines: a verification's merge starts there).
     #[inline]

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{
     ArrayRef, Float64Array, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
@@ -126,6 +126,16 @@ pub(crate) struct SimilarityJoinStream {
     verified: Count,
     filter_time: Time,
     verify_time: Time,
+    /// The probe loop's clock: the end of the last timed step. One clock read per probe
+    /// set without candidates, two per probe set with some (the filter's and the
+    /// verification's ends); the loop's own steps count as filtering.
+    clock: Instant,
+    /// Filter and verification time, candidates met and verified in this poll, added to
+    /// the metrics when it ends (not per probe set: an atomic add each).
+    filter_elapsed: Duration,
+    verify_elapsed: Duration,
+    candidates_met: usize,
+    candidates_verified: usize,
     gpu_chunks: Count,
     gpu_pairs: Count,
     bytes_to_device: Count,
@@ -181,6 +191,11 @@ impl SimilarityJoinStream {
             verified: MetricBuilder::new(metrics).counter("verified", partition),
             filter_time: MetricBuilder::new(metrics).subset_time("filter_time", partition),
             verify_time: MetricBuilder::new(metrics).subset_time("verify_time", partition),
+            clock: Instant::now(),
+            filter_elapsed: Duration::ZERO,
+            verify_elapsed: Duration::ZERO,
+            candidates_met: 0,
+            candidates_verified: 0,
             gpu_chunks: MetricBuilder::new(metrics).counter("gpu_chunks", partition),
             gpu_pairs: MetricBuilder::new(metrics).counter("gpu_pairs", partition),
             bytes_to_device: MetricBuilder::new(metrics).counter("bytes_to_device", partition),
@@ -269,12 +284,12 @@ impl SimilarityJoinStream {
     /// Returns the work it took.
     fn probe(&mut self, built: &Built, p: usize) -> usize {
         let coll = &built.collections;
-        let t0 = Instant::now();
         let met = coll.filter(p, &self.threshold, &mut self.scratch);
         let t1 = Instant::now();
-        self.candidates.add(met);
-        self.verified.add(self.scratch.candidates.len());
-        self.filter_time.add_duration(t1 - t0);
+        self.filter_elapsed += t1 - self.clock;
+        self.clock = t1;
+        self.candidates_met += met;
+        self.candidates_verified += self.scratch.candidates.len();
         let work = 1 + met + self.scratch.candidates.len();
         if self.filter_only {
             if self.materialize {
@@ -319,28 +334,47 @@ impl SimilarityJoinStream {
                 self.record(built, p as u32, c.set, o);
             }
         }
+        if !candidates.is_empty() {
+            let t2 = Instant::now();
+            self.verify_elapsed += t2 - t1;
+            self.clock = t2;
+        }
         self.scratch.candidates = candidates;
-        self.verify_time.add_elapsed(t1);
         work
+    }
+
+    /// Add the probe loop's times and counts to the metrics.
+    fn flush_probe_metrics(&mut self) {
+        self.candidates
+            .add(std::mem::take(&mut self.candidates_met));
+        self.verified
+            .add(std::mem::take(&mut self.candidates_verified));
+        for (elapsed, metric) in [
+            (&mut self.filter_elapsed, &self.filter_time),
+            (&mut self.verify_elapsed, &self.verify_time),
+        ] {
+            if !elapsed.is_zero() {
+                metric.add_duration(std::mem::take(elapsed));
+            }
+        }
     }
 
     /// Record the verified pair of sets `p` (the probe) and `q` with overlap `o`.
     #[inline]
     fn record(&mut self, built: &Built, p: u32, q: u32, o: u64) {
         let coll = &built.collections;
-        let (rp, rq) = (coll.row(p as usize), coll.row(q as usize));
         let (l, r) = match &built.id_order {
-            Some(order) => match order.orient(rp, rq) {
+            Some(order) => match order.orient(p, q) {
                 Some(pair) => pair,
                 None => return,
             },
-            None if coll.side(p as usize) == 0 => (rp, rq),
-            None => (rq, rp),
+            None if coll.side(p as usize) == 0 => (p, q),
+            None => (q, p),
         };
         self.pending += 1;
         if self.materialize {
-            self.left_rows.push(l);
-            self.right_rows.push(r);
+            self.left_rows.push(coll.row(l as usize));
+            self.right_rows.push(coll.row(r as usize));
             if self.exact {
                 let n = coll.set(p as usize).len() as u64;
                 let m = coll.set(q as usize).len() as u64;
@@ -553,6 +587,7 @@ impl SimilarityJoinStream {
                     if self.pending < self.batch_size {
                         self.advance_gpu(&built, p >= len);
                     }
+                    self.clock = Instant::now();
                     while self.pending < self.batch_size
                         && p < len
                         && work < WORK_PER_POLL
@@ -564,6 +599,7 @@ impl SimilarityJoinStream {
                     if let State::Probing { next, .. } = &mut self.state {
                         *next = p;
                     }
+                    self.flush_probe_metrics();
                     if self.pending < self.batch_size && (p >= len || self.chunk_full()) {
                         self.advance_gpu(&built, p >= len);
                     }
