@@ -1,7 +1,7 @@
 //! The list-intersection kernels of `kernels/intersect.cu` and the BM25 top-k kernels of
 //! `kernels/bm25.cu`, run on the CPU by
-//! `scripts/emulate-kernels.sh` (g++ only: one thread per CUDA thread, barriers for
-//! `__syncthreads`) on random batches and compared row by row with a reference. CI has no GPU:
+//! `scripts/emulate-kernels.sh` (g++ only: each CUDA thread a fiber, barriers for
+//! `__syncthreads` and shuffles) on random batches and compared row by row with a reference. CI has no GPU:
 //! this is where a change to the kernels' logic meets a test there. Skipped, with a note, on a
 //! machine without g++.
 

@@ -1,54 +1,94 @@
-// CPU emulation of the CUDA subset intersect.cu uses: one block at a time, one std::thread per
-// CUDA thread, std::barrier for __syncthreads and per-warp exchanges for shuffles.
+// CPU emulation of the CUDA subset the kernels use: one block at a time, each CUDA thread a
+// fiber (ucontext) with its own stack on the calling thread, run in turn by a round-robin
+// scheduler; `__syncthreads` and the per-warp exchanges behind shuffles and ballots are
+// barriers that yield until every live thread of the block (or warp) has arrived. One OS
+// thread: no futex per barrier, and the interleaving is deterministic. A block whose threads
+// all wait on barriers that can never complete (a thread exited before a warp exchange, or a
+// barrier only some threads reach) aborts with a message instead of hanging.
 #include <atomic>
-#include <barrier>
-#include <thread>
 #include <vector>
 #include <functional>
 #include <cstdint>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <ucontext.h>
 #define __global__
 #define __device__
 #define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(a,b)
 struct dim3 { unsigned x = 0, y = 0, z = 0; };
-thread_local dim3 threadIdx, blockIdx;
-dim3 blockDim, gridDim;
-std::barrier<>* g_block_bar;
-std::vector<std::barrier<>*> g_warp_bar;
+inline dim3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emu {
+// Threads that must arrive, threads arrived, and the barrier's round.
+struct Barrier { unsigned expected = 0, arrived = 0; unsigned long long round = 0; };
+struct Fiber { ucontext_t ctx; bool done = false; };
+inline ucontext_t scheduler;
+inline std::vector<Fiber> fibers;
+inline unsigned current = 0;
+inline std::function<void()>* kernel = nullptr;
+inline Barrier block_bar;
+inline std::vector<Barrier> warp_bars;
+// Bumped by every arrival, release and exit: a scheduler round without a change is a deadlock.
+inline unsigned long long events = 0;
+constexpr size_t STACK = 256 * 1024;
+
+inline void yield() { swapcontext(&fibers[current].ctx, &scheduler); }
+inline void release(Barrier& b) { b.arrived = 0; b.round++; events++; }
+inline void arrive_and_wait(Barrier& b) {
+    unsigned long long round = b.round;
+    events++;
+    if (++b.arrived == b.expected) { release(b); return; }
+    while (b.round == round) yield();
+}
+// An exiting thread: the barrier no longer waits for it.
+inline void drop(Barrier& b) {
+    b.expected--;
+    events++;
+    if (b.expected > 0 && b.arrived == b.expected) release(b);
+}
+inline void run_thread() {
+    (*kernel)();
+    drop(block_bar);
+    drop(warp_bars[threadIdx.x >> 5]);
+    fibers[current].done = true;
+    events++;
+    swapcontext(&fibers[current].ctx, &scheduler);  // never resumed
+}
+inline std::vector<char*>& stacks() { static std::vector<char*> s; return s; }
+} // namespace emu
+
 static unsigned long long g_xchg[1024];
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline void __syncthreads() { emu::arrive_and_wait(emu::block_bar); }
 inline int __syncthreads_or(int p) {
-    static std::atomic<int> acc{0};
-    if (p) acc.fetch_or(1);
-    g_block_bar->arrive_and_wait();
-    int r = acc.load();
-    g_block_bar->arrive_and_wait();
-    if (threadIdx.x == 0) acc.store(0);
-    g_block_bar->arrive_and_wait();
+    static int acc = 0;
+    if (p) acc = 1;
+    emu::arrive_and_wait(emu::block_bar);
+    int r = acc;
+    emu::arrive_and_wait(emu::block_bar);
+    if (threadIdx.x == 0) acc = 0;
+    emu::arrive_and_wait(emu::block_bar);
     return r;
 }
 template <class T> inline T warp_x(T v, int src_lane, bool valid) {
-    unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    unsigned w = threadIdx.x >> 5;
     std::memcpy(&g_xchg[threadIdx.x], &v, sizeof(T));
-    g_warp_bar[w]->arrive_and_wait();
+    emu::arrive_and_wait(emu::warp_bars[w]);
     T r = v;
     if (valid) std::memcpy(&r, &g_xchg[w * 32 + src_lane], sizeof(T));
-    g_warp_bar[w]->arrive_and_wait();
-    (void)lane;
+    emu::arrive_and_wait(emu::warp_bars[w]);
     return r;
 }
 inline unsigned __ballot_sync(unsigned, int p) {
-    unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    unsigned w = threadIdx.x >> 5;
     g_xchg[threadIdx.x] = p ? 1 : 0;
-    g_warp_bar[w]->arrive_and_wait();
+    emu::arrive_and_wait(emu::warp_bars[w]);
     unsigned r = 0;
     for (unsigned l = 0; l < 32; l++) r |= (unsigned)g_xchg[w * 32 + l] << l;
-    g_warp_bar[w]->arrive_and_wait();
-    (void)lane;
+    emu::arrive_and_wait(emu::warp_bars[w]);
     return r;
 }
 template <class T> T __shfl_up_sync(unsigned, T v, unsigned o) { int l = (threadIdx.x & 31); return warp_x(v, l - (int)o, l >= (int)o); }
@@ -62,17 +102,45 @@ inline int __ffs(unsigned x) { return __builtin_ffs(x); }
 inline void __trap() { std::abort(); }
 
 inline void launch(unsigned grid, unsigned block, std::function<void()> k) {
+    using namespace emu;
     gridDim.x = grid; blockDim.x = block;
+    auto& st = stacks();
+    while (st.size() < block) {
+        char* s = static_cast<char*>(std::malloc(STACK));
+        if (!s) { std::fprintf(stderr, "emu: out of memory for thread stacks\n"); std::abort(); }
+        st.push_back(s);
+    }
+    kernel = &k;
+    unsigned warps = (block + 31) / 32;
     for (unsigned b = 0; b < grid; b++) {
-        std::barrier<> bar(block);
-        g_block_bar = &bar;
-        std::vector<std::barrier<>*> wb;
-        for (unsigned w = 0; w < (block + 31) / 32; w++) wb.push_back(new std::barrier<>(32));
-        g_warp_bar = wb;
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < block; t++)
-            ts.emplace_back([&, t, b] { threadIdx.x = t; blockIdx.x = b; k(); bar.arrive_and_drop(); });
-        for (auto& t : ts) t.join();
-        for (auto p : wb) delete p;
+        blockIdx.x = b;
+        block_bar = Barrier{block, 0, 0};
+        warp_bars.assign(warps, Barrier{});
+        for (unsigned w = 0; w < warps; w++) warp_bars[w].expected = block - 32 * w < 32 ? block - 32 * w : 32;
+        fibers.assign(block, Fiber{});
+        for (unsigned t = 0; t < block; t++) {
+            Fiber& f = fibers[t];
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = st[t];
+            f.ctx.uc_stack.ss_size = STACK;
+            f.ctx.uc_link = nullptr;
+            makecontext(&f.ctx, run_thread, 0);
+        }
+        unsigned live = block;
+        while (live > 0) {
+            unsigned long long before = events;
+            for (unsigned t = 0; t < block; t++) {
+                if (fibers[t].done) continue;
+                current = t;
+                threadIdx.x = t;
+                swapcontext(&scheduler, &fibers[t].ctx);
+                if (fibers[t].done) live--;
+            }
+            if (live > 0 && events == before) {
+                std::fprintf(stderr, "emu: block %u of %u deadlocked: %u threads wait on barriers "
+                             "that cannot complete\n", b, grid, live);
+                std::abort();
+            }
+        }
     }
 }
