@@ -32,7 +32,7 @@ pub use error::GpuError;
 #[cfg(test)]
 pub(crate) use fold::fold_groups_emulated;
 pub use fold::{FoldOutput, fold_groups};
-pub use pair_buffer::PairBuffer;
+pub use pair_buffer::{PairBuffer, PassOrder, in_chunk_order};
 
 #[cfg(feature = "cuda")]
 mod bm25;

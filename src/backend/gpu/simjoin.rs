@@ -27,7 +27,10 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 use super::cuda::{
     DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu, panic_message,
 };
-use super::{GpuError, PairBuffer, PairGroups, PairToVerify, VerifyAnswer, VerifyTimings};
+use super::{
+    GpuError, PairBuffer, PairGroups, PairToVerify, PassOrder, VerifyAnswer, VerifyTimings,
+    in_chunk_order,
+};
 
 const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
@@ -79,7 +82,15 @@ fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
 struct Lane {
     stream: Arc<CudaStream>,
     ws: Workspace,
+    /// How many passing pairs to copy back with the counters, before knowing how many
+    /// passed (twice the last chunk's, at least [`MIN_GUESS`]); more take a second copy.
+    guess: usize,
+    /// Puts the passing pairs in chunk order.
+    order: PassOrder,
 }
+
+/// The fewest passing pairs a lane copies back with the counters.
+const MIN_GUESS: usize = 4096;
 
 // SAFETY: the stream handle and the workspace's raw allocations are only touched by the one
 // call that took the lane from the pool.
@@ -349,6 +360,8 @@ fn take_lane() -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
         None => Lane {
             stream: g.ctx.new_stream().map_err(drv("stream creation"))?,
             ws: Workspace::default(),
+            guess: MIN_GUESS,
+            order: PassOrder::default(),
         },
     };
     Ok((g, k, lane))
@@ -427,6 +440,9 @@ unsafe fn launch_on(
 /// What [`launch`] queued, for [`collect`].
 struct Launched {
     m: usize,
+    /// Passing pairs copied back with the counters (each list at `align(COUNTERS * 4)` and
+    /// `align(COUNTERS * 4) + align(guess * 4)` in the lane's pinned output).
+    guess: usize,
     events: (CudaEvent, CudaEvent),
     /// Device addresses of the two lists of passing pairs.
     p_pidx: u64,
@@ -557,13 +573,30 @@ fn launch(
         )?;
     }
     e2.record(stream).map_err(drv("event record"))?;
-    // The counters come back first (read by `collect` after the sync).
-    let pin = Workspace::pinned(&mut ws.pin_out, COUNTERS * 4)?;
-    // SAFETY: the counters into the pinned buffer, read after the sync.
-    unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..COUNTERS * 4], p_cnt, cs) }
-        .map_err(drv("device-to-host copy"))?;
+    // The counters come back, and with them the first `guess` entries of both lists of
+    // passing pairs (the kernels write them from the lists' starts): when no more passed,
+    // `collect` has its answer after one wait.
+    let guess = lane.guess.min(m);
+    let (cnt_bytes, list_bytes) = (align(COUNTERS * 4), align(guess * 4));
+    let pin = Workspace::pinned(&mut ws.pin_out, cnt_bytes + 2 * list_bytes)?;
+    let dst = pin.as_mut_slice();
+    // SAFETY: the counters and `guess` u32 of each list (within the output region: each list
+    // holds m) into the pinned buffer (`cnt_bytes + 2 * list_bytes`), read after the sync.
+    unsafe {
+        result::memcpy_dtoh_async(&mut dst[..COUNTERS * 4], p_cnt, cs)
+            .map_err(drv("device-to-host copy"))?;
+        if guess > 0 {
+            let (pidx, povl) = dst[cnt_bytes..].split_at_mut(list_bytes);
+            result::memcpy_dtoh_async(&mut pidx[..guess * 4], p_pidx, cs)
+                .map_err(drv("device-to-host copy"))?;
+            result::memcpy_dtoh_async(&mut povl[..guess * 4], p_povl, cs)
+                .map_err(drv("device-to-host copy"))?;
+        }
+    }
+    t.d2h_bytes = (COUNTERS * 4 + 2 * guess * 4) as u64;
     Ok(Launched {
         m,
+        guess,
         events: (e1, e2),
         p_pidx,
         p_povl,
@@ -571,7 +604,8 @@ fn launch(
     })
 }
 
-/// Wait (asleep) for what [`launch`] queued, then copy exactly the passing pairs back.
+/// Wait (asleep) for what [`launch`] queued; copy the passing pairs back when more passed
+/// than came with the counters; put them in chunk order.
 fn collect(
     g: &Gpu,
     lane: &mut Lane,
@@ -605,9 +639,13 @@ fn collect(
         )));
     }
     t.large_pairs = n_large as u64;
-    let back = align(n_pass * 4) + n_pass * 4;
-    {
-        let pin = Workspace::pinned(&mut ws.pin_out, back.max(8))?;
+    // The lists came back with the counters when at most `guess` passed; else copy them now.
+    let (at_idx, at_ovl) = if n_pass <= l.guess {
+        let cnt_bytes = align(COUNTERS * 4);
+        (cnt_bytes, cnt_bytes + align(l.guess * 4))
+    } else {
+        let back = align(n_pass * 4) + n_pass * 4;
+        let pin = Workspace::pinned(&mut ws.pin_out, back)?;
         let dst = pin.as_mut_slice();
         // SAFETY: n_pass u32 from each of the two passing lists (within the output region)
         // into the pinned buffer (`back` bytes), read after the sync.
@@ -618,8 +656,10 @@ fn collect(
                 .map_err(drv("device-to-host copy"))?;
         }
         g.wait_asleep(stream)?;
-    }
-    t.d2h_bytes = (COUNTERS * 4 + 2 * n_pass * 4) as u64;
+        t.d2h_bytes += (2 * n_pass * 4) as u64;
+        (0, align(n_pass * 4))
+    };
+    lane.guess = (2 * n_pass).max(MIN_GUESS);
     let (e1, e2) = &l.events;
     t.kernel_ms = f64::from(e1.elapsed_ms(e2).map_err(drv("event timing"))?);
     let pin = ws
@@ -629,17 +669,13 @@ fn collect(
         .as_slice();
     let mut idx = vec![0u32; n_pass];
     let mut ovl = vec![0u32; n_pass];
-    bytes_of_mut(&mut idx).copy_from_slice(&pin[..n_pass * 4]);
-    bytes_of_mut(&mut ovl).copy_from_slice(&pin[align(n_pass * 4)..back]);
-    let mut passed: Vec<(u32, u32)> = idx.into_iter().zip(ovl).collect();
-    passed.sort_unstable_by_key(|p| p.0);
-    if passed.windows(2).any(|w| w[0].0 == w[1].0)
-        || passed.last().is_some_and(|p| p.0 as usize >= m)
-    {
+    bytes_of_mut(&mut idx).copy_from_slice(&pin[at_idx..at_idx + n_pass * 4]);
+    bytes_of_mut(&mut ovl).copy_from_slice(&pin[at_ovl..at_ovl + n_pass * 4]);
+    let Some(passed) = in_chunk_order(&idx, &ovl, m, &mut lane.order) else {
         return Err(GpuError::Kernel(
             "similarity-join verification answered a pair twice or out of range".into(),
         ));
-    }
+    };
     Ok((passed, t))
 }
 
