@@ -143,7 +143,13 @@ fn engine_verify_pairs_equals_merge() {
     let (passed, t) = gpu::verify_pairs(&device, &pairs, groups, true).expect("verify");
     assert!(t.groups > 0 && t.large_pairs > 0, "both layouts ran: {t:?}");
     assert!(t.h2d_bytes >= 8 * pairs.len() as u64, "{t:?}");
-    assert_eq!(t.d2h_bytes, 12 + 8 * passed.len() as u64);
+    // The counters and the passing pairs, and what came back with the counters before their
+    // number was known (a guess of at most every pair's answer).
+    let least = 12 + 8 * passed.len() as u64;
+    assert!(
+        (least..=least + 8 * pairs.len() as u64).contains(&t.d2h_bytes),
+        "{t:?}"
+    );
     let exact = spread(&passed);
     let wrong = exact.iter().zip(&expected).filter(|(a, b)| a != b).count();
     assert_eq!(wrong, 0, "exact answers differ from the merge");
