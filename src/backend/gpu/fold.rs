@@ -130,7 +130,7 @@ pub(crate) fn fold_groups_with<T: SetElem>(
         gather += t0.elapsed();
         let operands =
             (a_val.capacity() + b_val.capacity()) * esz + (a_off.capacity() + b_off.capacity()) * 8;
-        let staged = super::staging_bytes(&lists, Mode::Values, super::launch_group_bytes());
+        let staged = super::staging_bytes(&lists, Mode::Values, super::launch_group_bytes(), false);
         let held = kept + redone.capacity() * esz;
         ask(held + operands + staged, &format!("round {round}"))?;
         let res = run(&lists)?;

@@ -387,17 +387,22 @@ pub struct HostList<'a, T> {
 /// pool while it runs: the pinned input of its largest launch group (values, at most
 /// `launch_bytes` of them, offsets and validity) and the pinned output (a flag and an offset
 /// per row and, for [`Mode::Values`], at most the smallest list's values). An upper bound:
-/// lists already resident on the device stage no values.
+/// lists already resident on the device stage no values. `resident`: every list's values are
+/// on the device already ([`intersect_resident`]), so none are counted.
 pub fn staging_bytes<T>(
     lists: &[HostList<'_, T>],
     mode: Mode,
     launch_bytes: Option<usize>,
+    resident: bool,
 ) -> usize {
     let esz = std::mem::size_of::<T>();
     let cap = |b: usize| launch_bytes.map_or(b, |l| b.min(l));
     let n = lists.first().map_or(0, |l| l.offsets.rows());
     let count = |l: &HostList<'_, T>| l.offsets.at(n).saturating_sub(l.offsets.at(0));
-    let values: usize = lists.iter().map(|l| count(l) * esz).sum();
+    let values: usize = match resident {
+        true => 0,
+        false => lists.iter().map(|l| count(l) * esz).sum(),
+    };
     let offsets: usize = lists
         .iter()
         .map(|l| match l.offsets {
@@ -539,15 +544,20 @@ mod tests {
         // 2 rows: values 2 x 5 x 4, offsets 2 x 3 x 4, validity 1, flags 2, result offsets
         // 3 x 8, results 5 x 4.
         assert_eq!(
-            staging_bytes(&lists, Mode::Values, None),
+            staging_bytes(&lists, Mode::Values, None, false),
             40 + 24 + 1 + 2 + 24 + 20
         );
+        // Resident lists: no input values staged, the rest as before.
         assert_eq!(
-            staging_bytes(&lists, Mode::Counts, None),
+            staging_bytes(&lists, Mode::Values, None, true),
+            24 + 1 + 2 + 24 + 20
+        );
+        assert_eq!(
+            staging_bytes(&lists, Mode::Counts, None, false),
             40 + 24 + 1 + 2 + 24
         );
         assert_eq!(
-            staging_bytes(&lists, Mode::Values, Some(16)),
+            staging_bytes(&lists, Mode::Values, Some(16), false),
             16 + 24 + 1 + 2 + 24 + 16
         );
         let wide = [
@@ -564,10 +574,10 @@ mod tests {
         ];
         // 100 + 1 values of 8 bytes, 64-bit offsets, one result value at most.
         assert_eq!(
-            staging_bytes(&wide, Mode::Values, None),
+            staging_bytes(&wide, Mode::Values, None, false),
             101 * 8 + 48 + 1 + 2 + 24 + 8
         );
-        assert_eq!(staging_bytes::<u64>(&[], Mode::Values, None), 8);
+        assert_eq!(staging_bytes::<u64>(&[], Mode::Values, None, false), 8);
     }
 
     #[test]

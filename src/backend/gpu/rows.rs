@@ -91,7 +91,13 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
     let share = mode == Mode::Values;
     // The host memory the call stages through, reserved in the query's pool while it runs.
     let reservation = opts.plan.as_ref().and_then(|p| p.reservation());
-    let staged = super::staging_bytes(&host, mode, super::launch_group_bytes());
+    // On resident columns (the call below takes them only when all are) no values are staged.
+    let staged = super::staging_bytes(
+        &host,
+        mode,
+        super::launch_group_bytes(),
+        resident_budget.is_some(),
+    );
     if !holder(&reservation)(staged) {
         log::debug!(
             "datafusion-sets: list intersection on the CPU: the memory pool refused {staged} bytes of GPU staging"
