@@ -414,20 +414,18 @@ mod tests {
     /// The passing pairs by index, against a sort; a repeated or out-of-range index refused.
     #[test]
     fn passes_come_back_in_chunk_order() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move |k: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % k
-        };
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(31);
         let mut scratch = PassOrder::default();
         for round in 0..300 {
-            let m = 1 + next(if round % 2 == 0 { 200 } else { 5000 }) as usize;
+            let m = rng.random_range(1..=if round % 2 == 0 { 200 } else { 5000 });
             // A random subset of 0..m, shuffled, with overlaps.
-            let mut index: Vec<u32> = (0..m as u32).filter(|_| next(3) == 0).collect();
+            let mut index: Vec<u32> = (0..m as u32)
+                .filter(|_| rng.random_range(0..3) == 0)
+                .collect();
             for i in (1..index.len()).rev() {
-                index.swap(i, next(i as u64 + 1) as usize);
+                index.swap(i, rng.random_range(0..=i));
             }
             let overlap: Vec<u32> = index
                 .iter()
@@ -440,17 +438,15 @@ mod tests {
                 in_chunk_order(&index, &overlap, m, &mut scratch),
                 Some(want)
             );
+            let mut o = overlap.clone();
+            o.push(0);
             if !index.is_empty() {
                 let mut twice = index.clone();
-                twice.push(index[next(index.len() as u64) as usize]);
-                let mut o = overlap.clone();
-                o.push(0);
+                twice.push(index[rng.random_range(0..index.len())]);
                 assert_eq!(in_chunk_order(&twice, &o, m, &mut scratch), None);
             }
             let mut out = index.clone();
-            out.push(m as u32 + next(3) as u32);
-            let mut o = overlap.clone();
-            o.push(0);
+            out.push(m as u32 + rng.random_range(0..3));
             assert_eq!(in_chunk_order(&out, &o, m, &mut scratch), None);
         }
     }
