@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use super::cuda::{
     DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu,
-    panic_message, source_from_env,
+    panic_message, source_from_env, view, view_mut,
 };
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
@@ -495,23 +495,6 @@ fn work_bucket(work: u64) -> usize {
 const STAGE_GROUP: usize = 128;
 /// Buckets of [`work_bucket`] (work < 2^64).
 const WORK_BUCKETS: usize = 4 * 63 + 4;
-
-/// Views of the pinned byte buffers as the kernel's element types.
-///
-/// SAFETY (both): `T` is one of u32, u64, f64 (every bit pattern valid, no padding); the
-/// regions start at multiples of 256 bytes in page-aligned pinned buffers (asserted).
-fn view<T: Copy>(bytes: &[u8]) -> &[T] {
-    // SAFETY: see above.
-    let (pre, mid, _) = unsafe { bytes.align_to::<T>() };
-    assert!(pre.is_empty(), "misaligned pinned region");
-    mid
-}
-fn view_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
-    // SAFETY: see `view`.
-    let (pre, mid, _) = unsafe { bytes.align_to_mut::<T>() };
-    assert!(pre.is_empty(), "misaligned pinned region");
-    mid
-}
 
 #[allow(clippy::too_many_arguments)]
 fn run(

@@ -707,6 +707,23 @@ pub(super) fn bytes_of<T: Copy + 'static>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
 }
 
+/// Views of the pinned byte buffers as the kernel's element types.
+///
+/// SAFETY (both): `T` is one of u32, u64, f64 (every bit pattern valid, no padding); the
+/// regions start at multiples of 256 bytes in page-aligned pinned buffers (asserted).
+pub(super) fn view<T: Copy>(bytes: &[u8]) -> &[T] {
+    // SAFETY: see above.
+    let (pre, mid, _) = unsafe { bytes.align_to::<T>() };
+    assert!(pre.is_empty(), "misaligned pinned region");
+    mid
+}
+pub(super) fn view_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
+    // SAFETY: see `view`.
+    let (pre, mid, _) = unsafe { bytes.align_to_mut::<T>() };
+    assert!(pre.is_empty(), "misaligned pinned region");
+    mid
+}
+
 /// Copy `src` into `dst` (same length), with several threads past two pieces. One core
 /// copies about 8 GB/s into pinned memory: with 8 MiB pieces a batch of 8192 W1 rows (7 MB a
 /// list) was staged on one thread, 75% of its call (kernels/NOTES.md); 1 MiB pieces spread it.

@@ -25,7 +25,8 @@ use cudarc::driver::result;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 
 use super::cuda::{
-    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu, panic_message,
+    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu,
+    panic_message, view,
 };
 use super::{
     GpuError, PairBuffer, PairGroups, PairToVerify, PassOrder, VerifyAnswer, VerifyTimings,
@@ -667,11 +668,9 @@ fn collect(
         .as_ref()
         .ok_or(GpuError::OutOfMemory("pinned allocation"))?
         .as_slice();
-    let mut idx = vec![0u32; n_pass];
-    let mut ovl = vec![0u32; n_pass];
-    bytes_of_mut(&mut idx).copy_from_slice(&pin[at_idx..at_idx + n_pass * 4]);
-    bytes_of_mut(&mut ovl).copy_from_slice(&pin[at_ovl..at_ovl + n_pass * 4]);
-    let Some(passed) = in_chunk_order(&idx, &ovl, m, &mut lane.order) else {
+    let idx = view::<u32>(&pin[at_idx..at_idx + n_pass * 4]);
+    let ovl = view::<u32>(&pin[at_ovl..at_ovl + n_pass * 4]);
+    let Some(passed) = in_chunk_order(idx, ovl, m, &mut lane.order) else {
         return Err(GpuError::Kernel(
             "similarity-join verification answered a pair twice or out of range".into(),
         ));
