@@ -15,6 +15,9 @@
 //! - `kernel/{W1,W2,W3}/{auto,scalar,galloping,sse42,avx2,avx512,vp2intersect}`: the CPU kernel
 //!   alone over every row, read straight from the Arrow buffers, `out` cleared per row.
 //!   Kernels the CPU lacks run their documented fallback (the bench prints which).
+//! - `sweep/{u32,u64}/{short}x{ratio}/{auto,scalar,galloping,avx2,avx512,vp2intersect}`: each
+//!   kernel of the hybrid policy on ~16 M values of pairs of fixed lengths (the thresholds in
+//!   `src/backend/cpu/mod.rs` come from it); throughput in pairs per second.
 //! - `check/{W1,W2,W3}/{sortedness,check_then_auto,read}`: `cpu::sortedness` over both lists
 //!   of every row (the per-row check the SQL path does before it may call a sorted kernel),
 //!   the check and the kernel row by row (a table's first query without SQL), and a plain
@@ -527,6 +530,151 @@ fn bench_kernels(c: &mut Criterion) {
     }
 }
 
+/// Cells of the hybrid policy's sweep: (shorter length, longer / shorter).
+/// One sweep cell's data: the values, (start, length) of each list (pairs adjacent), and
+/// the total intersection size.
+type SweepData<T> = (Vec<T>, Vec<(usize, usize)>, u64);
+
+const SWEEP_CELLS: [(usize, usize); 40] = [
+    (1, 1),
+    (1, 8),
+    (1, 16),
+    (2, 8),
+    (2, 16),
+    (4, 4),
+    (4, 8),
+    (4, 16),
+    (8, 1),
+    (8, 16),
+    (8, 32),
+    (12, 1),
+    (12, 48),
+    (16, 1),
+    (16, 4),
+    (16, 16),
+    (16, 32),
+    (16, 64),
+    (16, 96),
+    (32, 1),
+    (32, 32),
+    (32, 64),
+    (32, 128),
+    (64, 1),
+    (64, 32),
+    (64, 64),
+    (64, 128),
+    (128, 64),
+    (128, 128),
+    (128, 256),
+    (256, 1),
+    (256, 128),
+    (256, 256),
+    (256, 512),
+    (1024, 1),
+    (1024, 8),
+    (1024, 192),
+    (1024, 256),
+    (1024, 512),
+    (1024, 1024),
+];
+
+/// Pairs of strictly increasing lists of exactly `short` and `long` values (20% of the
+/// shorter in common, gaps 1..=64), back to back in one buffer of about 16 M values (larger
+/// than this machine's L3 for u32, so each pass streams from memory as a column scan does).
+fn sweep_pairs<T: Copy + TryFrom<u64>>(short: usize, long: usize, seed: u64) -> SweepData<T> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = (16_000_000 / (short + long)).max(1);
+    let (mut values, mut spans, mut common) = (Vec::new(), Vec::new(), 0u64);
+    let mut labels = Vec::new();
+    for _ in 0..n {
+        let c = (COMMON_FRACTION * short as f64).round() as usize;
+        common += c as u64;
+        labels.clear();
+        labels.extend(std::iter::repeat_n(0u8, c));
+        labels.extend(std::iter::repeat_n(1u8, short - c));
+        labels.extend(std::iter::repeat_n(2u8, long - c));
+        labels.shuffle(&mut rng);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut v: u64 = rng.random_range(0..1000);
+        for &l in &labels {
+            v += rng.random_range(1..=u64::from(MAX_GAP));
+            let x = T::try_from(v).ok().expect("sweep value fits");
+            if l != 2 {
+                a.push(x);
+            }
+            if l != 1 {
+                b.push(x);
+            }
+        }
+        spans.push((values.len(), short));
+        values.extend_from_slice(&a);
+        spans.push((values.len(), long));
+        values.extend_from_slice(&b);
+    }
+    (values, spans, common)
+}
+
+/// `sweep/{u32,u64}/{short}x{ratio}/{auto,scalar,galloping,avx2,avx512,vp2intersect}`: the
+/// kernels of the hybrid policy (`cpu::choose_kernel`) on pairs of fixed lengths, one core;
+/// criterion's throughput is pairs per second. Thresholds in `src/backend/cpu/mod.rs` come
+/// from this sweep.
+fn bench_sweep(c: &mut Criterion) {
+    fn width<T: cpu::SetElem + TryFrom<u64>>(c: &mut Criterion, name: &str) {
+        let kernels = [
+            Kernel::Scalar,
+            Kernel::Galloping,
+            Kernel::Avx2,
+            Kernel::Avx512,
+            Kernel::Vp2intersect,
+        ];
+        for (cell, &(short, ratio)) in SWEEP_CELLS.iter().enumerate() {
+            let long = short * ratio;
+            let mut g = c.benchmark_group(format!("sweep/{name}/{short}x{ratio}"));
+            configure(&mut g);
+            g.warm_up_time(Duration::from_millis(200));
+            g.measurement_time(Duration::from_millis(600));
+            let data: OnceLock<SweepData<T>> = OnceLock::new();
+            g.throughput(criterion::Throughput::Elements(
+                (16_000_000 / (short + long)).max(1) as u64,
+            ));
+            let variants =
+                std::iter::once(("auto", None)).chain(kernels.iter().map(|k| (k.name(), Some(*k))));
+            for (kname, kernel) in variants {
+                if kernel == Some(Kernel::Scalar) && long > 64 {
+                    continue;
+                }
+                let mut checked = false;
+                g.bench_function(kname, |bch| {
+                    let (values, spans, common) =
+                        data.get_or_init(|| sweep_pairs::<T>(short, long, 100 + cell as u64));
+                    let mut out: Vec<T> = Vec::with_capacity(short + 64);
+                    let run = |out: &mut Vec<T>| {
+                        let mut n = 0usize;
+                        for p in spans.chunks_exact(2) {
+                            let a = &values[p[0].0..p[0].0 + p[0].1];
+                            let b = &values[p[1].0..p[1].0 + p[1].1];
+                            out.clear();
+                            n += match kernel {
+                                None => cpu::intersect_auto(a, b, out),
+                                Some(k) => cpu::intersect(k, a, b, out),
+                            };
+                        }
+                        n as u64
+                    };
+                    if !checked {
+                        checked = true;
+                        assert_eq!(run(&mut out), *common, "{name} {short}x{ratio} {kname}");
+                    }
+                    bch.iter(|| black_box(run(&mut out)));
+                });
+            }
+            g.finish();
+        }
+    }
+    width::<u32>(c, "u32");
+    width::<u64>(c, "u64");
+}
+
 fn bench_sortedness(c: &mut Criterion) {
     for (i, shape) in SHAPES.iter().enumerate() {
         let mut g = c.benchmark_group(format!("check/{}", shape.name));
@@ -996,6 +1144,7 @@ fn main() {
         ],
     );
     bench_kernels(&mut c);
+    bench_sweep(&mut c);
     bench_sortedness(&mut c);
     bench_sql_threads(&mut c);
     bench_sql_small_batches(&mut c);

@@ -287,8 +287,8 @@ mod x86 {
     bounded_512!(avx512, "avx512f", bcast_mask);
     bounded_512!(vp2i, "avx512f,avx512vp2intersect", vp2i_mask);
 
-    /// As [`vp2i_mask`] with the instruction emulated by AVX-512F rotations (tests only: no
-    /// lent machine has VP2INTERSECT).
+    /// As [`vp2i_mask`] with the instruction emulated by AVX-512F rotations (tests only: checks
+    /// the logic on CPUs without VP2INTERSECT).
     ///
     /// # Safety
     /// AVX-512F; `1 <= rb <= 16` values readable at `pb`.

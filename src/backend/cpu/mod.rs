@@ -182,11 +182,26 @@ struct Features {
     avx512f: bool,
     avx512_bw_vbmi2: bool,
     vp2intersect: bool,
+    /// Which measured table of the hybrid policy applies (see [`Profile`]).
+    profile: Profile,
     /// The fastest block kernel per width (index `log2(bits) - 3`), from the flags above.
     best_block: [Kernel; 4],
-    /// The same for a short list (`small_block_short`): the AVX2 block where AVX2 runs the
-    /// width (one full 8-lane block beats a masked 16-lane one).
+    /// The same for a short list (`small_block_short`): VP2INTERSECT on the Zen 5 profile,
+    /// else the AVX2 block where AVX2 runs the width (one full 8-lane block beats a masked
+    /// 16-lane one).
     small_block: [Kernel; 4],
+}
+
+/// The CPU whose measurements set the hybrid policy's thresholds (`gallop_ratio`,
+/// `small_block`). A CPU never measured takes [`Profile::Xeon`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profile {
+    /// Intel Xeon (Sapphire/Emerald Rapids class, AVX-512 without VP2INTERSECT), the first
+    /// development machine, and every CPU not matched below (Zen 4 ran with it since).
+    Xeon,
+    /// AMD with VP2INTERSECT (Zen 5: AVX-512 on a full 512-bit data path), the development
+    /// machine since 2026-11-26.
+    Zen5,
 }
 
 fn features() -> &'static Features {
@@ -205,10 +220,15 @@ fn detect() -> Features {
             avx512f,
             avx512_bw_vbmi2: avx512f && has!("avx512bw") && has!("avx512vbmi2"),
             vp2intersect: avx512f && has!("avx512vp2intersect"),
+            profile: Profile::Xeon,
             best_block: [Kernel::Scalar; 4],
             small_block: [Kernel::Scalar; 4],
         }
     };
+    #[cfg(target_arch = "x86_64")]
+    if f.vp2intersect && is_amd() {
+        f.profile = Profile::Zen5;
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let mut f = Features {
         sse42: false,
@@ -216,26 +236,40 @@ fn detect() -> Features {
         avx512f: false,
         avx512_bw_vbmi2: false,
         vp2intersect: false,
+        profile: Profile::Xeon,
         best_block: [Kernel::Scalar; 4],
         small_block: [Kernel::Scalar; 4],
     };
     for (w, bits) in [8, 16, 32, 64].into_iter().enumerate() {
-        f.best_block[w] = [
-            Kernel::Vp2intersect,
-            Kernel::Avx512,
-            Kernel::Avx2,
-            Kernel::Sse42,
-        ]
-        .into_iter()
-        .find(|&k| usable_with(&f, k, bits))
-        .unwrap_or(Kernel::Scalar);
-        f.small_block[w] = if usable_with(&f, Kernel::Avx2, bits) {
-            Kernel::Avx2
-        } else {
-            f.best_block[w]
-        };
+        // VP2INTERSECT is never the large-block kernel: on the one CPU measured with it
+        // (Zen 5) AVX-512's broadcast compares beat it from 16 values on, at both widths
+        // (`sweep/` in benches/RESULTS.md), and on Intel's (Tiger Lake) it is microcoded.
+        f.best_block[w] = [Kernel::Avx512, Kernel::Avx2, Kernel::Sse42]
+            .into_iter()
+            .find(|&k| usable_with(&f, k, bits))
+            .unwrap_or(Kernel::Scalar);
+        f.small_block[w] =
+            if f.profile == Profile::Zen5 && usable_with(&f, Kernel::Vp2intersect, bits) {
+                Kernel::Vp2intersect
+            } else if usable_with(&f, Kernel::Avx2, bits) {
+                Kernel::Avx2
+            } else {
+                f.best_block[w]
+            };
     }
     f
+}
+
+/// Whether the CPU's vendor string is AMD's.
+#[cfg(target_arch = "x86_64")]
+fn is_amd() -> bool {
+    // CPUID leaf 0 (the vendor string) exists on every x86_64 CPU.
+    let r = std::arch::x86_64::__cpuid(0);
+    let mut vendor = [0u8; 12];
+    vendor[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    vendor[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    &vendor == b"AuthenticAMD"
 }
 
 /// Whether `kernel` runs for `bits`-bit elements given the features `f`.
@@ -460,10 +494,30 @@ fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
 // up to 4 values (4x16: 94 vs avx512 133; 8x16: 177 vs 118), galloping from ~64x
 // (16x64: avx512 824 vs gallop 874; 64x64: 3315 vs 2999; 512x128: 61105 vs 58558).
 // 16/8-bit use the 32-bit table (u16, 16x64: avx512 860 vs sse42 898 vs gallop 1062).
-// VP2INTERSECT could not be measured here (no such CPU); it takes AVX-512's place.
 //
-/// Gallop when `long >= gallop_ratio(short, T::BITS) * short`.
-const fn gallop_ratio(short: usize, bits: u32) -> usize {
+// Zen 5 (AMD EPYC with VP2INTERSECT, 2026-11-26): `cargo bench --bench list_intersect --
+// sweep/`, one thread, pairs back to back in ~16 M values (64-128 MB, past L3), criterion
+// medians, ns per pair (table in benches/RESULTS.md). Galloping pays later on this CPU where
+// the longer list is long (u32 128x128: block 5.9 us vs gallop 8.2; 1024x256: 94 vs 121 us;
+// 12x48: 0.20 vs 0.27 us; gallop wins from 1024x512, 256x512, 128x256), a little earlier for
+// tiny u64 lists (1x8, 2x16, 4x16); VP2INTERSECT wins only for short lists (u32 2x8..12x48,
+// u64 up to 4 values: `small_block`), AVX-512 broadcasts from 16 values on (u64 by 1.3-1.5x
+// over AVX2). Galloping over lists past the caches is latency-bound and varies +-50% from
+// run to run at ratios >= 256; the block kernels vary by ~2%.
+//
+/// Gallop when `long >= gallop_ratio(short, T::BITS, profile) * short`.
+const fn gallop_ratio(short: usize, bits: u32, profile: Profile) -> usize {
+    if let Profile::Zen5 = profile {
+        return match short {
+            0..=1 if bits == 64 => 8,
+            0..=7 => 16,
+            8..=15 => 64,
+            16..=31 => 96,
+            32..=127 => 64,
+            128..=511 => 256,
+            _ => 512,
+        };
+    }
     if bits == 64 {
         return match short {
             0..=1 => 16,
@@ -481,8 +535,8 @@ const fn gallop_ratio(short: usize, bits: u32) -> usize {
 }
 /// Use the scalar merge when the longer list is shorter than this (SIMD setup does not pay).
 const SCALAR_MAX_LONG: usize = 3;
-/// Up to this shorter length prefer the AVX2 block kernel (see `Features`): 12 for 32-bit
-/// values (8 lanes), 4 for 64-bit ones (4 lanes).
+/// Up to this shorter length prefer the small-block kernel (`Features::small_block`): 12 for
+/// 32-bit values (AVX2's 8 lanes), 4 for 64-bit ones (4 lanes).
 const fn small_block_short(bits: u32) -> usize {
     if bits == 64 { 4 } else { 12 }
 }
@@ -490,8 +544,8 @@ const fn small_block_short(bits: u32) -> usize {
 /// The hybrid policy: which kernel [`intersect_auto`] runs for lengths `len_a`, `len_b`.
 ///
 /// Galloping when the lengths are skewed, the scalar merge when both are tiny, otherwise
-/// the fastest block kernel this CPU has for `T` (VP2INTERSECT, AVX-512, AVX2, SSE4.2,
-/// scalar; AVX2 first for a very short list). Thresholds: see the measurements above
+/// the fastest block kernel this CPU has for `T` (AVX-512, AVX2, SSE4.2, scalar; for a very
+/// short list VP2INTERSECT on Zen 5, else AVX2). Thresholds: see the measurements above
 /// `gallop_ratio` in this file.
 pub fn choose_kernel<T: SetElem>(len_a: usize, len_b: usize) -> Kernel {
     let (short, long) = if len_a <= len_b {
@@ -502,13 +556,13 @@ pub fn choose_kernel<T: SetElem>(len_a: usize, len_b: usize) -> Kernel {
     if short == 0 {
         return Kernel::Scalar;
     }
-    if long >= gallop_ratio(short, T::BITS).saturating_mul(short) {
+    let f = features();
+    if long >= gallop_ratio(short, T::BITS, f.profile).saturating_mul(short) {
         return Kernel::Galloping;
     }
     if long < SCALAR_MAX_LONG {
         return Kernel::Scalar;
     }
-    let f = features();
     if short <= small_block_short(T::BITS) {
         f.small_block[width_index(T::BITS)]
     } else {
@@ -791,6 +845,25 @@ pub(crate) mod tests {
         assert_eq!(choose_kernel::<u32>(10, 100_000), Kernel::Galloping);
         assert_eq!(choose_kernel::<u32>(100_000, 10), Kernel::Galloping);
         assert_eq!(choose_kernel::<u32>(1000, 1000), best_block::<u32>());
+        // The profile's table is the one applied: a 128 x 16,384 pair gallops on the Xeon
+        // table (ratio 128) and merges on Zen 5's (ratio 256).
+        let f = features();
+        let expect = match f.profile {
+            Profile::Xeon => Kernel::Galloping,
+            Profile::Zen5 => f.best_block[width_index(32)],
+        };
+        assert_eq!(
+            choose_kernel::<u32>(128, 128 * 128),
+            expect,
+            "{:?}",
+            f.profile
+        );
+        assert_eq!(choose_kernel::<u32>(128, 128 * 512), Kernel::Galloping);
+        if f.vp2intersect && f.profile == Profile::Zen5 {
+            assert_eq!(choose_kernel::<u32>(8, 30), Kernel::Vp2intersect);
+            assert_eq!(choose_kernel::<u64>(4, 20), Kernel::Vp2intersect);
+            assert_eq!(choose_kernel::<u64>(1, 8), Kernel::Galloping);
+        }
         fn chosen_usable<T: SetElem>() {
             for la in [0, 1, 2, 3, 5, 12, 13, 16, 100, 1000, 100_000] {
                 for lb in [0, 1, 4, 64, 1000, 1 << 20] {
