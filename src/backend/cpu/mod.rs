@@ -468,11 +468,11 @@ fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
     unsafe { run::<T, false>(kernel, a, b, std::ptr::null_mut()) }
 }
 
-// Hybrid policy, `Profile::Xeon`: measured on the first dev machine, Intel Xeon
-// (Sapphire/Emerald Rapids class, AVX-512 with BW/VBMI2, no VP2INTERSECT), one thread, CPU
-// time, caches flushed before each pass, pairs laid out back to back as in an Arrow column
-// (~4M values per configuration), ~20% of the shorter list in common, values uniform. Harness: a scratch crate outside the
-// repo (`examples/bench.rs sweep`), min of 3 passes. ns per pair, u32:
+// Hybrid policy, `Profile::Xeon`: measured on the first dev machine, Intel Xeon (Sapphire/Emerald
+// Rapids class, AVX-512 with BW/VBMI2, no VP2INTERSECT), one thread, CPU time, caches flushed
+// before each pass, pairs laid out back to back as in an Arrow column (~4M values per
+// configuration), ~20% of the shorter list in common, values uniform. Harness: a scratch crate
+// outside the repo (`examples/bench.rs sweep`), min of 3 passes. ns per pair, u32:
 //
 //   short  ratio |  scalar  gallop   avx2  avx512        short  ratio |  gallop   avx2  avx512
 //       1      1 |    14.2    17.5   23.4    25.1           16     64 |     591    725     530
