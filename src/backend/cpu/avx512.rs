@@ -125,7 +125,7 @@ macro_rules! block_kernel {
 
 block_kernel!(
     block32,
-    "avx512f",
+    "avx512f,popcnt",
     32,
     16,
     u16,
@@ -137,7 +137,7 @@ block_kernel!(
 );
 block_kernel!(
     block64,
-    "avx512f",
+    "avx512f,popcnt",
     64,
     8,
     u8,
@@ -149,7 +149,7 @@ block_kernel!(
 );
 block_kernel!(
     block16,
-    "avx512f,avx512bw,avx512vbmi2",
+    "avx512f,avx512bw,avx512vbmi2,popcnt",
     16,
     32,
     u32,
@@ -161,7 +161,7 @@ block_kernel!(
 );
 block_kernel!(
     block8,
-    "avx512f,avx512bw,avx512vbmi2",
+    "avx512f,avx512bw,avx512vbmi2,popcnt",
     8,
     64,
     u64,
@@ -287,7 +287,7 @@ macro_rules! pair_kernel {
 
 pair_kernel!(
     vp2i32,
-    "avx512f,avx512vp2intersect",
+    "avx512f,avx512vp2intersect,popcnt",
     32,
     16,
     u16,
@@ -299,7 +299,7 @@ pair_kernel!(
 );
 pair_kernel!(
     vp2i64,
-    "avx512f,avx512vp2intersect",
+    "avx512f,avx512vp2intersect,popcnt",
     64,
     8,
     u8,
@@ -315,7 +315,7 @@ pair_kernel!(
 /// # Safety
 /// AVX512F present; `small`, `big` strictly increasing; when `WRITE`, `dst` valid for
 /// `small.len()` writes.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 pub(crate) unsafe fn gallop32<T: SetElem, const WRITE: bool>(
     small: &[T],
     big: &[T],
@@ -340,7 +340,7 @@ pub(crate) unsafe fn gallop32<T: SetElem, const WRITE: bool>(
 ///
 /// # Safety
 /// As [`gallop32`].
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 pub(crate) unsafe fn gallop64<T: SetElem, const WRITE: bool>(
     small: &[T],
     big: &[T],
@@ -395,7 +395,7 @@ unsafe fn rot_mask_q(a: __m512i, b: __m512i) -> u8 {
 #[cfg(test)]
 pair_kernel!(
     rot32,
-    "avx512f",
+    "avx512f,popcnt",
     32,
     16,
     u16,
@@ -408,7 +408,7 @@ pair_kernel!(
 #[cfg(test)]
 pair_kernel!(
     rot64,
-    "avx512f",
+    "avx512f,popcnt",
     64,
     8,
     u8,
@@ -460,7 +460,9 @@ mod tests {
     /// The VP2INTERSECT kernels' loop, tails and compaction, with the instruction emulated.
     #[test]
     fn vp2intersect_kernel_logic_emulated() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("popcnt"))
+        {
             return;
         }
         let mut rng = StdRng::seed_from_u64(7);

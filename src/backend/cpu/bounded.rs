@@ -284,8 +284,8 @@ mod x86 {
         }
     }
 
-    bounded_512!(avx512, "avx512f", bcast_mask);
-    bounded_512!(vp2i, "avx512f,avx512vp2intersect", vp2i_mask);
+    bounded_512!(avx512, "avx512f,popcnt", bcast_mask);
+    bounded_512!(vp2i, "avx512f,avx512vp2intersect,popcnt", vp2i_mask);
 
     /// As [`vp2i_mask`] with the instruction emulated by AVX-512F rotations (tests only: checks
     /// the logic on CPUs without VP2INTERSECT).
@@ -301,7 +301,7 @@ mod x86 {
     }
 
     #[cfg(test)]
-    bounded_512!(rot, "avx512f", rot_mask);
+    bounded_512!(rot, "avx512f,popcnt", rot_mask);
 
     /// Bounded overlap with 8-lane AVX2 blocks (see the module docs).
     ///
@@ -406,7 +406,9 @@ mod tests {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("popcnt")
+        {
             kernels.push(Box::new(|x, y, n, exact| {
                 if !exact && n == 0 {
                     return Some(0);

@@ -213,7 +213,8 @@ fn detect() -> Features {
     #[cfg(target_arch = "x86_64")]
     let mut f = {
         use std::arch::is_x86_feature_detected as has;
-        let avx512f = has!("avx512f");
+        // Every AVX-512 kernel also counts mask bits with POPCNT (all AVX-512 CPUs have it).
+        let avx512f = has!("avx512f") && has!("popcnt");
         Features {
             sse42: sse42::sse42_available(),
             avx2: has!("avx2") && has!("popcnt"),
