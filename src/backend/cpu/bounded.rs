@@ -306,8 +306,8 @@ mod x86 {
     /// Bounded overlap with 8-lane AVX2 blocks (see the module docs).
     ///
     /// # Safety
-    /// AVX2; `need <= min(x.len(), y.len())`.
-    #[target_feature(enable = "avx2")]
+    /// AVX2 and POPCNT; `need <= min(x.len(), y.len())`.
+    #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn avx2<const EXACT: bool>(x: &[u32], y: &[u32], need: usize) -> Option<u64> {
         const L: usize = 8;
         let (nx, ny) = (x.len(), y.len());
