@@ -124,6 +124,31 @@ fn log_uniform(rng: &mut StdRng, (lo, hi): (f64, f64)) -> usize {
     (lo.ln() + u * (hi.ln() - lo.ln())).exp().round() as usize
 }
 
+/// One row's two strictly increasing lists of `la` and `lb` values, exactly
+/// round(COMMON_FRACTION * min(la, lb)) of them common: a random interleaving of the common,
+/// a-only and b-only values with gaps uniform in 1..=MAX_GAP from a start below 1,000, passed
+/// in increasing order to `emit(value, in_a, in_b)`. Returns the number of common values.
+fn pair_values(
+    rng: &mut StdRng,
+    labels: &mut Vec<u8>,
+    la: usize,
+    lb: usize,
+    mut emit: impl FnMut(u32, bool, bool),
+) -> u64 {
+    let c = (COMMON_FRACTION * la.min(lb) as f64).round() as usize;
+    labels.clear();
+    labels.extend(std::iter::repeat_n(0u8, c));
+    labels.extend(std::iter::repeat_n(1u8, la - c));
+    labels.extend(std::iter::repeat_n(2u8, lb - c));
+    labels.shuffle(rng);
+    let mut v: u32 = rng.random_range(0..1000);
+    for &l in labels.iter() {
+        v += rng.random_range(1..=MAX_GAP);
+        emit(v, l != 2, l != 1);
+    }
+    c as u64
+}
+
 fn generate(shape: Shape) -> Workload {
     let mut rng = StdRng::seed_from_u64(shape.seed);
     let (mut oa, mut ob) = (vec![0i32], vec![0i32]);
@@ -133,23 +158,14 @@ fn generate(shape: Shape) -> Workload {
     for _ in 0..shape.rows {
         let la = log_uniform(&mut rng, shape.a);
         let lb = log_uniform(&mut rng, shape.b);
-        let c = (COMMON_FRACTION * la.min(lb) as f64).round() as usize;
-        expected_total += c as u64;
-        labels.clear();
-        labels.extend(std::iter::repeat_n(0u8, c));
-        labels.extend(std::iter::repeat_n(1u8, la - c));
-        labels.extend(std::iter::repeat_n(2u8, lb - c));
-        labels.shuffle(&mut rng);
-        let mut v: u32 = rng.random_range(0..1000);
-        for &l in &labels {
-            v += rng.random_range(1..=MAX_GAP);
-            if l != 2 {
+        expected_total += pair_values(&mut rng, &mut labels, la, lb, |v, in_a, in_b| {
+            if in_a {
                 va.push(v);
             }
-            if l != 1 {
+            if in_b {
                 vb.push(v);
             }
-        }
+        });
         oa.push(va.len() as i32);
         ob.push(vb.len() as i32);
     }
@@ -587,25 +603,16 @@ fn sweep_pairs<T: Copy + TryFrom<u64>>(short: usize, long: usize, seed: u64) -> 
     let (mut values, mut spans, mut common) = (Vec::new(), Vec::new(), 0u64);
     let mut labels = Vec::new();
     for _ in 0..n {
-        let c = (COMMON_FRACTION * short as f64).round() as usize;
-        common += c as u64;
-        labels.clear();
-        labels.extend(std::iter::repeat_n(0u8, c));
-        labels.extend(std::iter::repeat_n(1u8, short - c));
-        labels.extend(std::iter::repeat_n(2u8, long - c));
-        labels.shuffle(&mut rng);
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        let mut v: u64 = rng.random_range(0..1000);
-        for &l in &labels {
-            v += rng.random_range(1..=u64::from(MAX_GAP));
-            let x = T::try_from(v).ok().expect("sweep value fits");
-            if l != 2 {
+        common += pair_values(&mut rng, &mut labels, short, long, |v, in_a, in_b| {
+            let x = T::try_from(u64::from(v)).ok().expect("sweep value fits");
+            if in_a {
                 a.push(x);
             }
-            if l != 1 {
+            if in_b {
                 b.push(x);
             }
-        }
+        });
         spans.push((values.len(), short));
         values.extend_from_slice(&a);
         spans.push((values.len(), long));
