@@ -594,12 +594,17 @@ const SWEEP_CELLS: [(usize, usize); 40] = [
     (1024, 1024),
 ];
 
+/// How many pairs of `short` and `long` values make a sweep cell's ~16 M values.
+fn sweep_rows(short: usize, long: usize) -> usize {
+    (16_000_000 / (short + long)).max(1)
+}
+
 /// Pairs of strictly increasing lists of exactly `short` and `long` values (20% of the
 /// shorter in common, gaps 1..=64), back to back in one buffer of about 16 M values (larger
 /// than this machine's L3 for u32, so each pass streams from memory as a column scan does).
 fn sweep_pairs<T: Copy + TryFrom<u64>>(short: usize, long: usize, seed: u64) -> SweepData<T> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let n = (16_000_000 / (short + long)).max(1);
+    let n = sweep_rows(short, long);
     let (mut values, mut spans, mut common) = (Vec::new(), Vec::new(), 0u64);
     let mut labels = Vec::new();
     for _ in 0..n {
@@ -642,7 +647,7 @@ fn bench_sweep(c: &mut Criterion) {
             g.measurement_time(Duration::from_millis(600));
             let data: OnceLock<SweepData<T>> = OnceLock::new();
             g.throughput(criterion::Throughput::Elements(
-                (16_000_000 / (short + long)).max(1) as u64,
+                sweep_rows(short, long) as u64
             ));
             let variants =
                 std::iter::once(("auto", None)).chain(kernels.iter().map(|k| (k.name(), Some(*k))));

@@ -399,9 +399,10 @@ pub fn staging_bytes<T>(
     let cap = |b: usize| launch_bytes.map_or(b, |l| b.min(l));
     let n = lists.first().map_or(0, |l| l.offsets.rows());
     let count = |l: &HostList<'_, T>| l.offsets.at(n).saturating_sub(l.offsets.at(0));
-    let values: usize = match resident {
-        true => 0,
-        false => lists.iter().map(|l| count(l) * esz).sum(),
+    let values: usize = if resident {
+        0
+    } else {
+        lists.iter().map(|l| count(l) * esz).sum()
     };
     let offsets: usize = lists
         .iter()
