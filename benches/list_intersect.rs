@@ -18,9 +18,10 @@
 //! - `sweep/{u32,u64}/{short}x{ratio}/{auto,scalar,galloping,avx2,avx512,vp2intersect}`: each
 //!   kernel of the hybrid policy on ~16 M values of pairs of fixed lengths (the thresholds in
 //!   `src/backend/cpu/mod.rs` come from it); throughput in pairs per second.
-//! - `check/{W1,W2,W3}/{sortedness,check_then_auto,read}`: `cpu::sortedness` over both lists
-//!   of every row (the per-row check the SQL path does before it may call a sorted kernel),
-//!   the check and the kernel row by row (a table's first query without SQL), and a plain
+//! - `check/{W1,W2,W3}/{sortedness,check_then_auto,checked_auto,read}`: `cpu::sortedness`
+//!   over both lists of every row (the per-row check the SQL path does before it may call a
+//!   sorted kernel), the check and the kernel row by row, the order-checking kernel
+//!   (`cpu::intersect_auto_checked`: a table's first query without SQL), and a plain
 //!   read (sum) of the same values as a memory-bandwidth baseline.
 //! - `sql_small_batches/W1/ours`: `sql/W1/ours` with W1 in 98 batches of 2,048 rows (196 list
 //!   columns for the row-verdict cache).
@@ -722,6 +723,23 @@ fn bench_sortedness(c: &mut Criterion) {
                 n
             };
             assert_eq!(run() as u64, w.expected_total, "check/check_then_auto");
+            bch.iter(|| black_box(run()));
+        });
+        // The same with the order checked by the kernel itself where it can be.
+        g.bench_function("checked_auto", |bch| {
+            let w = workload(i);
+            let p = pairs.get_or_init(|| rows(w));
+            let mut out: Vec<u32> = Vec::with_capacity(1 << 16);
+            let mut run = || {
+                let mut n = 0usize;
+                for &(a, b) in p {
+                    out.clear();
+                    let (a, b) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+                    n += cpu::intersect_auto_checked(a, b, &mut out).expect("sorted rows");
+                }
+                n
+            };
+            assert_eq!(run() as u64, w.expected_total, "check/checked_auto");
             bch.iter(|| black_box(run()));
         });
         // Baseline: read the same values once (wrapping sum), to tell a check bound by memory

@@ -59,6 +59,24 @@ fn row_strategy() -> impl Strategy<Value = Row> {
         // long sorted, for skewed pairs
         (0i64..5, 200usize..2000)
             .prop_map(|(start, n)| (0..n as i64).map(|i| Some(start + 2 * i)).collect()),
+        // long and sorted but for one neighbour pair, swapped or repeated (nearly sorted:
+        // the order-checking kernel must refuse it wherever the pair is)
+        (
+            0i64..5,
+            200usize..2000,
+            any::<prop::sample::Index>(),
+            any::<bool>()
+        )
+            .prop_map(|(start, n, at, repeat)| {
+                let mut v: Vec<i64> = (0..n as i64).map(|i| start + 2 * i).collect();
+                let p = at.index(n - 1);
+                if repeat {
+                    v[p + 1] = v[p];
+                } else {
+                    v.swap(p, p + 1);
+                }
+                v.into_iter().map(Some).collect()
+            }),
     ];
     prop::option::weighted(0.9, values)
 }

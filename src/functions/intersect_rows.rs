@@ -8,6 +8,12 @@
 //!   shorter list is the lookup side, the longer one is probed in order (ties: the left one
 //!   is probed), duplicates dropped, NULL elements equal to each other.
 //!
+//! A row's order verdicts come from the per-buffer cache when an earlier query checked the
+//! same buffers; otherwise they are established as the row is read: a row of two lists runs
+//! the order-checking kernel ([`cpu::intersect_auto_checked`]: with the AVX-512 block kernel
+//! the check rides on the kernel's own loads), and only a row it refuses is classified list
+//! by list; other rows are checked list by list just before their kernel runs.
+//!
 //! Large batches are split into chunks of about equal value counts, run on rayon's pool.
 
 use std::collections::HashSet;
@@ -147,6 +153,16 @@ impl Verdicts {
         }
     }
 
+    /// Record row verdicts `Strict` for every recorded list (a checked kernel found the row's
+    /// lists strictly increasing); called instead of [`Self::record_row`].
+    fn record_strict(&self, rec: &mut [Vec<Verdict>]) {
+        for (out, &r) in rec.iter_mut().zip(&self.record) {
+            if r {
+                out.push(Verdict::Strict);
+            }
+        }
+    }
+
     /// Store the recorded verdicts, the chunks' recorders in row order.
     fn store<O: OffsetSizeTrait, T: SetElem>(
         &self,
@@ -189,6 +205,31 @@ fn classify<O: OffsetSizeTrait, T: SetElem>(
         }
     }
     RowKind::Sorted { strict }
+}
+
+/// Two lists whose order nobody has checked yet (no cached verdict), no NULL element, none
+/// empty, the `auto` policy: the row can be checked by the kernel that intersects it
+/// ([`cpu::intersect_auto_checked`]), so the check costs no pass of its own over memory.
+/// Returns the row's two lists, shorter first.
+fn unchecked_pair<'a, O: OffsetSizeTrait, T: SetElem>(
+    lists: &[IntLists<'a, O, T>],
+    verdicts: &Verdicts,
+    kernel: CpuKernelChoice,
+    i: usize,
+) -> Option<(&'a [T], &'a [T])> {
+    let [l0, l1] = lists else { return None };
+    if !matches!(kernel, CpuKernelChoice::Auto)
+        || verdicts.cached.iter().any(Option::is_some)
+        || l0.is_null(i)
+        || l1.is_null(i)
+    {
+        return None;
+    }
+    let (a, b) = (l0.row(i), l1.row(i));
+    if a.is_empty() || b.is_empty() || l0.row_has_null_element(i) || l1.row_has_null_element(i) {
+        return None;
+    }
+    Some(if a.len() <= b.len() { (a, b) } else { (b, a) })
 }
 
 fn pair<T: SetElem>(kernel: CpuKernelChoice, strict: bool, a: &[T], b: &[T], out: &mut Vec<T>) {
@@ -342,8 +383,18 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
         shared: None,
     };
     for i in rows {
-        verdicts.record_row(lists, &mut rec, i);
         let before = out.values.len();
+        if let Some((a, b)) = unchecked_pair(lists, verdicts, kernel, i)
+            && cpu::intersect_auto_checked(a, b, &mut out.values).is_some()
+        {
+            verdicts.record_strict(&mut rec);
+            out.lengths.push(out.values.len() - before);
+            if let Some(valid) = &mut out.validity {
+                valid.resize(out.values.len(), true);
+            }
+            continue;
+        }
+        verdicts.record_row(lists, &mut rec, i);
         if !row_is_null(lists, i) {
             match classify(lists, verdicts, &rec, i) {
                 RowKind::Empty => {}
@@ -389,6 +440,12 @@ fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     let mut rec = verdicts.recorder(rows.len());
     let counts = rows
         .map(|i| {
+            if let Some((a, b)) = unchecked_pair(lists, verdicts, kernel, i)
+                && let Some(n) = cpu::intersect_count_auto_checked(a, b)
+            {
+                verdicts.record_strict(&mut rec);
+                return n as u64;
+            }
             verdicts.record_row(lists, &mut rec, i);
             if row_is_null(lists, i) {
                 return 0;

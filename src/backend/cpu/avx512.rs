@@ -19,7 +19,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::gallop::{gallop_with, prefetch, skewed, tail};
-use super::{PREFETCH_BYTES, SetElem};
+use super::{PREFETCH_BYTES, SetElem, Sortedness, sortedness};
 
 /// The bits of a 32-bit `T`.
 #[inline(always)]
@@ -37,10 +37,11 @@ fn bits64<T: SetElem>(x: T) -> u64 {
     unsafe { std::mem::transmute_copy::<T, u64>(&x) }
 }
 
-/// All-pairs block kernel over one 512-bit vector per side.
+/// All-pairs block kernel over one 512-bit vector per side, and its order-checking twin.
 macro_rules! block_kernel {
-    ($name:ident, $feat:literal, $bits:literal, $lanes:literal, $mask:ty, $lane:ty,
-     $set1:ident, $cmpeq:ident, $compress:ident, $maskload:ident) => {
+    ($name:ident, $checked:ident, $core:ident, $feat:literal, $bits:literal, $lanes:literal,
+     $mask:ty, $lane:ty, $set1:ident, $cmpeq:ident, $compress:ident, $maskload:ident,
+     $ltu:ident, $lti:ident) => {
         #[doc = concat!("AVX-512 ", stringify!($lanes), "x", stringify!($lanes),
                         " all-pairs block intersection of ", stringify!($bits), "-bit values.")]
         ///
@@ -54,16 +55,72 @@ macro_rules! block_kernel {
             b: &[T],
             dst: *mut T,
         ) -> usize {
+            // SAFETY: the caller's promises; without CHECK the result is always `Some`.
+            unsafe { $core::<T, WRITE, false>(a, b, dst) }.unwrap_or_default()
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] on inputs not known to be sorted: ",
+                        "`None` unless both are strictly increasing.")]
+        ///
+        /// The block loop checks each block it loads (and the value after it) with one
+        /// vector compare per side, so the order check reads the values the kernel reads
+        /// anyway instead of making its own pass over memory; whatever the loop did not reach
+        /// is checked before the tail runs. On unsorted input the loop's stores stay inside
+        /// the capacity below and the written values are garbage (the caller discards them).
+        ///
+        /// # Safety
+        /// The CPU has the enabled target features; `T::BITS` is the kernel's width; when
+        /// `WRITE`, `dst` valid for writes of `min(a.len(), b.len()) + 512 / BITS` elements.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $checked<T: SetElem, const WRITE: bool>(
+            a: &[T],
+            b: &[T],
+            dst: *mut T,
+        ) -> Option<usize> {
+            // SAFETY: forwarded; CHECK drops the order precondition.
+            unsafe { $core::<T, WRITE, true>(a, b, dst) }
+        }
+
+        /// The kernel; with `CHECK`, `None` when `a` or `b` is not strictly increasing.
+        ///
+        /// # Safety
+        /// As [`$name`], except that with `CHECK` the inputs may be in any order.
+        #[target_feature(enable = $feat)]
+        unsafe fn $core<T: SetElem, const WRITE: bool, const CHECK: bool>(
+            a: &[T],
+            b: &[T],
+            dst: *mut T,
+        ) -> Option<usize> {
             const L: usize = $lanes;
             const PF: usize = PREFETCH_BYTES / ($bits / 8);
             assert!(size_of::<T>() * 8 == $bits);
             let (na, nb) = (a.len(), b.len());
             let (pa, pb) = (a.as_ptr(), b.as_ptr());
             let (mut i, mut j, mut k) = (0usize, 0usize, 0usize);
-            while i + L <= na && j + L <= nb {
+            // CHECK: `ordered` keeps the lanes whose value was below its successor in every
+            // block checked; the loop stops one value early so that successor is in bounds.
+            let stop = usize::from(CHECK);
+            let limit = na.min(nb);
+            let mut ordered: $mask = <$mask>::MAX;
+            while i + L + stop <= na && j + L + stop <= nb {
                 // SAFETY: i + L <= na, so the L values at pa+i are inside `a`; T is a primitive
                 // integer of the lane width (sealed trait), so its bytes are plain lanes.
                 let va = unsafe { _mm512_loadu_si512(pa.add(i).cast()) };
+                if CHECK {
+                    // SAFETY: i + L + 1 <= na and j + L + 1 <= nb (the loop's bound).
+                    let (va1, vb, vb1) = unsafe {
+                        (
+                            _mm512_loadu_si512(pa.add(i + 1).cast()),
+                            _mm512_loadu_si512(pb.add(j).cast()),
+                            _mm512_loadu_si512(pb.add(j + 1).cast()),
+                        )
+                    };
+                    ordered &= if T::SIGNED {
+                        $lti(va, va1) & $lti(vb, vb1)
+                    } else {
+                        $ltu(va, va1) & $ltu(vb, vb1)
+                    };
+                }
                 prefetch(pa.wrapping_add(i + PF));
                 prefetch(pb.wrapping_add(j + PF));
                 let lb = pb.wrapping_add(j).cast::<$lane>();
@@ -74,15 +131,39 @@ macro_rules! block_kernel {
                     m |= $cmpeq(va, $set1(y as _));
                 }
                 if WRITE {
-                    // SAFETY: k (matches so far) <= min(na, nb), so the L-lane store stays in
-                    // the min(na, nb) + L elements the caller made valid at `dst`.
+                    // SAFETY: k (matches so far) <= min(na, nb) (for sorted input by the
+                    // merge, under CHECK also by the clamp below), so the L-lane store stays
+                    // in the min(na, nb) + L elements the caller made valid at `dst`.
                     unsafe { _mm512_storeu_si512(dst.add(k).cast(), $compress(m, va)) };
                 }
                 k += m.count_ones() as usize;
+                if CHECK {
+                    // Unsorted input can match a value more than once.
+                    k = k.min(limit);
+                }
                 // SAFETY: i + L - 1 < na and j + L - 1 < nb.
                 let (amax, bmax) = unsafe { (*pa.add(i + L - 1), *pb.add(j + L - 1)) };
-                i += L * usize::from(amax <= bmax);
-                j += L * usize::from(bmax <= amax);
+                // The maxima pass through general registers: without that, LLVM vectorised
+                // the pair of steps in the checked kernel (both compares and both adds in one
+                // XMM register), a longer loop-carried chain into the next iteration's
+                // addresses (W2 ~1.5x slower). The asm is a comment: no instruction.
+                let (mut x, mut y) = (amax.order_bits(), bmax.order_bits());
+                // SAFETY: no instruction; it only pins the values to registers.
+                unsafe {
+                    asm!("/* {0} {1} */", inout(reg) x, inout(reg) y,
+                         options(pure, nomem, nostack, preserves_flags));
+                }
+                i += L * usize::from(x <= y);
+                j += L * usize::from(y <= x);
+            }
+            // CHECK: every neighbour pair before positions i and j is checked; the rest is
+            // checked before the tail, which needs sorted input.
+            if CHECK
+                && (ordered != <$mask>::MAX
+                    || sortedness(&a[i..]) != Sortedness::Strict
+                    || sortedness(&b[j..]) != Sortedness::Strict)
+            {
+                return None;
             }
             // Tail: one side has fewer than L values left. Partial blocks: masked loads
             // (masked-off lanes are not read) padded with the block's maximum, matches
@@ -118,13 +199,15 @@ macro_rules! block_kernel {
             // SAFETY: i <= na, j <= nb. Matches so far used values of a[..i + L] and
             // b[..j + L], so k + min(na - i, nb - j) <= min(na, nb) + L: the tail's writes
             // stay in the caller's capacity.
-            k + unsafe { tail::<T, WRITE>(a.get_unchecked(i..), b.get_unchecked(j..), dst.add(k)) }
+            Some(k + unsafe { tail::<T, WRITE>(a.get_unchecked(i..), b.get_unchecked(j..), dst.add(k)) })
         }
     };
 }
 
 block_kernel!(
     block32,
+    block32_checked,
+    block32_core,
     "avx512f,popcnt",
     32,
     16,
@@ -133,10 +216,14 @@ block_kernel!(
     _mm512_set1_epi32,
     _mm512_cmpeq_epi32_mask,
     _mm512_maskz_compress_epi32,
-    _mm512_mask_loadu_epi32
+    _mm512_mask_loadu_epi32,
+    _mm512_cmplt_epu32_mask,
+    _mm512_cmplt_epi32_mask
 );
 block_kernel!(
     block64,
+    block64_checked,
+    block64_core,
     "avx512f,popcnt",
     64,
     8,
@@ -145,10 +232,14 @@ block_kernel!(
     _mm512_set1_epi64,
     _mm512_cmpeq_epi64_mask,
     _mm512_maskz_compress_epi64,
-    _mm512_mask_loadu_epi64
+    _mm512_mask_loadu_epi64,
+    _mm512_cmplt_epu64_mask,
+    _mm512_cmplt_epi64_mask
 );
 block_kernel!(
     block16,
+    block16_checked,
+    block16_core,
     "avx512f,avx512bw,avx512vbmi2,popcnt",
     16,
     32,
@@ -157,10 +248,14 @@ block_kernel!(
     _mm512_set1_epi16,
     _mm512_cmpeq_epi16_mask,
     _mm512_maskz_compress_epi16,
-    _mm512_mask_loadu_epi16
+    _mm512_mask_loadu_epi16,
+    _mm512_cmplt_epu16_mask,
+    _mm512_cmplt_epi16_mask
 );
 block_kernel!(
     block8,
+    block8_checked,
+    block8_core,
     "avx512f,avx512bw,avx512vbmi2,popcnt",
     8,
     64,
@@ -169,7 +264,9 @@ block_kernel!(
     _mm512_set1_epi8,
     _mm512_cmpeq_epi8_mask,
     _mm512_maskz_compress_epi8,
-    _mm512_mask_loadu_epi8
+    _mm512_mask_loadu_epi8,
+    _mm512_cmplt_epu8_mask,
+    _mm512_cmplt_epi8_mask
 );
 
 /// `vp2intersectd`: mask of the lanes of `a` equal to some lane of `b`.

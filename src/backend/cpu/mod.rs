@@ -600,6 +600,71 @@ pub(crate) unsafe fn auto_raw<T: SetElem, const WRITE: bool>(
     unsafe { run::<T, WRITE>(k, a, b, dst) }
 }
 
+/// [`intersect_auto`] on input whose order is not known: when `a` and `b` are both strictly
+/// increasing, appends their common values to `out` and returns `Some(count)`; otherwise
+/// returns `None` and leaves `out` as it was.
+///
+/// Where the policy picks the AVX-512 block kernel, the order is checked inside its block
+/// loop, on values the kernel loads anyway (one pass over memory instead of a check's pass
+/// and the kernel's); for every other kernel both slices are checked first ([`sortedness`]).
+pub fn intersect_auto_checked<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> Option<usize> {
+    let kernel = choose_kernel::<T>(a.len(), b.len());
+    if kernel == Kernel::Avx512 {
+        let len = out.len();
+        out.reserve(a.len().min(b.len()) + slack::<T>());
+        // SAFETY: the policy picks AVX-512 only where it is usable for `T`; `reserve` made
+        // `min(a.len(), b.len()) + slack` elements of spare capacity after `len`; the checked
+        // kernel needs no order.
+        let n = unsafe { avx512_checked::<T, true>(a, b, out.as_mut_ptr().add(len)) }?;
+        // SAFETY: the kernel initialised exactly `n` elements after `len`, within capacity.
+        unsafe { out.set_len(len + n) };
+        return Some(n);
+    }
+    both_strict(a, b).then(|| run_into(kernel, a, b, out))
+}
+
+/// `|a ∩ b|` as [`intersect_auto_checked`]: `None` unless both are strictly increasing.
+pub fn intersect_count_auto_checked<T: SetElem>(a: &[T], b: &[T]) -> Option<usize> {
+    let kernel = choose_kernel::<T>(a.len(), b.len());
+    if kernel == Kernel::Avx512 {
+        // SAFETY: AVX-512 is usable for `T` (the policy's choice); WRITE = false never
+        // touches `dst`.
+        return unsafe { avx512_checked::<T, false>(a, b, std::ptr::null_mut()) };
+    }
+    both_strict(a, b).then(|| count_with(kernel, a, b))
+}
+
+fn both_strict<T: SetElem>(a: &[T], b: &[T]) -> bool {
+    sortedness(a) == Sortedness::Strict && sortedness(b) == Sortedness::Strict
+}
+
+/// The order-checking AVX-512 block kernel of `T`'s width.
+///
+/// # Safety
+/// `Kernel::Avx512.usable::<T>()`; when `WRITE`, `dst` valid for writes of
+/// `min(a.len(), b.len()) + slack::<T>()` elements.
+unsafe fn avx512_checked<T: SetElem, const WRITE: bool>(
+    a: &[T],
+    b: &[T],
+    dst: *mut T,
+) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (whole block): the caller checked that AVX-512 (with BW and VBMI2 for 8 and
+        // 16 bits) is present, and the capacity at `dst`.
+        match T::BITS {
+            8 => return unsafe { avx512::block8_checked::<T, WRITE>(a, b, dst) },
+            16 => return unsafe { avx512::block16_checked::<T, WRITE>(a, b, dst) },
+            32 => return unsafe { avx512::block32_checked::<T, WRITE>(a, b, dst) },
+            64 => return unsafe { avx512::block64_checked::<T, WRITE>(a, b, dst) },
+            _ => {}
+        }
+    }
+    // Unreachable (AVX-512 is never usable off x86-64): check, then merge.
+    // SAFETY: the merge needs `min(a.len(), b.len())` elements at `dst` and sorted input.
+    both_strict(a, b).then(|| unsafe { scalar::merge::<T, WRITE>(a, b, dst) })
+}
+
 /// Sorted with duplicates allowed (non-decreasing) `a`, `b`: append the distinct common
 /// values, ascending, to `out`. Returns the number appended.
 pub fn intersect_nondecreasing<T: SetElem>(a: &[T], b: &[T], out: &mut Vec<T>) -> usize {
@@ -715,6 +780,109 @@ pub(crate) mod tests {
             let mut out = Vec::new();
             assert_eq!(intersect_nondecreasing(a, b, &mut out), expect.len());
             assert_eq!(out, expect);
+            for (x, y) in [(a, b), (b, a)] {
+                let mut out = vec![T::default(); off];
+                assert_eq!(intersect_auto_checked(x, y, &mut out), Some(expect.len()));
+                assert_eq!(&out[off..], &expect[..], "checked a={x:?} b={y:?}");
+                assert_eq!(intersect_count_auto_checked(x, y), Some(expect.len()));
+                if Kernel::Avx512.usable::<T>() {
+                    assert_eq!(checked_kernel(x, y).as_deref(), Some(&expect[..]));
+                }
+            }
+        }
+    }
+
+    /// The order-checking AVX-512 kernel of `T`'s width, whatever the policy would pick.
+    fn checked_kernel<T: SetElem>(a: &[T], b: &[T]) -> Option<Vec<T>> {
+        assert!(Kernel::Avx512.usable::<T>());
+        let mut out = Vec::with_capacity(a.len().min(b.len()) + slack::<T>());
+        // SAFETY: AVX-512 usable for T (asserted); capacity min + slack.
+        let n = unsafe { avx512_checked::<T, true>(a, b, out.as_mut_ptr()) };
+        // SAFETY: count-only writes nothing.
+        let c = unsafe { avx512_checked::<T, false>(a, b, std::ptr::null_mut()) };
+        assert_eq!(n, c, "checked count");
+        // SAFETY: on `Some(n)`, n values were written.
+        n.map(|n| {
+            unsafe { out.set_len(n) };
+            out
+        })
+    }
+
+    /// Both checked entry points and the checked kernel refuse input with one neighbour pair
+    /// out of strict order (descending or equal), wherever it is: inside a block, across a
+    /// block boundary, in the part the block loop leaves to the tail, at either end; and
+    /// `out` keeps what it held.
+    fn checked_refuses<T: TestElem>(seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let shapes = [
+            (2usize, 2usize),
+            (16, 16),
+            (17, 40),
+            (33, 33),
+            (100, 100),
+            (64, 1000),
+            (250, 260),
+            (1000, 1000),
+            (40, 5000),
+            (5, 300),
+        ];
+        for (la, lb) in shapes {
+            let span = 3 * (la + lb) as i128;
+            let a = gen_set::<T>(&mut rng, la, -span, span);
+            let b = gen_set::<T>(&mut rng, lb, -span, span);
+            if a.len() < 2 || b.len() < 2 {
+                continue;
+            }
+            for (side, base) in [(0, &a), (1, &b)] {
+                let n = base.len();
+                let mut at: Vec<usize> = [0, 1, 7, 14, 15, 16, 17, 31, 32, 63, 64, n / 2]
+                    .into_iter()
+                    .chain([n.saturating_sub(17), n.saturating_sub(3), n - 2])
+                    .chain((0..4).map(|_| rng.random_range(0..n - 1)))
+                    .filter(|&p| p + 1 < n)
+                    .collect();
+                at.sort_unstable();
+                at.dedup();
+                for p in at {
+                    for how in 0..2 {
+                        let mut bad = base.clone();
+                        if how == 0 {
+                            bad.swap(p, p + 1);
+                        } else {
+                            bad[p + 1] = bad[p];
+                        }
+                        let (x, y) = if side == 0 { (&bad, &b) } else { (&a, &bad) };
+                        for (x, y) in [(&x[..], &y[..]), (&y[..], &x[..])] {
+                            let mut out = vec![T::from_i128(3); 5];
+                            let what = format!("{} bits, side {side}, at {p}, how {how}", T::BITS);
+                            assert_eq!(intersect_auto_checked(x, y, &mut out), None, "{what}");
+                            assert_eq!(out, vec![T::from_i128(3); 5], "{what}");
+                            assert_eq!(intersect_count_auto_checked(x, y), None, "{what}");
+                            if Kernel::Avx512.usable::<T>() {
+                                assert_eq!(checked_kernel(x, y), None, "{what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unsorted input that makes the block loop match one block of `a` against many blocks
+    /// of `b` (far more matches than `min(|a|, |b|)`): the checked kernel must not write past
+    /// the capacity the caller reserved.
+    #[test]
+    fn checked_kernel_stays_in_bounds_on_repeats() {
+        let mut a = vec![5u32; 15];
+        a.extend(1000..1040);
+        let b = vec![5u32; 10_000];
+        assert_eq!(intersect_auto_checked(&a, &b, &mut Vec::new()), None);
+        if Kernel::Avx512.usable::<u32>() {
+            assert_eq!(checked_kernel(&a, &b), None);
+            assert_eq!(checked_kernel(&b, &a), None);
+            let a64: Vec<u64> = a.iter().map(|&x| u64::from(x)).collect();
+            let b64 = vec![5u64; 10_000];
+            assert_eq!(checked_kernel(&a64, &b64), None);
         }
     }
 
@@ -767,6 +935,10 @@ pub(crate) mod tests {
                 #[test]
                 fn deterministic_cases() {
                     deterministic::<$t>(<$t>::BITS as u64 + u64::from(<$t>::SIGNED));
+                }
+                #[test]
+                fn checked_refuses_unordered_input() {
+                    checked_refuses::<$t>(<$t>::BITS as u64 + u64::from(<$t>::SIGNED));
                 }
                 proptest! {
                     #![proptest_config(ProptestConfig::with_cases(64))]
