@@ -6,8 +6,9 @@
 //! 2. tokens are renamed to ranks by increasing global frequency (over both inputs; ties by
 //!    value): per-thread histograms summed (or one shared atomic histogram when per-thread
 //!    ones would outweigh the data), a parallel sort of the distinct tokens;
-//! 3. all sets of both sides are put in one global order by `(size, side, row)` (a parallel
-//!    sort), each set's tokens renamed into its slot of one buffer in parallel;
+//! 3. all sets of both sides are put in one global order by `(size, side, row)` (a counting
+//!    sort by size of sets listed in side and row order), each set's tokens renamed into its
+//!    slot of one buffer in parallel;
 //! 4. each side gets an inverted index over its sets' index prefixes, posting lists in
 //!    global order: the sets are cut into contiguous ranges, one per thread; each range
 //!    counts its tokens, the counts give every (range, token) pair its first slot, and each
@@ -255,17 +256,21 @@ impl Collections {
             total * size_of::<u32>() + sets * (size_of::<usize>() * 2 + 24),
             "the reordered sets",
         )?;
-        // (size, side, row, piece, set within the piece)
-        let mut items: Vec<(u32, u8, u32, u32, u32)> = Vec::with_capacity(sets);
+        // (size, side, row, piece, set within the piece), pushed in (side, row) order (sides in
+        // order, each side's pieces and sets in row order), so a stable sort by size alone
+        // gives (size, side, row): a counting sort, linear (a comparison sort of the tuples
+        // took 2.3 ms of a 40 ms debian_deps query on one core).
+        let mut unsorted: Vec<(u32, u8, u32, u32, u32)> = Vec::with_capacity(sets);
         for (s, pieces) in raw.iter().enumerate() {
             for (i, piece) in pieces.iter().enumerate() {
                 for (k, &row) in piece.rows.iter().enumerate() {
                     let len = piece.starts[k + 1] - piece.starts[k];
-                    items.push((len as u32, s as u8, row, i as u32, k as u32));
+                    unsorted.push((len as u32, s as u8, row, i as u32, k as u32));
                 }
             }
         }
-        items.par_sort_unstable();
+        let items = sort_by_size(&unsorted, |t| t.0);
+        drop(unsorted);
         let mut starts = Vec::with_capacity(sets + 1);
         starts.push(0);
         let mut sizes = Vec::with_capacity(sets);
@@ -408,6 +413,27 @@ impl Collections {
             indexes,
         })
     }
+}
+
+/// `items` stably sorted by `size` (a set's size: at most the number of values, so the
+/// counters stay within the data's own size).
+fn sort_by_size<T: Copy>(items: &[T], size: impl Fn(&T) -> u32) -> Vec<T> {
+    let max = items.iter().map(&size).max().unwrap_or(0) as usize;
+    let mut next = vec![0usize; max + 2];
+    for t in items {
+        next[size(t) as usize + 1] += 1;
+    }
+    for k in 1..next.len() {
+        next[k] += next[k - 1];
+    }
+    // Every slot is written once below; the copy only gives the vector its length.
+    let mut out = items.to_vec();
+    for t in items {
+        let slot = &mut next[size(t) as usize];
+        out[*slot] = *t;
+        *slot += 1;
+    }
+    out
 }
 
 /// `items` cut into at most `parts` consecutive non-empty slices of about equal total weight.
@@ -643,6 +669,27 @@ mod tests {
                 for threads in [2, 3, 8] {
                     assert!(build(threads) == one, "case {case}, {threads} threads");
                 }
+            }
+        }
+    }
+
+    /// The counting sort is a stable sort by size: equal sizes keep their (side, row) order.
+    #[test]
+    fn sort_by_size_is_a_stable_sort() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for n in [0usize, 1, 2, 17, 1000] {
+            for spread in [1u32, 3, 50, 100_000] {
+                let items: Vec<(u32, u32)> = (0..n as u32)
+                    .map(|row| (rng.random_range(0..spread), row))
+                    .collect();
+                let mut want = items.clone();
+                want.sort_by_key(|t| t.0);
+                assert_eq!(
+                    sort_by_size(&items, |t| t.0),
+                    want,
+                    "{n} items, sizes < {spread}"
+                );
             }
         }
     }
