@@ -207,29 +207,41 @@ fn classify<O: OffsetSizeTrait, T: SetElem>(
     RowKind::Sorted { strict }
 }
 
-/// Two lists whose order nobody has checked yet (no cached verdict), no NULL element, none
-/// empty, the `auto` policy: the row can be checked by the kernel that intersects it
-/// ([`cpu::intersect_auto_checked`]), so the check costs no pass of its own over memory.
-/// Returns the row's two lists, shorter first.
-fn unchecked_pair<'a, O: OffsetSizeTrait, T: SetElem>(
+/// A row of two non-empty, non-NULL lists under the `auto` policy, shorter list first: the
+/// common case, run without the general row machinery (the rows vector, its sort, the k-way
+/// loop).
+enum FastPair<'a, T> {
+    /// Both lists are known to be strictly increasing (cached verdicts): the sorted kernels.
+    Known(&'a [T], &'a [T]),
+    /// Nobody has checked their order yet and neither has a NULL element: the kernel that
+    /// intersects them checks it ([`cpu::intersect_auto_checked`]), so the check costs no
+    /// pass of its own over memory.
+    Unchecked(&'a [T], &'a [T]),
+}
+
+fn fast_pair<'a, O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'a, O, T>],
     verdicts: &Verdicts,
     kernel: CpuKernelChoice,
     i: usize,
-) -> Option<(&'a [T], &'a [T])> {
+) -> Option<FastPair<'a, T>> {
     let [l0, l1] = lists else { return None };
-    if !matches!(kernel, CpuKernelChoice::Auto)
-        || verdicts.cached.iter().any(Option::is_some)
-        || l0.is_null(i)
-        || l1.is_null(i)
-    {
+    if !matches!(kernel, CpuKernelChoice::Auto) || l0.is_null(i) || l1.is_null(i) {
         return None;
     }
     let (a, b) = (l0.row(i), l1.row(i));
-    if a.is_empty() || b.is_empty() || l0.row_has_null_element(i) || l1.row_has_null_element(i) {
+    if a.is_empty() || b.is_empty() {
         return None;
     }
-    Some(if a.len() <= b.len() { (a, b) } else { (b, a) })
+    let (a, b) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    match (&verdicts.cached[0], &verdicts.cached[1]) {
+        (Some(x), Some(y)) => {
+            (x[i] == Verdict::Strict && y[i] == Verdict::Strict).then_some(FastPair::Known(a, b))
+        }
+        (None, None) => (!l0.row_has_null_element(i) && !l1.row_has_null_element(i))
+            .then_some(FastPair::Unchecked(a, b)),
+        _ => None,
+    }
 }
 
 fn pair<T: SetElem>(kernel: CpuKernelChoice, strict: bool, a: &[T], b: &[T], out: &mut Vec<T>) {
@@ -384,10 +396,21 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     };
     for i in rows {
         let before = out.values.len();
-        if let Some((a, b)) = unchecked_pair(lists, verdicts, kernel, i)
-            && cpu::intersect_auto_checked(a, b, &mut out.values).is_some()
-        {
-            verdicts.record_strict(&mut rec);
+        let fast = match fast_pair(lists, verdicts, kernel, i) {
+            Some(FastPair::Known(a, b)) => {
+                cpu::intersect_auto(a, b, &mut out.values);
+                true
+            }
+            Some(FastPair::Unchecked(a, b)) => {
+                let done = cpu::intersect_auto_checked(a, b, &mut out.values).is_some();
+                if done {
+                    verdicts.record_strict(&mut rec);
+                }
+                done
+            }
+            None => false,
+        };
+        if fast {
             out.lengths.push(out.values.len() - before);
             if let Some(valid) = &mut out.validity {
                 valid.resize(out.values.len(), true);
@@ -440,11 +463,15 @@ fn count_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
     let mut rec = verdicts.recorder(rows.len());
     let counts = rows
         .map(|i| {
-            if let Some((a, b)) = unchecked_pair(lists, verdicts, kernel, i)
-                && let Some(n) = cpu::intersect_count_auto_checked(a, b)
-            {
-                verdicts.record_strict(&mut rec);
-                return n as u64;
+            match fast_pair(lists, verdicts, kernel, i) {
+                Some(FastPair::Known(a, b)) => return cpu::intersect_count_auto(a, b) as u64,
+                Some(FastPair::Unchecked(a, b)) => {
+                    if let Some(n) = cpu::intersect_count_auto_checked(a, b) {
+                        verdicts.record_strict(&mut rec);
+                        return n as u64;
+                    }
+                }
+                None => {}
             }
             verdicts.record_row(lists, &mut rec, i);
             if row_is_null(lists, i) {
@@ -624,8 +651,10 @@ mod tests {
 
     use super::*;
 
-    /// `rows` rows of 400 values each: strictly increasing (r % 3 == 0), sorted with
-    /// duplicates (1) and unsorted (2); every 7th row empty.
+    /// `rows` rows of 400 values each: strictly increasing (class 0), sorted with duplicates
+    /// (1) and unsorted (2), the class `r % 3` for an even `shift` and `(r / 3) % 3` for an
+    /// odd one (so two such columns pair every class with every class); every 7th row empty. Columns
+    /// whose shifts differ by a multiple of 3 share most values.
     fn column(rows: usize, shift: i32) -> ListArray {
         let (mut values, mut lengths) = (Vec::new(), Vec::new());
         for r in 0..rows {
@@ -635,7 +664,8 @@ mod tests {
                 (0..400).map(|k| k * 3 + shift + r as i32).collect()
             };
             lengths.push(base.len());
-            match r % 3 {
+            let class = if shift % 2 == 0 { r % 3 } else { (r / 3) % 3 };
+            match class {
                 0 => values.extend(base),
                 1 => values.extend(base.iter().map(|v| v / 4)),
                 _ => values.extend(base.iter().rev()),
@@ -656,7 +686,7 @@ mod tests {
     #[test]
     fn verdicts_recorded_during_the_kernel_pass_are_stored_and_reused() {
         for parallel_min_values in [0, 1000] {
-            let (a, b) = (column(500, 0), column(500, 1));
+            let (a, b) = (column(500, 0), column(500, 3));
             let la = IntLists::<i32, i32>::new::<Int32Type>(&a);
             let lb = IntLists::<i32, i32>::new::<Int32Type>(&b);
             let lists = [la, lb];
