@@ -21,7 +21,7 @@ status=0
 echo "== the CPU kernels' unit tests on this machine's processor"
 grep -m1 "model name" /proc/cpuinfo | tee "$out/cpu.txt"
 grep -qw avx512_vp2intersect /proc/cpuinfo && echo "VP2INTERSECT: yes" | tee -a "$out/cpu.txt" || echo "VP2INTERSECT: no" | tee -a "$out/cpu.txt"
-if [ -x /tmp/gpubin/lib_tests ]; then /tmp/gpubin/lib_tests backend::cpu optimizer 2>&1 | tee "$out/lib_tests.log" | tail -3 || status=1; else echo "lib_tests not carried"; fi
+if [ -x /tmp/gpubin/lib_tests ]; then /tmp/gpubin/lib_tests backend::cpu optimizer functions:: 2>&1 | tee "$out/lib_tests.log" | tail -3 || status=1; else echo "lib_tests not carried"; fi
 # Each step runs when its binary was carried (scripts/gpu/build.sh TESTS=...).
 have() { [ -x "/tmp/gpubin/$1" ] || { echo "($1 not carried)"; return 1; }; }
 if have gpu_bm25; then
