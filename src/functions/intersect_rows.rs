@@ -410,36 +410,31 @@ fn values_chunk<'a, O: OffsetSizeTrait, T: SetElem>(
             }
             None => false,
         };
-        if fast {
-            out.lengths.push(out.values.len() - before);
-            if let Some(valid) = &mut out.validity {
-                valid.resize(out.values.len(), true);
-            }
-            continue;
-        }
-        verdicts.record_row(lists, &mut rec, i);
-        if !row_is_null(lists, i) {
-            match classify(lists, verdicts, &rec, i) {
-                RowKind::Empty => {}
-                RowKind::Sorted { strict } => {
-                    sorted_row(
-                        lists,
-                        i,
-                        strict,
-                        kernel,
-                        &mut scratch,
-                        Some(&mut out.values),
-                    );
-                }
-                RowKind::General => {
-                    general_row(lists, i, &mut scratch);
-                    let res = &scratch.opt_out;
-                    if out.validity.is_none() && res.iter().any(|v| v.is_none()) {
-                        out.validity = Some(vec![true; before]);
+        if !fast {
+            verdicts.record_row(lists, &mut rec, i);
+            if !row_is_null(lists, i) {
+                match classify(lists, verdicts, &rec, i) {
+                    RowKind::Empty => {}
+                    RowKind::Sorted { strict } => {
+                        sorted_row(
+                            lists,
+                            i,
+                            strict,
+                            kernel,
+                            &mut scratch,
+                            Some(&mut out.values),
+                        );
                     }
-                    out.values.extend(res.iter().map(|v| v.unwrap_or_default()));
-                    if let Some(valid) = &mut out.validity {
-                        valid.extend(res.iter().map(|v| v.is_some()));
+                    RowKind::General => {
+                        general_row(lists, i, &mut scratch);
+                        let res = &scratch.opt_out;
+                        if out.validity.is_none() && res.iter().any(|v| v.is_none()) {
+                            out.validity = Some(vec![true; before]);
+                        }
+                        out.values.extend(res.iter().map(|v| v.unwrap_or_default()));
+                        if let Some(valid) = &mut out.validity {
+                            valid.extend(res.iter().map(|v| v.is_some()));
+                        }
                     }
                 }
             }
