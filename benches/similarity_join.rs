@@ -10,6 +10,7 @@
 //!   SETS_BENCH_LARGE_CASES=jaccard ...                        # large cases whose name contains it
 //!   SETS_BENCH_CPU_KERNEL=scalar ...                          # `sets.cpu_kernel` (verification kernel)
 //!   SETS_BENCH_SPLIT_SCAN=0 ...                               # `sets.similarity_join_split_scan`
+//!   SETS_BENCH_RATIO=41 ...                                   # one core vs all, alternating
 //!
 //! What one iteration measures: planning and running
 //! `SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', measure, t)` on a session
@@ -42,6 +43,10 @@ use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_sets::SessionStateBuilderExt;
+
+#[cfg(feature = "cli")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn bench_data_dir() -> PathBuf {
     std::env::var_os("SETS_BENCH_DATA")
@@ -253,7 +258,70 @@ fn large_cases() {
     }
 }
 
+/// `SETS_BENCH_RATIO=N`: each small case's `count(*)` query run `N` times on one core and on
+/// all cores, alternating (one core, all cores, one core, ...), so that both see the same
+/// machine: drift on a shared machine (another tenant, frequency) moves both alike. Prints the
+/// median and minimum time of each and the median of the `N` pairwise ratios.
+fn ratio_cases(rounds: usize) {
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for case in SMALL {
+        let path = bench_data_dir().join(case.dataset).join("sets.parquet");
+        if !path.exists() {
+            eprintln!("{}: no {}, skipped", case.name, path.display());
+            continue;
+        }
+        let sql = query(case, "count(*)");
+        let one = Engine::new(&path, 1);
+        let many = Engine::new(&path, all);
+        let pairs = one.pairs(&sql);
+        assert_eq!(
+            pairs,
+            many.pairs(&sql),
+            "{sql}: one core and {all} cores differ"
+        );
+        // Warm-up: the file in the page cache, the allocator's arenas grown, the pools started.
+        for _ in 0..3 {
+            black_box(one.run(&sql));
+            black_box(many.run(&sql));
+        }
+        let time = |e: &Engine| {
+            let t0 = Instant::now();
+            black_box(e.run(&sql));
+            t0.elapsed().as_secs_f64() * 1e3
+        };
+        let (mut t1, mut tn, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (a, b) = (time(&one), time(&many));
+            t1.push(a);
+            tn.push(b);
+            ratios.push(a / b);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "similarity_join/{}/ratio  {rounds} rounds: 1core median {:.2} ms (min {:.2}), \
+             {all} cores median {:.2} ms (min {:.2}), median ratio {:.2}x ({pairs} pairs)",
+            case.name,
+            median(&mut t1),
+            t1[0],
+            median(&mut tn),
+            tn[0],
+            median(&mut ratios)
+        );
+    }
+}
+
 fn main() {
+    if let Some(rounds) = std::env::var("SETS_BENCH_RATIO")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        ratio_cases(rounds);
+        return;
+    }
     let large_only = env_flag("SETS_BENCH_LARGE_ONLY").unwrap_or(false);
     if !large_only {
         let mut c = Criterion::default().configure_from_args();
