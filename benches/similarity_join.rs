@@ -28,6 +28,10 @@
 //! too long for criterion's sampling, run `SETS_BENCH_REPS` times (default 1) after one
 //! untimed warm-up of the small case, printing each time and the minimum.
 //!
+//! Allocator: mimalloc (with the default `cli` feature), as in the `dfsets` CLI; the system
+//! allocator returned and re-faulted the build's buffers on every query (3-4 ms of a 36 ms
+//! debian_deps query on this 2-core machine, benches/RESULTS.md).
+//!
 //! Cores: `1core` is `target_partitions = 1` on a current-thread tokio runtime (everything on
 //! the calling thread); `allcores` is `target_partitions = nproc` on a multi-threaded runtime
 //! with `nproc` workers. Every run's pair count is checked against the first one's.
