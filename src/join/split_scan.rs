@@ -294,25 +294,33 @@ fn selection(range: Range<usize>, rows: usize) -> RowSelection {
 /// column and skip to its first row).
 fn cut_row_group(meta: &ParquetMetaData, g: usize, want: usize) -> Vec<Range<usize>> {
     let rows = meta.row_group(g).num_rows() as usize;
-    let starts: Vec<usize> = match meta.offset_index() {
-        Some(index) if want > 1 && rows > 0 => {
-            let columns = meta.row_group(g).columns();
-            let largest = (0..columns.len())
-                .max_by_key(|&c| columns[c].compressed_size())
-                .unwrap_or(0);
-            index[g]
-                .get(largest)
-                .map(|o| {
-                    o.page_locations()
-                        .iter()
-                        .map(|p| p.first_row_index as usize)
-                        .collect()
-                })
-                .unwrap_or_default()
-        }
-        _ => Vec::new(),
+    let starts = match want > 1 && rows > 0 {
+        true => page_starts(meta, g),
+        false => Vec::new(),
     };
     cuts(&starts, rows, want)
+}
+
+/// The first row of each page of row group `g`'s largest column (compressed), from the offset
+/// index; empty without one.
+fn page_starts(meta: &ParquetMetaData, g: usize) -> Vec<usize> {
+    let Some(index) = meta.offset_index() else {
+        return Vec::new();
+    };
+    let columns = meta.row_group(g).columns();
+    let largest = (0..columns.len())
+        .max_by_key(|&c| columns[c].compressed_size())
+        .unwrap_or(0);
+    index
+        .get(g)
+        .and_then(|columns| columns.get(largest))
+        .map(|o| {
+            o.page_locations()
+                .iter()
+                .map(|p| p.first_row_index as usize)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The row ranges between `want - 1` cut points near `k * rows / want` (`starts`: the page
@@ -330,14 +338,17 @@ fn cuts(starts: &[usize], rows: usize, want: usize) -> Vec<Range<usize>> {
     let share = rows / want.max(1);
     for k in 1..want {
         let target = k * rows / want;
-        let nearest = starts
-            .iter()
-            .copied()
+        // The page holding `target`: its start (the start at or below it) and its end (the
+        // next start); the nearest usable start is one of the two (ties: the lower).
+        let page = starts.partition_point(|&s| s <= target);
+        let below = page.checked_sub(1).map(|p| starts[p]);
+        let above = starts.get(page).copied();
+        let page_rows = above.unwrap_or(rows) - below.unwrap_or(0);
+        let nearest = [below, above]
+            .into_iter()
+            .flatten()
             .filter(|&s| s > 0 && s < rows)
             .min_by_key(|&s| s.abs_diff(target));
-        let page = starts.partition_point(|&s| s <= target);
-        let page_rows = starts.get(page).copied().unwrap_or(rows)
-            - starts.get(page.wrapping_sub(1)).copied().unwrap_or(0);
         let cut = match nearest {
             Some(s) if s.abs_diff(target) <= share / 32 => s,
             _ if page_rows <= share => target,
@@ -947,17 +958,7 @@ pub(crate) mod tests {
             let expected = concat_batches(&plan.schema(), &expected).unwrap();
             // Some of these splits cut inside a page of the largest column, so the comparison
             // below covers a task starting mid-page in every column.
-            let largest: Vec<usize> = {
-                let columns = derived.row_group(0).columns();
-                let c = (0..columns.len())
-                    .max_by_key(|&c| columns[c].compressed_size())
-                    .unwrap();
-                derived.offset_index().unwrap()[0][c]
-                    .page_locations()
-                    .iter()
-                    .map(|p| p.first_row_index as usize)
-                    .collect()
-            };
+            let largest = page_starts(&derived, 0);
             let inside = [2, 3, 4, 7]
                 .into_iter()
                 .flat_map(|pieces| cut_row_group(&derived, 0, pieces))
