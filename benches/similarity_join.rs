@@ -265,7 +265,9 @@ fn large_cases() {
 /// `SETS_BENCH_RATIO=N`: each small case's `count(*)` query run `N` times on one core and on
 /// all cores, alternating (one core, all cores, one core, ...), so that both see the same
 /// machine: drift on a shared machine (another tenant, frequency) moves both alike. Prints the
-/// median and minimum time of each and the median of the `N` pairwise ratios.
+/// median and minimum time of each and the median of the `N` pairwise ratios; then the same for
+/// a CPU-bound job of the query's one-core length split evenly over the cores (`ceiling`: what
+/// the machine gives work of that length, with no serial part at all).
 fn ratio_cases(rounds: usize) {
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     for case in SMALL {
@@ -304,17 +306,71 @@ fn ratio_cases(rounds: usize) {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
+        let one_core = median(&mut t1);
         println!(
-            "similarity_join/{}/ratio  {rounds} rounds: 1core median {:.2} ms (min {:.2}), \
+            "similarity_join/{}/ratio  {rounds} rounds: 1core median {one_core:.2} ms (min {:.2}), \
              {all} cores median {:.2} ms (min {:.2}), median ratio {:.2}x ({pairs} pairs)",
             case.name,
-            median(&mut t1),
             t1[0],
             median(&mut tn),
             tn[0],
             median(&mut ratios)
         );
+        // The machine's own ceiling for work of this length: a CPU-bound job as long as the
+        // query on one core, split evenly into one tokio task per core, alternated the same way
+        // on the same two runtimes. On a virtual machine an idle core is halted and waking it
+        // can take milliseconds, which a job of a few tens of milliseconds cannot hide.
+        let units = spin_units_for(one_core);
+        let job = |e: &Engine, tasks: u64| {
+            let t0 = Instant::now();
+            e.rt.block_on(async {
+                let handles: Vec<_> = (0..tasks)
+                    .map(|_| tokio::spawn(async move { spin(units / tasks) }))
+                    .collect();
+                for h in handles {
+                    black_box(h.await.unwrap());
+                }
+            });
+            t0.elapsed().as_secs_f64() * 1e3
+        };
+        let (mut j1, mut jn, mut jratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let (a, b) = (job(&one, 1), job(&many, all as u64));
+            j1.push(a);
+            jn.push(b);
+            jratios.push(a / b);
+        }
+        println!(
+            "similarity_join/{}/ceiling  the same rounds of a CPU-bound job split into {all} \
+             tasks: 1core median {:.2} ms, {all} cores median {:.2} ms (min {:.2}), \
+             median ratio {:.2}x",
+            case.name,
+            median(&mut j1),
+            median(&mut jn),
+            jn[0],
+            median(&mut jratios)
+        );
     }
+}
+
+/// A dependent chain of `units` integer steps: CPU-bound, no memory traffic.
+fn spin(units: u64) -> u64 {
+    let mut x = black_box(0x9e37_79b9_7f4a_7c15u64);
+    for _ in 0..units {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    x
+}
+
+/// How many [`spin`] steps take `ms` milliseconds on this core.
+fn spin_units_for(ms: f64) -> u64 {
+    let probe = 10_000_000u64;
+    let t0 = Instant::now();
+    black_box(spin(probe));
+    let per_ms = probe as f64 / (t0.elapsed().as_secs_f64() * 1e3);
+    (per_ms * ms) as u64
 }
 
 fn main() {
