@@ -22,9 +22,10 @@
 //! metadata from that cache. Anything unexpected (encryption, a header that does not parse, row counts that do
 //! not add up) leaves the scan as it was.
 //!
-//! Files of the split scan that add up to at most [`PRELOAD_MAX`] bytes, and that the memory
-//! pool grants, are read into memory once before the tasks start; the tasks then decode without
-//! waiting for I/O (each wait could leave a core idle long enough to be slow to wake).
+//! The column chunks the split scan reads, when they add up to at most [`PRELOAD_MAX`] bytes and
+//! the memory pool grants them, are read into memory once before the tasks start; the tasks then
+//! decode without waiting for I/O (each wait could leave a core idle long enough to be slow to
+//! wake).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -52,7 +53,7 @@ use datafusion::object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use datafusion::parquet::arrow::arrow_reader::{ArrowReaderOptions, RowSelection, RowSelector};
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::parquet::column::page::{Page, PageReader};
-use datafusion::parquet::errors::{ParquetError, Result as ParquetResult};
+use datafusion::parquet::errors::Result as ParquetResult;
 use datafusion::parquet::file::metadata::{
     ColumnChunkMetaData, PageIndexPolicy, ParquetMetaData, ParquetMetaDataBuilder,
 };
@@ -248,12 +249,22 @@ async fn try_split(
     // partitions read in order give the rows in file order, as the scan planned does: the
     // build's tie order (and so the join's work, not its answer) stays the same.
     split.preserve_order = true;
-    let preloaded = preload(&store, &files, context, preload_max).await;
+    let schema = plan.schema();
+    let columns: HashSet<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let with_meta: Vec<(&PartitionedFile, &ParquetMetaData)> = files
+        .iter()
+        .zip(&metadata)
+        .map(|(f, (m, _))| (f, m.as_ref()))
+        .collect();
+    let preloaded = preload(&store, &with_meta, &columns, context, preload_max).await;
     let cached = CachedParquetFileReaderFactory::new(store, cache);
     let factory: Arc<dyn ParquetFileReaderFactory> = match preloaded {
-        Some((files, reservation)) => Arc::new(PreloadedReaderFactory {
+        Some((chunks, reservation)) => Arc::new(PreloadedReaderFactory {
             inner: cached,
-            files,
+            files: chunks
+                .into_iter()
+                .map(|(path, c)| (path, Arc::new(c)))
+                .collect(),
             _reservation: reservation,
         }),
         None => Arc::new(cached),
@@ -262,66 +273,92 @@ async fn try_split(
     Ok(Some(DataSourceExec::from_data_source(split)))
 }
 
-/// The split scan's files, together at most this many bytes, are read into memory once before
-/// its tasks start, and the tasks decode from there. Reading through the object store, each
-/// task waited for its column chunks on a blocking thread; on a virtual machine a core left idle
-/// by that wait can take milliseconds to wake, and one task then waited for the other to finish
-/// (debian_deps on two cores: the read 5.2 ms instead of 2.8-3.0 in 4-12 of 17 queries).
+/// The column chunks that the split scan reads, together at most this many bytes, are read into
+/// memory once before its tasks start, and the tasks decode from there. Reading through the
+/// object store, each task waited for its column chunks on a blocking thread; on a virtual
+/// machine a core left idle by that wait can take milliseconds to wake, and one task then waited
+/// for the other to finish (debian_deps on two cores: the read 5.2 ms instead of 2.8-3.0 in 4-12
+/// of 17 queries).
 const PRELOAD_MAX: u64 = 64 << 20;
 
-/// Each file's bytes, by path, when they add up to at most `max` bytes, the memory pool grants
-/// them and every file reads whole at the size it was listed with; else `None` (the tasks read
-/// through the object store).
+/// Preloaded column chunks of one file: (first byte, bytes), in file order, not overlapping.
+type Chunks = Vec<(u64, Bytes)>;
+
+/// The byte ranges of the column chunks of the columns named in `columns` (by their top-level
+/// field), over all row groups, in file order, overlapping and adjacent ones merged.
+fn chunk_ranges(meta: &ParquetMetaData, columns: &HashSet<&str>) -> Vec<Range<u64>> {
+    let schema = meta.file_metadata().schema_descr();
+    let mut chunks: Vec<Range<u64>> = meta
+        .row_groups()
+        .iter()
+        .flat_map(|group| group.columns().iter().enumerate())
+        .filter(|(leaf, _)| columns.contains(schema.get_column_root(*leaf).name()))
+        .map(|(_, column)| {
+            let (start, len) = column.byte_range();
+            start..start.saturating_add(len)
+        })
+        .filter(|r| !r.is_empty())
+        .collect();
+    chunks.sort_unstable_by_key(|r| r.start);
+    let mut ranges: Vec<Range<u64>> = Vec::with_capacity(chunks.len());
+    for r in chunks {
+        match ranges.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => ranges.push(r),
+        }
+    }
+    ranges
+}
+
+/// Each file's chunks of the scanned `columns` (by path), when they add up to at most `max`
+/// bytes and the memory pool grants them; else `None` (the tasks read through the object
+/// store).
 async fn preload(
     store: &Arc<dyn ObjectStore>,
-    files: &[PartitionedFile],
+    files: &[(&PartitionedFile, &ParquetMetaData)],
+    columns: &HashSet<&str>,
     context: &TaskContext,
     max: u64,
-) -> Option<(HashMap<String, Bytes>, MemoryReservation)> {
-    let total = files
+) -> Option<(HashMap<String, Chunks>, MemoryReservation)> {
+    let ranges: Vec<Vec<Range<u64>>> = files
         .iter()
-        .try_fold(0u64, |t, f| t.checked_add(f.object_meta.size))?;
+        .map(|(_, meta)| chunk_ranges(meta, columns))
+        .collect();
+    let total = ranges
+        .iter()
+        .flatten()
+        .try_fold(0u64, |t, r| t.checked_add(r.end - r.start))?;
     if total == 0 || total > max {
         return None;
     }
-    let reservation =
-        MemoryConsumer::new("SimilarityJoinExec[preloaded files]").register(context.memory_pool());
+    let reservation = MemoryConsumer::new("SimilarityJoinExec[preloaded column chunks]")
+        .register(context.memory_pool());
     reservation.try_grow(usize::try_from(total).ok()?).ok()?;
-    let mut bytes = HashMap::with_capacity(files.len());
-    for file in files {
-        let meta = &file.object_meta;
-        let read = match store.get(&meta.location).await {
-            Ok(got) => got.bytes().await,
-            Err(e) => Err(e),
-        };
-        match read {
-            Ok(b) if b.len() as u64 == meta.size => {
-                bytes.insert(meta.location.to_string(), b);
+    let mut chunks = HashMap::with_capacity(files.len());
+    for ((file, _), ranges) in files.iter().zip(ranges) {
+        let location = &file.object_meta.location;
+        match store.get_ranges(location, &ranges).await {
+            Ok(got) if got.len() == ranges.len() => {
+                let file_chunks = ranges.iter().map(|r| r.start).zip(got).collect();
+                chunks.insert(location.to_string(), file_chunks);
             }
-            Ok(b) => {
-                log::debug!(
-                    "similarity join: {} is {} bytes, listed as {}: read through the store",
-                    meta.location,
-                    b.len(),
-                    meta.size
-                );
-                return None;
-            }
+            Ok(_) => return None,
             Err(e) => {
-                log::debug!("similarity join: {} not preloaded: {e}", meta.location);
+                log::debug!("similarity join: {location} not preloaded: {e}");
                 return None;
             }
         }
     }
-    Some((bytes, reservation))
+    Some((chunks, reservation))
 }
 
-/// DataFusion's cached reader factory, with the data of the files it holds served from memory
-/// (the footer and page index still come from the cache of derived metadata).
+/// DataFusion's cached reader factory, with the column chunks it holds served from memory
+/// (the footer and page index still come from the cache of derived metadata; any other range
+/// from the object store).
 #[derive(Debug)]
 struct PreloadedReaderFactory {
     inner: CachedParquetFileReaderFactory,
-    files: HashMap<String, Bytes>,
+    files: HashMap<String, Arc<Chunks>>,
     _reservation: MemoryReservation,
 }
 
@@ -333,37 +370,43 @@ impl ParquetFileReaderFactory for PreloadedReaderFactory {
         metadata_size_hint: Option<usize>,
         metrics: &ExecutionPlanMetricsSet,
     ) -> Result<Box<dyn AsyncFileReader + Send>> {
-        let bytes = self.files.get(file.object_meta.location.as_ref()).cloned();
+        let chunks = self.files.get(file.object_meta.location.as_ref()).cloned();
         let inner = self
             .inner
             .create_reader(partition_index, file, metadata_size_hint, metrics)?;
-        Ok(match bytes {
-            Some(bytes) => Box::new(PreloadedReader { inner, bytes }),
+        Ok(match chunks {
+            Some(chunks) => Box::new(PreloadedReader { inner, chunks }),
             None => inner,
         })
     }
 }
 
-/// Byte ranges of one preloaded file, served from memory; the metadata from `inner`.
+/// A file's byte ranges from its preloaded chunks where they lie in one, else from `inner`.
 struct PreloadedReader {
     inner: Box<dyn AsyncFileReader + Send>,
-    bytes: Bytes,
+    chunks: Arc<Chunks>,
 }
 
 impl AsyncFileReader for PreloadedReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, ParquetResult<Bytes>> {
-        Box::pin(std::future::ready(byte_range(&self.bytes, range)))
+        match preloaded_range(&self.chunks, &range) {
+            Some(bytes) => Box::pin(std::future::ready(Ok(bytes))),
+            None => self.inner.get_bytes(range),
+        }
     }
 
     fn get_byte_ranges(
         &mut self,
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, ParquetResult<Vec<Bytes>>> {
-        let got = ranges
-            .into_iter()
-            .map(|r| byte_range(&self.bytes, r))
+        let got: Option<Vec<Bytes>> = ranges
+            .iter()
+            .map(|r| preloaded_range(&self.chunks, r))
             .collect();
-        Box::pin(std::future::ready(got))
+        match got {
+            Some(got) => Box::pin(std::future::ready(Ok(got))),
+            None => self.inner.get_byte_ranges(ranges),
+        }
     }
 
     fn get_metadata<'a>(
@@ -374,17 +417,17 @@ impl AsyncFileReader for PreloadedReader {
     }
 }
 
-/// `range` of `bytes` without a copy, or an error when it does not lie within them.
-fn byte_range(bytes: &Bytes, range: Range<u64>) -> ParquetResult<Bytes> {
-    match (usize::try_from(range.start), usize::try_from(range.end)) {
-        (Ok(start), Ok(end)) if start <= end && end <= bytes.len() => Ok(bytes.slice(start..end)),
-        _ => Err(ParquetError::EOF(format!(
-            "byte range {}..{} of a preloaded file of {} bytes",
-            range.start,
-            range.end,
-            bytes.len()
-        ))),
+/// `range` of the file, without a copy, when it lies within one preloaded chunk.
+fn preloaded_range(chunks: &[(u64, Bytes)], range: &Range<u64>) -> Option<Bytes> {
+    if range.start > range.end {
+        return None;
     }
+    // The last chunk starting at or before the range.
+    let k = chunks.partition_point(|(start, _)| *start <= range.start);
+    let (start, bytes) = chunks.get(k.checked_sub(1)?)?;
+    let from = usize::try_from(range.start.checked_sub(*start)?).ok()?;
+    let to = usize::try_from(range.end.checked_sub(*start)?).ok()?;
+    (to <= bytes.len()).then(|| bytes.slice(from..to))
 }
 
 /// Whether `f` is one of DataFusion's own Parquet reader factories, which the split may
@@ -1044,15 +1087,14 @@ pub(crate) mod tests {
         )
     }
 
-    /// Files are preloaded whole when they fit the limit and the memory pool, and held in the
-    /// pool until the factory is dropped; otherwise not at all.
+    /// The scanned columns' chunks are preloaded when they fit the limit and the memory pool,
+    /// held in the pool until the factory is dropped; otherwise nothing is.
     #[tokio::test]
-    async fn files_preload_within_the_limit_and_the_pool() {
+    async fn column_chunks_preload_within_the_limit_and_the_pool() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.parquet");
         write(&path, &batch(3_000, 1), false, WriterVersion::PARQUET_2_0);
         let on_disk = std::fs::read(&path).unwrap();
-        let size = on_disk.len();
         let ctx_with = |limit: usize| {
             let rt = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
                 .with_memory_limit(limit, 1.0)
@@ -1060,58 +1102,158 @@ pub(crate) mod tests {
                 .unwrap();
             SessionContext::new_with_config_rt(SessionConfig::new(), rt)
         };
-        let ctx = ctx_with(size * 4);
+        let ctx = ctx_with(on_disk.len() * 4);
         let store = ctx
             .runtime_env()
             .object_store(ObjectStoreUrl::local_filesystem())
             .unwrap();
         let location = datafusion::object_store::path::Path::from_filesystem_path(&path).unwrap();
-        let file = PartitionedFile::from(store.head(&location).await.unwrap());
-        let files = [file.clone()];
-        let task = ctx.task_ctx();
-        let (bytes, reservation) = preload(&store, &files, &task, PRELOAD_MAX)
+        let object_meta = store.head(&location).await.unwrap();
+        let meta = DFParquetMetadata::new(store.as_ref(), &object_meta)
+            .fetch_metadata()
             .await
-            .expect("a small file in a large enough pool");
-        assert_eq!(bytes[location.as_ref()].as_ref(), &on_disk[..]);
-        assert_eq!(reservation.size(), size);
-        assert_eq!(task.memory_pool().reserved(), size);
-        drop(reservation);
-        assert_eq!(task.memory_pool().reserved(), 0);
-        // Over the limit, or more than the pool grants: read through the store.
-        assert!(
-            preload(&store, &files, &task, size as u64 - 1)
+            .unwrap();
+        let file = PartitionedFile::from(object_meta);
+        let files = [(&file, meta.as_ref())];
+        let task = ctx.task_ctx();
+        let all: HashSet<&str> = ["id", "tokens", "name"].into();
+        let tokens: HashSet<&str> = ["tokens", "not a column"].into();
+        let mut sizes = Vec::new();
+        for columns in [&all, &tokens] {
+            let (chunks, reservation) = preload(&store, &files, columns, &task, PRELOAD_MAX)
                 .await
-                .is_none()
-        );
-        let small = ctx_with(size - 1);
+                .expect("small chunks in a large enough pool");
+            let chunks = &chunks[location.as_ref()];
+            let size: usize = chunks.iter().map(|(_, b)| b.len()).sum();
+            for (start, bytes) in chunks {
+                let start = *start as usize;
+                assert_eq!(bytes.as_ref(), &on_disk[start..start + bytes.len()]);
+            }
+            assert_eq!(reservation.size(), size);
+            assert_eq!(task.memory_pool().reserved(), size);
+            drop(reservation);
+            assert_eq!(task.memory_pool().reserved(), 0);
+            sizes.push(size);
+        }
+        // The three chunks of the one row group lie back to back: one range.
+        assert_eq!(chunk_ranges(&meta, &all).len(), 1);
+        // Every column chunk (the footer aside), or the token column's alone.
         assert!(
-            preload(&store, &files, &small.task_ctx(), PRELOAD_MAX)
+            sizes[0] < on_disk.len() && sizes[0] > on_disk.len() / 2,
+            "{sizes:?}"
+        );
+        assert!(sizes[1] < sizes[0], "{sizes:?}");
+        let (start, len) = meta.row_group(0).column(1).byte_range();
+        assert_eq!(sizes[1], len as usize);
+        assert!(
+            preload(&store, &files, &tokens, &task, PRELOAD_MAX)
+                .await
+                .unwrap()
+                .0[location.as_ref()][0]
+                .0
+                == start
+        );
+        // Over the limit, more than the pool grants, or no scanned column: not preloaded.
+        let over = sizes[0] as u64 - 1;
+        assert!(preload(&store, &files, &all, &task, over).await.is_none());
+        let small = ctx_with(sizes[0] - 1);
+        assert!(
+            preload(&store, &files, &all, &small.task_ctx(), PRELOAD_MAX)
                 .await
                 .is_none()
         );
         assert_eq!(small.task_ctx().memory_pool().reserved(), 0);
-        // A file listed with another size than it has (changed since it was listed).
-        let mut stale = file;
-        stale.object_meta.size += 1;
+        let none: HashSet<&str> = ["other"].into();
         assert!(
-            preload(&store, &[stale], &task, PRELOAD_MAX)
+            preload(&store, &files, &none, &task, PRELOAD_MAX)
                 .await
                 .is_none()
         );
-        assert_eq!(task.memory_pool().reserved(), 0);
     }
 
-    /// A preloaded file's byte ranges are slices of it; a range outside it is an error.
+    /// A reader that holds one column's chunk reads the whole file right: that chunk from
+    /// memory, the other columns from the store.
+    #[tokio::test]
+    async fn a_preloaded_reader_reads_what_it_lacks_from_the_store() {
+        use datafusion::parquet::arrow::ParquetRecordBatchStreamBuilder;
+        use futures::TryStreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.parquet");
+        let data = batch(4_000, 3);
+        write(&path, &data, false, WriterVersion::PARQUET_1_0);
+        let ctx = SessionContext::new();
+        let store = ctx
+            .runtime_env()
+            .object_store(ObjectStoreUrl::local_filesystem())
+            .unwrap();
+        let location = datafusion::object_store::path::Path::from_filesystem_path(&path).unwrap();
+        let object_meta = store.head(&location).await.unwrap();
+        let meta = DFParquetMetadata::new(store.as_ref(), &object_meta)
+            .fetch_metadata()
+            .await
+            .unwrap();
+        let file = PartitionedFile::from(object_meta);
+        let tokens: HashSet<&str> = ["tokens"].into();
+        let (chunks, reservation) = preload(
+            &store,
+            &[(&file, meta.as_ref())],
+            &tokens,
+            &ctx.task_ctx(),
+            PRELOAD_MAX,
+        )
+        .await
+        .unwrap();
+        let chunks = Arc::new(chunks[location.as_ref()].clone());
+        assert_eq!(chunks.len(), 1);
+        let inner = CachedParquetFileReaderFactory::new(
+            Arc::clone(&store),
+            cache(&ObjectStoreUrl::local_filesystem()),
+        )
+        .create_reader(0, file, None, &ExecutionPlanMetricsSet::new())
+        .unwrap();
+        let reader = PreloadedReader { inner, chunks };
+        drop(reservation);
+        let got: Vec<RecordBatch> = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .unwrap()
+            .build()
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(concat_batches(&data.schema(), &got).unwrap(), data);
+    }
+
+    /// A range inside one preloaded chunk is a slice of it; any other range is not served
+    /// from memory.
     #[test]
-    fn preloaded_byte_ranges() {
-        let bytes = Bytes::from((0u8..100).collect::<Vec<_>>());
-        assert_eq!(byte_range(&bytes, 10..20).unwrap().as_ref(), &bytes[10..20]);
-        assert_eq!(byte_range(&bytes, 0..100).unwrap().len(), 100);
-        assert!(byte_range(&bytes, 100..100).unwrap().is_empty());
-        for bad in [(90, 101), (101, 102), (20, 10)] {
-            let e = byte_range(&bytes, bad.0..bad.1).unwrap_err().to_string();
-            assert!(e.contains("preloaded file of 100 bytes"), "{bad:?}: {e}");
+    fn preloaded_ranges() {
+        let file: Vec<u8> = (0u8..100).collect();
+        let chunks: Chunks = vec![
+            (10, Bytes::copy_from_slice(&file[10..30])),
+            (50, Bytes::copy_from_slice(&file[50..60])),
+        ];
+        for inside in [10..30u64, 12..20, 50..60, 59..60, 20..20] {
+            let got = preloaded_range(&chunks, &inside).expect("inside a chunk");
+            assert_eq!(
+                got.as_ref(),
+                &file[inside.start as usize..inside.end as usize]
+            );
         }
+        for outside in [
+            0..5u64,
+            5..15,
+            25..35,
+            30..31,
+            45..55,
+            55..61,
+            60..61,
+            99..100,
+        ] {
+            assert!(preloaded_range(&chunks, &outside).is_none(), "{outside:?}");
+        }
+        assert!(preloaded_range(&chunks, &Range { start: 20, end: 15 }).is_none());
+        assert!(preloaded_range(&[], &(0..1)).is_none());
     }
 
     /// The offset index derived from the page headers equals the one the writer wrote, and
