@@ -149,9 +149,10 @@ pub(crate) struct SimilarityJoinStream {
 }
 
 /// A cheap count that grows with time, for splitting the probe loop's time between filtering
-/// and verification: the time-stamp counter on x86-64 (constant-rate on the CPUs that have
-/// AVX2; ~9 ns a read on this project's machine against ~24 ns for `Instant::now`, which the
-/// loop read 100,000 times in a debian_deps query: 4% of its samples), else nanoseconds.
+/// and verification: the time-stamp counter on x86-64 (~9 ns a read on this project's machine
+/// against ~24 ns for `Instant::now`, which the loop read 100,000 times in a debian_deps query:
+/// 2-4% of its samples), else nanoseconds. Only the ratio of two counts within one poll is used,
+/// so the counter's rate does not matter.
 #[inline]
 fn ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
