@@ -355,11 +355,29 @@ async fn preload(
 /// DataFusion's cached reader factory, with the column chunks it holds served from memory
 /// (the footer and page index still come from the cache of derived metadata; any other range
 /// from the object store).
-#[derive(Debug)]
 struct PreloadedReaderFactory {
     inner: CachedParquetFileReaderFactory,
     files: HashMap<String, Arc<Chunks>>,
     _reservation: MemoryReservation,
+}
+
+/// The files and how many bytes are held, not the bytes (plans print their factories).
+impl std::fmt::Debug for PreloadedReaderFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes: usize = self
+            .files
+            .values()
+            .flat_map(|c| c.iter())
+            .map(|(_, b)| b.len())
+            .sum();
+        let mut paths: Vec<&String> = self.files.keys().collect();
+        paths.sort();
+        f.debug_struct("PreloadedReaderFactory")
+            .field("inner", &self.inner)
+            .field("files", &paths)
+            .field("bytes", &bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ParquetFileReaderFactory for PreloadedReaderFactory {
@@ -1347,12 +1365,14 @@ pub(crate) mod tests {
                 .await
                 .unwrap()
                 .expect("a one-row-group Parquet scan is split");
+                let factory = reader_factory(&split);
                 assert_eq!(
-                    reader_factory(&split).starts_with("PreloadedReaderFactory"),
+                    factory.starts_with("PreloadedReaderFactory"),
                     preload_max > 0,
-                    "{}",
-                    reader_factory(&split)
+                    "{factory}"
                 );
+                // The held bytes are counted, not printed.
+                assert!(factory.len() < 2_000, "{} characters", factory.len());
                 let parts = split.output_partitioning().partition_count();
                 assert!(
                     parts > 1 && parts <= pieces,
