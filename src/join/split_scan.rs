@@ -1105,6 +1105,29 @@ pub(crate) mod tests {
         )
     }
 
+    /// The local store of `ctx`, and the file at `path`: its location, footer and listing.
+    async fn local_file(
+        ctx: &SessionContext,
+        path: &std::path::Path,
+    ) -> (
+        Arc<dyn ObjectStore>,
+        datafusion::object_store::path::Path,
+        Arc<ParquetMetaData>,
+        PartitionedFile,
+    ) {
+        let store = ctx
+            .runtime_env()
+            .object_store(ObjectStoreUrl::local_filesystem())
+            .unwrap();
+        let location = datafusion::object_store::path::Path::from_filesystem_path(path).unwrap();
+        let object_meta = store.head(&location).await.unwrap();
+        let meta = DFParquetMetadata::new(store.as_ref(), &object_meta)
+            .fetch_metadata()
+            .await
+            .unwrap();
+        (store, location, meta, PartitionedFile::from(object_meta))
+    }
+
     /// The scanned columns' chunks are preloaded when they fit the limit and the memory pool,
     /// held in the pool until the factory is dropped; otherwise nothing is.
     #[tokio::test]
@@ -1121,17 +1144,7 @@ pub(crate) mod tests {
             SessionContext::new_with_config_rt(SessionConfig::new(), rt)
         };
         let ctx = ctx_with(on_disk.len() * 4);
-        let store = ctx
-            .runtime_env()
-            .object_store(ObjectStoreUrl::local_filesystem())
-            .unwrap();
-        let location = datafusion::object_store::path::Path::from_filesystem_path(&path).unwrap();
-        let object_meta = store.head(&location).await.unwrap();
-        let meta = DFParquetMetadata::new(store.as_ref(), &object_meta)
-            .fetch_metadata()
-            .await
-            .unwrap();
-        let file = PartitionedFile::from(object_meta);
+        let (store, location, meta, file) = local_file(&ctx, &path).await;
         let files = [(&file, meta.as_ref())];
         let task = ctx.task_ctx();
         let all: HashSet<&str> = ["id", "tokens", "name"].into();
@@ -1200,17 +1213,7 @@ pub(crate) mod tests {
         let data = batch(4_000, 3);
         write(&path, &data, false, WriterVersion::PARQUET_1_0);
         let ctx = SessionContext::new();
-        let store = ctx
-            .runtime_env()
-            .object_store(ObjectStoreUrl::local_filesystem())
-            .unwrap();
-        let location = datafusion::object_store::path::Path::from_filesystem_path(&path).unwrap();
-        let object_meta = store.head(&location).await.unwrap();
-        let meta = DFParquetMetadata::new(store.as_ref(), &object_meta)
-            .fetch_metadata()
-            .await
-            .unwrap();
-        let file = PartitionedFile::from(object_meta);
+        let (store, location, meta, file) = local_file(&ctx, &path).await;
         let tokens: HashSet<&str> = ["tokens"].into();
         let (chunks, reservation) = preload(
             &store,
