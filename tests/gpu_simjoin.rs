@@ -538,7 +538,8 @@ fn bench_gpu_simjoin() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let run = |cores_used: usize, backend: &str, filter_only: bool, sql: &str| -> (f64, i64) {
+    // filter_only: DFSETS_SJ_FILTER_ONLY's value ("" for a real join).
+    let run = |cores_used: usize, backend: &str, filter_only: &str, sql: &str| -> (f64, i64) {
         let rt = if cores_used == 1 {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -563,8 +564,8 @@ fn bench_gpu_simjoin() {
         // SAFETY: set while no other thread of this test reads the environment (the
         // runtimes of earlier runs are dropped; this one is idle until block_on below).
         unsafe {
-            if filter_only {
-                std::env::set_var("DFSETS_SJ_FILTER_ONLY", "1");
+            if !filter_only.is_empty() {
+                std::env::set_var("DFSETS_SJ_FILTER_ONLY", filter_only);
             } else {
                 std::env::remove_var("DFSETS_SJ_FILTER_ONLY");
             }
@@ -599,43 +600,46 @@ fn bench_gpu_simjoin() {
     };
     let mut report = format!(
         "similarity_join on gcide_words (126,240 sets), count(*), {cores} cores; best of {reps} (ms)\n\
-         | case | CPU 1 core | CPU {cores} cores | filter only, {cores} cores | GPU verify, {cores} cores | GPU / filter | 1 core / GPU | filter only, 1 core | GPU verify, 1 core |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+         | case | CPU 1 core | CPU {cores} cores | filter only, {cores} cores | filter + pairs written, {cores} cores | GPU verify, {cores} cores | GPU / filter | 1 core / GPU | filter only, 1 core | GPU verify, 1 core |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
     for (name, measure) in [("Jaccard >= 0.5", "jaccard"), ("Dice >= 0.5", "dice")] {
         let sql = format!(
             "SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', '{measure}', 0.5)"
         );
-        let best = |cores_used: usize, backend: &str, filter_only: bool, reps: usize| {
+        let best = |cores_used: usize, backend: &str, filter_only: &str, reps: usize| {
             let mut ms = f64::INFINITY;
             let mut count = 0;
             for _ in 0..reps {
                 let (t, c) = run(cores_used, backend, filter_only, &sql);
                 eprintln!(
-                    "{name}: {cores_used} cores, {backend}, filter_only={filter_only}: {t:.0} ms, {c}"
+                    "{name}: {cores_used} cores, {backend}, filter_only={filter_only:?}: {t:.0} ms, {c}"
                 );
                 ms = ms.min(t);
                 count = c;
             }
             (ms, count)
         };
-        let (gpu_all, pairs_gpu) = best(cores, "gpu", false, reps);
-        let (filter_all, candidates) = best(cores, "cpu", true, reps);
-        let (cpu_all, pairs_cpu) = best(cores, "cpu", false, reps);
+        let (gpu_all, pairs_gpu) = best(cores, "gpu", "", reps);
+        let (filter_all, candidates) = best(cores, "cpu", "1", reps);
+        // The filter with the candidates written into the GPU chunks (not sent).
+        let (written_all, written) = best(cores, "gpu", "serialize", reps);
+        assert_eq!(written, candidates, "{name}: candidates written");
+        let (cpu_all, pairs_cpu) = best(cores, "cpu", "", reps);
         // DFSETS_BENCH_ONE_CORE=0 skips the one-core runs (variants of the GPU path).
         let one_core = !std::env::var("DFSETS_BENCH_ONE_CORE").is_ok_and(|v| v == "0");
         let (gpu_one, pairs_gpu1) = if one_core {
-            best(1, "gpu", false, 1)
+            best(1, "gpu", "", 1)
         } else {
             (f64::NAN, pairs_cpu)
         };
         let (filter_one, _) = if one_core {
-            best(1, "cpu", true, 1)
+            best(1, "cpu", "1", 1)
         } else {
             (f64::NAN, 0)
         };
         let (cpu_one, pairs_one) = if one_core {
-            best(1, "cpu", false, 1)
+            best(1, "cpu", "", 1)
         } else {
             (f64::NAN, pairs_cpu)
         };
@@ -647,7 +651,7 @@ fn bench_gpu_simjoin() {
         assert_eq!(pairs_one, pairs_cpu, "{name}: 1 core and all cores");
         eprintln!("{name}: {pairs_cpu} pairs, {candidates} candidates");
         report.push_str(&format!(
-            "| {name} ({pairs_cpu} pairs, {candidates} candidates) | {cpu_one:.0} | {cpu_all:.0} | {filter_all:.0} | {gpu_all:.0} | {:.2}× | {:.1}× | {filter_one:.0} | {gpu_one:.0} |\n",
+            "| {name} ({pairs_cpu} pairs, {candidates} candidates) | {cpu_one:.0} | {cpu_all:.0} | {filter_all:.0} | {written_all:.0} | {gpu_all:.0} | {:.2}× | {:.1}× | {filter_one:.0} | {gpu_one:.0} |\n",
             gpu_all / filter_all,
             cpu_one / gpu_all,
         ));

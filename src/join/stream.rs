@@ -63,18 +63,31 @@ enum Verifier {
     Gpu(Box<GpuVerify>),
 }
 
-/// `DFSETS_SJ_FILTER_ONLY=1` (benchmarks only; read when a partition starts): candidates
-/// are counted as pairs without verification, to time the filter alone. Logged as a
-/// warning; never for real answers.
-fn filter_only() -> bool {
-    let on = std::env::var("DFSETS_SJ_FILTER_ONLY").is_ok_and(|v| v == "1");
-    if on {
+/// `DFSETS_SJ_FILTER_ONLY` (benchmarks only; read when a partition starts): `1`, candidates
+/// are counted as pairs without verification, to time the filter alone; `serialize`, the
+/// same, but with a GPU verifier the candidates are also written into its chunks as for the
+/// device (a full chunk is emptied, not sent), to time the filter with the serialization.
+/// Logged as a warning; never for real answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FilterOnly {
+    Off,
+    Count,
+    Serialize,
+}
+
+fn filter_only() -> FilterOnly {
+    let mode = match std::env::var("DFSETS_SJ_FILTER_ONLY").as_deref() {
+        Ok("1") => FilterOnly::Count,
+        Ok("serialize") => FilterOnly::Serialize,
+        _ => FilterOnly::Off,
+    };
+    if mode != FilterOnly::Off {
         log::warn!(
-            "datafusion-sets: DFSETS_SJ_FILTER_ONLY=1: similarity joins skip verification \
+            "datafusion-sets: DFSETS_SJ_FILTER_ONLY is set: similarity joins skip verification \
              (benchmarking only; the results are candidates, not answers)"
         );
     }
-    on
+    mode
 }
 
 type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
@@ -112,8 +125,8 @@ pub(crate) struct SimilarityJoinStream {
     verifier: Verifier,
     /// The CPU's verification kernel (`sets.cpu_kernel` at execution).
     kernel: BoundedKernel,
-    /// `DFSETS_SJ_FILTER_ONLY` (see [`filter_only`]).
-    filter_only: bool,
+    /// `DFSETS_SJ_FILTER_ONLY` (see [`FilterOnly`]).
+    filter_only: FilterOnly,
     // Pairs found and not yet emitted.
     left_rows: Vec<u32>,
     right_rows: Vec<u32>,
@@ -265,7 +278,7 @@ impl SimilarityJoinStream {
             BackendChoice::Gpu => true,
             BackendChoice::Auto => tokens.len() >= AUTO_GPU_MIN_TOKENS,
         };
-        if !wanted || self.filter_only || built.collections.len() == 0 {
+        if !wanted || self.filter_only == FilterOnly::Count || built.collections.len() == 0 {
             return Verifier::Cpu;
         }
         // One partition uploads the sets; the others share them (so the upload's bytes are
@@ -325,7 +338,18 @@ impl SimilarityJoinStream {
         self.candidates_met += met;
         self.candidates_verified += self.scratch.candidates.len();
         let work = 1 + met + self.scratch.candidates.len();
-        if self.filter_only {
+        if self.filter_only != FilterOnly::Off {
+            if let (FilterOnly::Serialize, Verifier::Gpu(gv)) =
+                (self.filter_only, &mut self.verifier)
+                && !self.scratch.candidates.is_empty()
+            {
+                gv.chunk.start_group(p as u32);
+                gv.chunk
+                    .extend(self.scratch.candidates.iter().map(|c| PairToVerify {
+                        y: c.set,
+                        alpha: c.alpha,
+                    }));
+            }
             if self.materialize {
                 let c = std::mem::take(&mut self.scratch.candidates);
                 for c in &c {
@@ -341,12 +365,11 @@ impl SimilarityJoinStream {
         if let Verifier::Gpu(gv) = &mut self.verifier {
             if !self.scratch.candidates.is_empty() {
                 gv.chunk.start_group(p as u32);
-            }
-            for c in &self.scratch.candidates {
-                gv.chunk.push(PairToVerify {
-                    y: c.set,
-                    alpha: c.alpha,
-                });
+                gv.chunk
+                    .extend(self.scratch.candidates.iter().map(|c| PairToVerify {
+                        y: c.set,
+                        alpha: c.alpha,
+                    }));
             }
             return work;
         }
@@ -521,6 +544,11 @@ impl SimilarityJoinStream {
             return;
         };
         if !(gv.chunk.is_full() || flush) {
+            return;
+        }
+        if self.filter_only == FilterOnly::Serialize {
+            // Written, not sent (benchmarks: the filter with the serialization).
+            gv.chunk.clear();
             return;
         }
         if let Some(pending) = gv.inflight.take() {
