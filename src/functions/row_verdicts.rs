@@ -8,13 +8,13 @@
 //! stay true as long as the buffers live. An entry keeps clones of those buffers, which pins
 //! their memory and makes the addresses in its key unique; an entry whose buffers nobody but
 //! the cache holds any more is dropped at the next sweep (every lookup while the cache is
-//! small, every [`SWEEP_EVERY`] lookups once it is large, and before an eviction), so the
+//! small, every `SWEEP_EVERY` lookups once it is large, and before an eviction), so the
 //! cache never keeps a table alive for long. Slices of one batch
 //! (DataFusion hands a large batch on in slices) share their buffers: the sweep counts the
 //! cache's own references to each allocation, so a dropped table's slices go too.
 //!
 //! Entries are many and small (one verdict byte per row): a table of `n` batches of `k` list
-//! columns takes `n * k` of them, so the cache holds up to [`CACHE_ENTRIES`] (a scan of more
+//! columns takes `n * k` of them, so the cache holds up to `CACHE_ENTRIES` (a scan of more
 //! columns than fit would evict each entry before its next use and never hit).
 
 use std::any::TypeId;

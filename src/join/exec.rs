@@ -19,7 +19,7 @@
 //! ([`SimilarityJoinExec::try_with_columns`]).
 //!
 //! Execution: the first partition stream to be polled reads both inputs (all their
-//! partitions), keeps the columns the output needs and builds the shared [`Collections`]
+//! partitions), keeps the columns the output needs and builds the shared `Collections`
 //! (reordered sets and prefix indexes, memory reserved in the task's pool); then output
 //! partition `k` of `P` probes the sets at global positions `k, k + P, ...`. With no output
 //! column (`SELECT count(*)`) no pair is built: verification stops once the required

@@ -6,10 +6,10 @@
 //! | column | type | meaning |
 //! | --- | --- | --- |
 //! | `term` | Utf8 | the term (after tokenization) |
-//! | `doc_ids` | List<UInt32> | documents holding it, strictly increasing |
-//! | `tfs` | List<UInt32> | its count in each of those documents |
-//! | `doc_lens` | List<UInt32> | each of those documents' length in terms |
-//! | `static_scores` | List<Float64> | each document's static score (only when one was given) |
+//! | `doc_ids` | `List<UInt32>` | documents holding it, strictly increasing |
+//! | `tfs` | `List<UInt32>` | its count in each of those documents |
+//! | `doc_lens` | `List<UInt32>` | each of those documents' length in terms |
+//! | `static_scores` | `List<Float64>` | each document's static score (only when one was given) |
 //! | `n_docs` | UInt64 | documents in the corpus (every row the same) |
 //! | `total_len` | UInt64 | terms in the corpus (every row the same; avgdl = total_len / n_docs) |
 //! | `tokenizer` | Utf8 | the tokenizer options the documents were indexed with |

@@ -17,7 +17,7 @@ pub enum Sortedness {
 /// Values compared per chunk before checking for an early exit.
 const CHUNK: usize = 512;
 
-/// Classify `s`. Each chunk of [`CHUNK`] neighbour pairs is reduced with `|` of the
+/// Classify `s`. Each chunk of `CHUNK` neighbour pairs is reduced with `|` of the
 /// comparisons (no branch inside, so the compiler vectorises it); an unsorted chunk ends the
 /// scan early.
 ///

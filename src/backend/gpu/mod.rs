@@ -1,6 +1,6 @@
 //! The GPU backend: batched k-way intersection of sorted integer list columns on NVIDIA GPUs.
 //!
-//! - The CUDA runtime ([`cuda`], with the cargo feature `cuda`, on by default) loads the
+//! - The CUDA runtime (`cuda`, with the cargo feature `cuda`, on by default) loads the
 //!   driver and NVRTC at run time through `cudarc`, so the crate builds, tests and runs with
 //!   no CUDA installed: without a driver or a device every entry point returns a
 //!   [`GpuError`] and the SQL layer stays on the CPU (the reason goes to the debug log).
