@@ -58,6 +58,20 @@ struct GpuVerify {
     _reservation: MemoryReservation,
 }
 
+impl GpuVerify {
+    /// Write probe set `p`'s candidates into the chunk being filled, as one group.
+    fn queue(&mut self, p: u32, candidates: &[Candidate]) {
+        if candidates.is_empty() {
+            return;
+        }
+        self.chunk.start_group(p);
+        self.chunk.extend(candidates.iter().map(|c| PairToVerify {
+            y: c.set,
+            alpha: c.alpha,
+        }));
+    }
+}
+
 enum Verifier {
     Cpu,
     Gpu(Box<GpuVerify>),
@@ -341,14 +355,8 @@ impl SimilarityJoinStream {
         if self.filter_only != FilterOnly::Off {
             if let (FilterOnly::Serialize, Verifier::Gpu(gv)) =
                 (self.filter_only, &mut self.verifier)
-                && !self.scratch.candidates.is_empty()
             {
-                gv.chunk.start_group(p as u32);
-                gv.chunk
-                    .extend(self.scratch.candidates.iter().map(|c| PairToVerify {
-                        y: c.set,
-                        alpha: c.alpha,
-                    }));
+                gv.queue(p as u32, &self.scratch.candidates);
             }
             if self.materialize {
                 let c = std::mem::take(&mut self.scratch.candidates);
@@ -363,14 +371,7 @@ impl SimilarityJoinStream {
             return work;
         }
         if let Verifier::Gpu(gv) = &mut self.verifier {
-            if !self.scratch.candidates.is_empty() {
-                gv.chunk.start_group(p as u32);
-                gv.chunk
-                    .extend(self.scratch.candidates.iter().map(|c| PairToVerify {
-                        y: c.set,
-                        alpha: c.alpha,
-                    }));
-            }
+            gv.queue(p as u32, &self.scratch.candidates);
             return work;
         }
         let x = coll.set(p);
