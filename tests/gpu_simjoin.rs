@@ -522,7 +522,9 @@ fn explain_analyze_shows_device_counters() {
 
 /// The verification-bound cases on `gcide_words`, through SQL (`count(*)`: no pair
 /// is built), side by side in one process: the CPU on one core and on all cores, the filter
-/// alone (`DFSETS_SJ_FILTER_ONLY=1`), and the join with GPU verification. Writes a table to
+/// alone (`DFSETS_SJ_FILTER_ONLY=1`), the filter writing the pairs into the GPU chunks
+/// without sending them (`DFSETS_SJ_FILTER_ONLY=serialize`), and the join with GPU
+/// verification. Writes a table to
 /// `DFSETS_BENCH_OUT` when set. Data: `DFSETS_BENCH_DATA` (default `bench-data`).
 #[test]
 #[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
