@@ -2,7 +2,9 @@
 //! `threads` cores (the session's `target_partitions`, so `target_partitions = 1` builds on
 //! one core):
 //! 1. every non-NULL, non-empty list becomes a set (sorted, deduplicated, NULL elements
-//!    dropped), in pieces of [`PIECE_ROWS`] rows built in parallel; empty sets are dropped;
+//!    dropped), in pieces of [`PIECE_ROWS`] rows built in parallel; empty sets are dropped
+//!    (when an input is read by as many tasks as the build has threads, each task does this
+//!    for its batches as they come: [`prepare`]);
 //! 2. tokens are renamed to ranks by increasing global frequency (over both inputs; ties by
 //!    value): per-thread histograms summed (or one shared atomic histogram when per-thread
 //!    ones would outweigh the data), a parallel sort of the distinct tokens;
@@ -20,7 +22,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use datafusion::arrow::array::{Array, ArrayRef, ArrowPrimitiveType, AsArray, OffsetSizeTrait};
+use datafusion::arrow::array::{
+    Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait,
+};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 use rayon::prelude::*;
@@ -47,6 +52,109 @@ impl<T> RawPiece<T> {
     fn set(&self, k: usize) -> &[T] {
         &self.values[self.starts[k]..self.starts[k + 1]]
     }
+}
+
+/// Step 1 for rows `from..to` of `list`: each non-NULL, non-empty list as a set, numbered
+/// `base + i`.
+fn piece<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
+    list: &GenericListArray<O>,
+    from: usize,
+    to: usize,
+    base: usize,
+) -> Result<RawPiece<P::Native>>
+where
+    P::Native: SetElem,
+{
+    let view = IntLists::new::<P>(list);
+    // Sized for the rows' values (an upper bound: NULL rows, NULL elements and duplicates
+    // drop out), so the piece grows without copying.
+    let offsets = list.value_offsets();
+    let mut piece = RawPiece {
+        values: Vec::with_capacity((offsets[to] - offsets[from]).as_usize()),
+        starts: Vec::with_capacity(to - from + 1),
+        rows: Vec::with_capacity(to - from),
+    };
+    piece.starts.push(0);
+    let mut buf = Vec::new();
+    for i in from..to {
+        if view.is_null(i) {
+            continue;
+        }
+        let set = set_of(&view, i, &mut buf);
+        if set.is_empty() {
+            continue;
+        }
+        piece.values.extend_from_slice(set);
+        piece.starts.push(piece.values.len());
+        piece
+            .rows
+            .push(u32::try_from(base + i).map_err(|_| too_many_rows())?);
+    }
+    Ok(piece)
+}
+
+fn too_many_rows() -> DataFusionError {
+    DataFusionError::NotImplemented("SimilarityJoinExec: more than 2^32 rows on one side".into())
+}
+
+/// The bytes step 1 reserves for sets of `values` values in `rows` rows.
+fn step1_bytes<T>(values: usize, rows: usize) -> usize {
+    values * size_of::<T>() + rows * (size_of::<usize>() + size_of::<u32>())
+}
+
+/// Step 1 done on one batch of a token column ([`prepare`]), by the task that read it, so
+/// that the build starts from sets: its pieces, rows numbered within the batch.
+pub(crate) struct Prepared {
+    rows: usize,
+    /// `Vec<RawPiece<T>>` of the batch's element type.
+    pieces: Box<dyn std::any::Any + Send + Sync>,
+}
+
+/// Step 1 on `tokens` (one batch of the join's token type: a list of integers), its memory
+/// reserved in `reservation` (the build's, which counts it once, here instead of in step 1).
+pub(crate) fn prepare(tokens: &ArrayRef, reservation: &MemoryReservation) -> Result<Prepared> {
+    fn typed<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
+        tokens: &ArrayRef,
+        reservation: &MemoryReservation,
+    ) -> Result<Prepared>
+    where
+        P::Native: SetElem,
+    {
+        let list = tokens.as_list::<O>();
+        let n = list.len();
+        let offsets = list.value_offsets();
+        reserve(
+            reservation,
+            step1_bytes::<P::Native>((offsets[n] - offsets[0]).as_usize(), n),
+            "the deduplicated sets",
+        )?;
+        let pieces = (0..n)
+            .step_by(PIECE_ROWS)
+            .map(|from| piece::<O, P>(list, from, (from + PIECE_ROWS).min(n), 0))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Prepared {
+            rows: n,
+            pieces: Box::new(pieces),
+        })
+    }
+    let (large, element) = match tokens.data_type() {
+        DataType::List(f) => (false, f.data_type()),
+        DataType::LargeList(f) => (true, f.data_type()),
+        other => return internal_err!("SimilarityJoinExec: token column is {other}, not a list"),
+    };
+    if element.is_null() {
+        return Ok(Prepared {
+            rows: tokens.len(),
+            pieces: Box::new(()),
+        });
+    }
+    dispatch_integer!(element, P => {
+        if large {
+            typed::<i64, P>(tokens, reservation)
+        } else {
+            typed::<i32, P>(tokens, reservation)
+        }
+    }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
 }
 
 /// A thread pool of `threads` threads, made once per process for each size asked for.
@@ -95,8 +203,31 @@ impl Collections {
     /// Build from each side's token columns (batches of one list type of integers, after
     /// coercion) on up to `threads` cores. `self_join`: one side, one index. Rows are
     /// numbered across batches.
+    ///
+    /// `prepared[s]`: side `s`'s step 1 already done, batch by batch ([`prepare`], by the
+    /// tasks that read them), or `None` (done here, in parallel).
     pub fn build(
         sides: &[Vec<ArrayRef>],
+        prepared: Vec<Option<Vec<Prepared>>>,
+        threshold: &Threshold,
+        reservation: &MemoryReservation,
+        threads: usize,
+    ) -> Result<Self> {
+        let matches = prepared.len() == sides.len()
+            && prepared.iter().zip(sides).all(|(p, b)| {
+                p.as_ref().is_none_or(|p| {
+                    p.len() == b.len() && p.iter().zip(b).all(|(p, a)| p.rows == a.len())
+                })
+            });
+        if !matches {
+            return internal_err!("SimilarityJoinExec: prepared batches differ from the batches");
+        }
+        Self::build_from(sides, prepared, threshold, reservation, threads)
+    }
+
+    fn build_from(
+        sides: &[Vec<ArrayRef>],
+        prepared: Vec<Option<Vec<Prepared>>>,
         threshold: &Threshold,
         reservation: &MemoryReservation,
         threads: usize,
@@ -130,6 +261,7 @@ impl Collections {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::build_on(
             sides,
+            prepared,
             threshold,
             reservation,
             threads.clamp(1, cores),
@@ -141,6 +273,7 @@ impl Collections {
     /// [`Self::build`] on exactly `threads` threads.
     fn build_on(
         sides: &[Vec<ArrayRef>],
+        prepared: Vec<Option<Vec<Prepared>>>,
         threshold: &Threshold,
         reservation: &MemoryReservation,
         threads: usize,
@@ -150,9 +283,9 @@ impl Collections {
         pool(threads)?.install(|| {
             dispatch_integer!(element, P => {
                 if large {
-                    Self::build_typed::<i64, P>(sides, threshold, reservation)
+                    Self::build_typed::<i64, P>(sides, prepared, threshold, reservation)
                 } else {
-                    Self::build_typed::<i32, P>(sides, threshold, reservation)
+                    Self::build_typed::<i32, P>(sides, prepared, threshold, reservation)
                 }
             }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
         })
@@ -177,6 +310,7 @@ impl Collections {
     /// Runs inside the build's thread pool.
     fn build_typed<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
         sides: &[Vec<ArrayRef>],
+        prepared: Vec<Option<Vec<Prepared>>>,
         threshold: &Threshold,
         reservation: &MemoryReservation,
     ) -> Result<Self>
@@ -185,9 +319,34 @@ impl Collections {
     {
         let threads = rayon::current_num_threads();
 
-        // 1. Sets, deduplicated, in pieces of consecutive rows.
+        // 1. Sets, deduplicated, in pieces of consecutive rows: done by the read tasks
+        // for a side `prepared` (its rows numbered across batches here), else here.
         let mut raw: Vec<Vec<RawPiece<P::Native>>> = Vec::with_capacity(sides.len());
-        for batches in sides {
+        for (batches, prepared) in sides.iter().zip(prepared) {
+            if let Some(side) = prepared {
+                let mut pieces = Vec::new();
+                let mut base = 0usize;
+                for (array, batch) in batches.iter().zip(side) {
+                    let Ok(mut batch_pieces) = batch.pieces.downcast::<Vec<RawPiece<P::Native>>>()
+                    else {
+                        return internal_err!(
+                            "SimilarityJoinExec: a prepared batch of another element type"
+                        );
+                    };
+                    if base > 0 {
+                        u32::try_from(base + array.len()).map_err(|_| too_many_rows())?;
+                        for p in batch_pieces.iter_mut() {
+                            for r in p.rows.iter_mut() {
+                                *r += base as u32;
+                            }
+                        }
+                    }
+                    pieces.append(&mut batch_pieces);
+                    base += array.len();
+                }
+                raw.push(pieces);
+                continue;
+            }
             let total: usize = batches
                 .iter()
                 .map(|a| a.as_list::<O>().values().len())
@@ -195,7 +354,7 @@ impl Collections {
             let rows: usize = batches.iter().map(|a| a.len()).sum();
             reserve(
                 reservation,
-                total * size_of::<P::Native>() + rows * (size_of::<usize>() + size_of::<u32>()),
+                step1_bytes::<P::Native>(total, rows),
                 "the deduplicated sets",
             )?;
             // (batch, first row, end row, the batch's first row number)
@@ -211,37 +370,7 @@ impl Collections {
             }
             let pieces = units
                 .into_par_iter()
-                .map(|(b, from, to, base)| {
-                    let list = batches[b].as_list::<O>();
-                    let view = IntLists::new::<P>(list);
-                    // Sized for the rows' values (an upper bound: NULL rows, NULL elements
-                    // and duplicates drop out), so the piece grows without copying.
-                    let offsets = list.value_offsets();
-                    let mut piece = RawPiece {
-                        values: Vec::with_capacity((offsets[to] - offsets[from]).as_usize()),
-                        starts: Vec::with_capacity(to - from + 1),
-                        rows: Vec::with_capacity(to - from),
-                    };
-                    piece.starts.push(0);
-                    let mut buf = Vec::new();
-                    for i in from..to {
-                        if view.is_null(i) {
-                            continue;
-                        }
-                        let set = set_of(&view, i, &mut buf);
-                        if set.is_empty() {
-                            continue;
-                        }
-                        piece.values.extend_from_slice(set);
-                        piece.starts.push(piece.values.len());
-                        piece.rows.push(u32::try_from(base + i).map_err(|_| {
-                            DataFusionError::NotImplemented(
-                                "SimilarityJoinExec: more than 2^32 rows on one side".into(),
-                            )
-                        })?);
-                    }
-                    Ok(piece)
-                })
+                .map(|(b, from, to, base)| piece::<O, P>(batches[b].as_list::<O>(), from, to, base))
                 .collect::<Result<Vec<_>>>()?;
             raw.push(pieces);
         }
@@ -676,11 +805,22 @@ mod tests {
             let r = batches(7 + case as u64, 23_000, distinct, spread);
             let s = batches(11 + case as u64, 9_000, distinct, spread);
             for sides in [vec![r.clone()], vec![r, s]] {
-                let build = |threads| {
+                // `prepared`: which sides had step 1 done batch by batch (as read tasks do).
+                let build = |threads, prepared: &[bool]| {
                     let reservation = MemoryConsumer::new("test").register(&pool);
                     let element = DataType::Int64;
+                    let prepared = (sides.iter().zip(prepared))
+                        .map(|(batches, &p)| {
+                            p.then(|| {
+                                (batches.iter())
+                                    .map(|b| prepare(b, &reservation).unwrap())
+                                    .collect()
+                            })
+                        })
+                        .collect();
                     Collections::build_on(
                         &sides,
+                        prepared,
                         &threshold,
                         &reservation,
                         threads,
@@ -689,11 +829,27 @@ mod tests {
                     )
                     .unwrap()
                 };
-                let one = build(1);
+                let none = vec![false; sides.len()];
+                let one = build(1, &none);
                 assert!(one.len() > 15_000, "{}", one.len());
                 assert!(one.indexes.iter().all(|i| !i.postings.is_empty()));
                 for threads in [2, 3, 8] {
-                    assert!(build(threads) == one, "case {case}, {threads} threads");
+                    assert!(
+                        build(threads, &none) == one,
+                        "case {case}, {threads} threads"
+                    );
+                }
+                let mut ways = vec![vec![true; sides.len()]];
+                if sides.len() == 2 {
+                    ways.extend([vec![true, false], vec![false, true]]);
+                }
+                for prepared in ways {
+                    for threads in [1, 3] {
+                        assert!(
+                            build(threads, &prepared) == one,
+                            "case {case}, {threads} threads, prepared {prepared:?}"
+                        );
+                    }
                 }
             }
         }

@@ -52,6 +52,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 
+use super::build::{Prepared, prepare};
 use super::filter::{Collections, reserve};
 use super::split_scan::split_scan;
 use super::stream::SimilarityJoinStream;
@@ -751,7 +752,13 @@ async fn build_collections(
             false => None,
         }
         .unwrap_or_else(|| Arc::clone(&input.plan));
-        let tasks = (0..plan.output_partitioning().partition_count())
+        let parts = plan.output_partitioning().partition_count();
+        // The build's first step (each set sorted and deduplicated) runs in the read tasks
+        // when they are as many as the build's threads (every core reads, so every core
+        // takes its share, with no pause between the read and the build); an input of fewer
+        // partitions leaves it to the build's threads.
+        let prepare = parts >= threads;
+        let tasks = (0..parts)
             .map(|part| {
                 let stream = plan.execute(part, Arc::clone(&context))?;
                 Ok(SpawnedTask::spawn(read_partition(
@@ -760,17 +767,20 @@ async fn build_collections(
                     keep.clone(),
                     input.tokens,
                     token_type.clone(),
+                    prepare,
                 )))
             })
             .collect::<Result<Vec<_>>>()?;
         reads.push(tasks);
     }
+    let mut prepared = Vec::with_capacity(inputs.len());
     for ((input, keep), tasks) in inputs.iter().zip(&gathered).zip(reads) {
         let schema = input.plan.schema();
         let mut side_tokens = Vec::new();
         let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
+        let mut side_prepared = Some(Vec::new());
         for task in tasks {
-            let (part_columns, part_tokens) = task
+            let (part_columns, part_tokens, part_prepared) = task
                 .join_unwind()
                 .await
                 .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
@@ -778,7 +788,12 @@ async fn build_collections(
                 all.extend(part);
             }
             side_tokens.extend(part_tokens);
+            side_prepared = side_prepared.zip(part_prepared).map(|(mut all, part)| {
+                all.extend(part);
+                all
+            });
         }
+        prepared.push(side_prepared);
         let mut side = vec![None; schema.fields().len()];
         for (k, &i) in keep.iter().enumerate() {
             let parts = &side_columns[k];
@@ -803,7 +818,7 @@ async fn build_collections(
         tokens.push(side_tokens);
     }
     let _timer = build_time.timer();
-    let collections = Collections::build(&tokens, &threshold, &reservation, threads)?;
+    let collections = Collections::build(&tokens, prepared, &threshold, &reservation, threads)?;
     drop(tokens);
     let id_order = match (self_join, inputs[0].id) {
         (true, Some(id)) => match columns[0].get(id) {
@@ -824,17 +839,21 @@ async fn build_collections(
     }))
 }
 
-/// The batches of one input partition: the kept columns (`keep`'s order) and the token
-/// column cast to `token_type`, each batch's memory reserved.
+/// The batches of one input partition: the kept columns (`keep`'s order), the token column
+/// cast to `token_type`, and with `prepare_sets` the build's first step done on each batch as
+/// it comes (its sets sorted and deduplicated: work that runs here, on every reading core,
+/// instead of after the last read), each batch's memory reserved.
 async fn read_partition(
     mut stream: SendableRecordBatchStream,
     reservation: Arc<MemoryReservation>,
     keep: Vec<usize>,
     tokens: usize,
     token_type: DataType,
-) -> Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>)> {
+    prepare_sets: bool,
+) -> Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>, Option<Vec<Prepared>>)> {
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
     let mut token_columns = Vec::new();
+    let mut prepared = prepare_sets.then(Vec::new);
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         reserve(
@@ -845,9 +864,13 @@ async fn read_partition(
         for (k, &i) in keep.iter().enumerate() {
             columns[k].push(Arc::clone(batch.column(i)));
         }
-        token_columns.push(cast(batch.column(tokens), &token_type)?);
+        let token_column = cast(batch.column(tokens), &token_type)?;
+        if let Some(prepared) = &mut prepared {
+            prepared.push(prepare(&token_column, &reservation)?);
+        }
+        token_columns.push(token_column);
     }
-    Ok((columns, token_columns))
+    Ok((columns, token_columns, prepared))
 }
 
 #[cfg(test)]
