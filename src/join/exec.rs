@@ -757,7 +757,7 @@ async fn build_collections(
         // when they are as many as the build's threads (every core reads, so every core
         // takes its share, with no pause between the read and the build); an input of fewer
         // partitions leaves it to the build's threads.
-        let prepare = parts >= threads;
+        let prepare_sets = parts >= threads;
         let tasks = (0..parts)
             .map(|part| {
                 let stream = plan.execute(part, Arc::clone(&context))?;
@@ -767,7 +767,7 @@ async fn build_collections(
                     keep.clone(),
                     input.tokens,
                     token_type.clone(),
-                    prepare,
+                    prepare_sets,
                 )))
             })
             .collect::<Result<Vec<_>>>()?;
