@@ -771,14 +771,14 @@ async fn build_collections(
                 )))
             })
             .collect::<Result<Vec<_>>>()?;
-        reads.push(tasks);
+        reads.push((tasks, prepare_sets));
     }
     let mut prepared = Vec::with_capacity(inputs.len());
-    for ((input, keep), tasks) in inputs.iter().zip(&gathered).zip(reads) {
+    for ((input, keep), (tasks, prepare_sets)) in inputs.iter().zip(&gathered).zip(reads) {
         let schema = input.plan.schema();
         let mut side_tokens = Vec::new();
         let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
-        let mut side_prepared = Some(Vec::new());
+        let mut side_prepared = prepare_sets.then(Vec::new);
         for task in tasks {
             let (part_columns, part_tokens, part_prepared) = task
                 .join_unwind()
@@ -788,10 +788,9 @@ async fn build_collections(
                 all.extend(part);
             }
             side_tokens.extend(part_tokens);
-            side_prepared = side_prepared.zip(part_prepared).map(|(mut all, part)| {
+            if let (Some(all), Some(part)) = (&mut side_prepared, part_prepared) {
                 all.extend(part);
-                all
-            });
+            }
         }
         prepared.push(side_prepared);
         let mut side = vec![None; schema.fields().len()];

@@ -458,22 +458,20 @@ mod tests {
         // Runs that start at each offset within a line and end anywhere, into a 64-byte
         // aligned room, with guards on both sides that must stay untouched.
         let guard = PairToVerify { y: 7, alpha: 7 };
-        {
-            for start in 0..9 {
-                for n in [0, 1, 5, 8, 9, 16, 23, 40] {
-                    let mut room = vec![guard; 80];
-                    let base = room.as_ptr().align_offset(64);
-                    let want: Vec<PairToVerify> = (0..n as u32).map(pair).collect();
-                    let from = base + start;
-                    // SAFETY: `from + n` lies within the room, which is 8-byte aligned.
-                    let written =
-                        unsafe { write_pairs(room.as_mut_ptr().add(from), want.iter().copied()) };
-                    fence_streaming();
-                    assert_eq!(written, n, "from {start}, {n} pairs");
-                    assert_eq!(&room[from..from + n], &want[..], "from {start}, {n} pairs");
-                    assert!(room[..from].iter().all(|&p| p == guard));
-                    assert!(room[from + n..].iter().all(|&p| p == guard));
-                }
+        for start in 0..9 {
+            for n in [0, 1, 5, 8, 9, 16, 23, 40] {
+                let mut room = vec![guard; 80];
+                let base = room.as_ptr().align_offset(64);
+                let want: Vec<PairToVerify> = (0..n as u32).map(pair).collect();
+                let from = base + start;
+                // SAFETY: `from + n` lies within the room, which is 8-byte aligned.
+                let written =
+                    unsafe { write_pairs(room.as_mut_ptr().add(from), want.iter().copied()) };
+                fence_streaming();
+                assert_eq!(written, n, "from {start}, {n} pairs");
+                assert_eq!(&room[from..from + n], &want[..], "from {start}, {n} pairs");
+                assert!(room[..from].iter().all(|&p| p == guard));
+                assert!(room[from + n..].iter().all(|&p| p == guard));
             }
         }
     }
