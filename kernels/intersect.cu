@@ -32,6 +32,11 @@
 //              the row offsets are the scan of row_cnt. Results come out as Arrow values,
 //              ascending per row.
 //
+//   wmerge     instead of partition and merge, when every list of the call is known strictly
+//              increasing and the host asks for it (KnownOrder::Warp): one warp per piece of
+//              the rows' A lists concatenated, both lists streamed in windows of 32 elements
+//              (coalesced loads, the lookups done by shuffles), no shared memory, no barrier.
+//
 //   row_order  (once per resident column, at upload) which rows are strictly increasing.
 //
 // Elements are 32- or 64-bit words; signed types are compared on the bits with the sign bit
@@ -149,12 +154,16 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
     const u8* bord = (const u8*)ord_ptrs[bj];
     const bool b_known = bord != nullptr && bord[r] != 0;
     if (is_null) { al = 0; bl = 0; }
-    const bool search = ratio > 0 && b_known && bl >= (u64)ratio * al;
+    // Bit 31 of `ratio`: the step runs `wmerge` (every list known increasing), whose pieces cut
+    // A alone; the low bits still mark the rows that search B.
+    const bool warp = (ratio >> 31) != 0;
+    const u32 rr = ratio & 0x7fffffffu;
+    const bool search = rr > 0 && b_known && bl >= (u64)rr * al;
     a_pos[r] = ap;
     a_len[r] = al | (a_known ? LEN_KNOWN : 0);
     b_pos[r] = bp;
     b_len[r] = bl | (b_known ? LEN_KNOWN : 0) | (search ? LEN_SEARCH : 0);
-    const u64 len = (al == 0 || bl == 0) ? 0 : (search ? al : al + bl);
+    const u64 len = (al == 0 || bl == 0) ? 0 : ((search || warp) ? al : al + bl);
     plen[r] = len;
     nz[r] = len > 0 ? 1 : 0;
     row_cnt[r] = 0;
@@ -678,6 +687,199 @@ INSTANTIATE_MERGE(u32, u32, false, MINB32)
 INSTANTIATE_MERGE(i32, u32, true, MINB32)
 INSTANTIATE_MERGE(u64, u64, false, MINB64)
 INSTANTIATE_MERGE(i64, u64, true, MINB64)
+
+// ---------------------------------------------------------------------------------------
+// wmerge: a step over lists all known to be strictly increasing (device-resident columns
+// whose row order was computed at upload), one warp per piece of `wpiece` consecutive positions
+// of the rows' A lists concatenated (plan gives every row with work a path of |A| positions).
+// A piece may hold the end of one row, whole short rows and the start of another. For each of
+// its row segments the warp finds where A's first element would sit in B (a 32-way search),
+// then walks A and B in windows of 32 elements, one element per lane, both loaded coalesced:
+// each A element looks itself up in the B window by a binary search over the lanes (shuffles,
+// no memory), the A elements not above the window's last B element are decided (matched or
+// not), and each side moves past what can no longer match (at least one side by a whole
+// window per round). A row marked LEN_SEARCH (|B| >= ratio |A|) has each lane binary-search
+// its A element in B instead, from the lower bound of the previous window. A piece's matches
+// go to its own slot of `scratch` (the piece's A positions: a step makes at most one match per
+// A element), so no atomic slot is taken; `gather` puts them in place as for tiles. A row
+// whose lists are not both known increasing (a descent in a resident row) is flagged and
+// left to the CPU. Nothing is read twice and no block waits at a barrier.
+// ---------------------------------------------------------------------------------------
+
+#define WBLOCK 256
+// Blocks of WBLOCK threads per multiprocessor wmerge is compiled for (registers: 65536 /
+// (WBLOCK * WMINB) per thread at most).
+#ifndef WMINB
+#define WMINB 6
+#endif
+#define FULL 0xffffffffu
+
+// Lower bound of x (the same in every lane) in keys v[lo, hi): a 32-way search, one load per
+// lane per round.
+template <typename W, bool SIGNED>
+__device__ __forceinline__ u64 warp_lower_bound(const W* v, u64 lo, u64 hi, W x, u32 lane) {
+    while (hi - lo > 32) {
+        const u64 step = (hi - lo + 31) >> 5;
+        const u64 p = lo + (u64)lane * step;
+        const bool lt = p < hi && to_key<W, SIGNED>(v[p]) < x;
+        const u32 c = __popc(__ballot_sync(FULL, lt));
+        const u64 pc = lo + (u64)c * step;
+        if (c < 32 && pc < hi) hi = pc;
+        if (c > 0) lo += (u64)(c - 1) * step + 1;
+    }
+    const u64 p = lo + lane;
+    const bool lt = p < hi && to_key<W, SIGNED>(v[p]) < x;
+    return lo + __popc(__ballot_sync(FULL, lt));
+}
+
+// Matches of A[i0, i1) in B[0, nb) (keys compared, values written), ascending, to dst (null:
+// count only). Returns their number (the same in every lane). A window of B wholly below A's
+// window is jumped over by a 32-way search for A's first element (from B's start for a piece
+// that begins inside a row, found the same way).
+template <typename W, bool SIGNED>
+__device__ __forceinline__ u32 wstream(const W* A, u64 i0, u64 i1, const W* B, u64 nb, W* dst,
+                                       u32 lane) {
+    u64 ai = i0;
+    u64 bj = i0 == 0 ? 0 : warp_lower_bound<W, SIGNED>(B, 0, nb, to_key<W, SIGNED>(A[i0]), lane);
+    u32 m = 0;
+    while (ai < i1 && bj < nb) {
+        const u64 ia = ai + lane, ib = bj + lane;
+        const bool av = ia < i1, bv = ib < nb;
+        const W a = av ? to_key<W, SIGNED>(A[ia]) : (W)0;
+        const W b = bv ? to_key<W, SIGNED>(B[ib]) : (W)0;
+        const u32 na = (i1 - ai < 32) ? (u32)(i1 - ai) : 32u;
+        const u32 nbw = (nb - bj < 32) ? (u32)(nb - bj) : 32u;
+        const W alast = __shfl_sync(FULL, a, na - 1);
+        const W blast = __shfl_sync(FULL, b, nbw - 1);
+        const W afirst = __shfl_sync(FULL, a, 0);
+        const W bfirst = __shfl_sync(FULL, b, 0);
+        if (blast < afirst) {  // B's window lies below every A element: jump to A's first
+            bj = warp_lower_bound<W, SIGNED>(B, bj + nbw, nb, afirst, lane);
+            continue;
+        }
+        if (alast < bfirst) {  // A's window lies below every B element: none matches
+            ai += na;
+            continue;
+        }
+        // c = how many of the window's B elements are below a.
+        u32 c = 0;
+#pragma unroll
+        for (u32 s = 16; s >= 1; s >>= 1) {
+            const W y = __shfl_sync(FULL, b, c + s - 1);
+            if (c + s - 1 < nbw && y < a) c += s;
+        }
+        const W y = __shfl_sync(FULL, b, c);
+        const bool decided = av && a <= blast;
+        const bool hit = decided && c < nbw && y == a;
+        const u32 hm = __ballot_sync(FULL, hit);
+        if (dst != nullptr && hit) dst[m + __popc(hm & ((1u << lane) - 1u))] = to_key<W, SIGNED>(a);
+        m += __popc(hm);
+        ai += __popc(__ballot_sync(FULL, decided));
+        bj += __popc(__ballot_sync(FULL, bv && b <= alast));
+    }
+    return m;
+}
+
+// The same for a row that searches B: each lane's A element binary-searched in B (global
+// memory), from the lower bound of the previous window's last element.
+template <typename W, bool SIGNED>
+__device__ __forceinline__ u32 wsearch(const W* A, u64 i0, u64 i1, const W* B, u64 nb, W* dst,
+                                       u32 lane) {
+    u64 lo = 0;
+    u32 m = 0;
+    for (u64 ai = i0; ai < i1; ai += 32) {
+        const u64 ia = ai + lane;
+        const bool av = ia < i1;
+        const W a = av ? to_key<W, SIGNED>(A[ia]) : (W)0;
+        u64 l = lo, c = av ? nb - lo : 0;
+        while (c > 0) {
+            const u64 h = c >> 1;
+            const bool lt = to_key<W, SIGNED>(B[l + h]) < a;
+            l = lt ? l + h + 1 : l;
+            c = lt ? c - h - 1 : h;
+        }
+        const bool hit = av && l < nb && to_key<W, SIGNED>(B[l]) == a;
+        const u32 hm = __ballot_sync(FULL, hit);
+        if (dst != nullptr && hit) dst[m + __popc(hm & ((1u << lane) - 1u))] = to_key<W, SIGNED>(a);
+        m += __popc(hm);
+        const u32 na = (i1 - ai < 32) ? (u32)(i1 - ai) : 32u;
+        lo = __shfl_sync(FULL, l, na - 1);
+    }
+    return m;
+}
+
+template <typename W, bool SIGNED>
+__device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
+                            const u32* act_row,
+                            const W* a_vals, const W* b_vals, const u64* a_pos,
+                            const u64* a_len, const u64* b_pos, const u64* b_len, u64* row_cnt,
+                            u64* tile_cnt, u64* tile_pos, u64 scratch_cap, u8* flags,
+                            W* scratch, u32* err) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (p >= pieces_max) return;
+    const u64 total = act_start[n];
+    const u64 g0 = p * wpiece;
+    if (g0 >= total) {
+        if (lane == 0) tile_cnt[p] = 0;
+        return;
+    }
+    const u64 g1 = (g0 + wpiece < total) ? g0 + wpiece : total;
+    W* dst = scratch;
+    if (dst != nullptr && g1 > scratch_cap) {
+        if (lane == 0) {
+            atomicExch(err, 1u);
+            tile_cnt[p] = 0;
+        }
+        return;
+    }
+    if (dst != nullptr) dst += g0;
+    // The row of position g0: the last j with act_start[j] <= g0.
+    u32 j = (u32)warp_lower_bound<u64, false>(act_start, 0, (u64)n + 1, g0 + 1, lane) - 1;
+    u64 g = g0;
+    u64 out = 0;
+    while (g < g1) {
+        const u32 r = act_row[j];
+        const u64 st = act_start[j];
+        const u64 en = act_start[j + 1];
+        const u64 i0 = g - st, i1 = (en < g1 ? en : g1) - st;
+        const u64 al = a_len[r], bl = b_len[r];
+        u32 m = 0;
+        if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0) {
+            if (lane == 0) flags[r] = 1;
+        } else {
+            const W* A = a_vals + a_pos[r];
+            const W* B = b_vals + b_pos[r];
+            const u64 nb = bl & LEN_MASK;
+            W* d = dst != nullptr ? dst + out : nullptr;
+            m = (bl & LEN_SEARCH) ? wsearch<W, SIGNED>(A, i0, i1, B, nb, d, lane)
+                                  : wstream<W, SIGNED>(A, i0, i1, B, nb, d, lane);
+        }
+        if (m != 0 && lane == 0) atomicAdd(&row_cnt[r], (u64)m);
+        out += m;
+        g = st + i1;
+        j++;
+    }
+    if (lane == 0) {
+        tile_cnt[p] = out;
+        tile_pos[p] = g0;
+    }
+}
+
+#define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
+    extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
+        u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const u32* act_row,          \
+        const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,                 \
+        const u64* b_pos, const u64* b_len, u64* row_cnt, u64* tile_cnt, u64* tile_pos,       \
+        u64 scratch_cap, u8* flags, W* scratch, u32* err) {                                   \
+        wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, act_row, a_vals, b_vals,     \
+                               a_pos, a_len, b_pos, b_len, row_cnt, tile_cnt, tile_pos,       \
+                               scratch_cap, flags, scratch, err);                             \
+    }
+INSTANTIATE_WMERGE(u32, u32, false)
+INSTANTIATE_WMERGE(i32, u32, true)
+INSTANTIATE_WMERGE(u64, u64, false)
+INSTANTIATE_WMERGE(i64, u64, true)
 
 // ---------------------------------------------------------------------------------------
 // row_order: which rows of a list column are strictly increasing (`sorted`, one byte per row,

@@ -523,10 +523,37 @@ impl Column {
     }
 }
 
+/// The warp kernel's call after a call that ran tiles: the device buffers of per-tile counts
+/// and slots are reused from call to call, and the step must read only what it wrote (a call
+/// with more tiles than the warp call has pieces came first: its counts would otherwise be
+/// gathered as this call's results, or send the gather out of bounds).
+#[test]
+fn warp_call_after_a_tiled_one() {
+    if !gpu_or_skip("warp_call_after_a_tiled_one") {
+        return;
+    }
+    let mut rng = Rng(31);
+    let equal = [
+        Column::from_rows(&order_rows(&mut rng, 20_000, 100.0, 2_000.0, u64::MAX)),
+        Column::from_rows(&order_rows(&mut rng, 20_000, 100.0, 2_000.0, u64::MAX)),
+    ];
+    let short = Column::from_rows(&order_rows(&mut rng, 20_000, 1.0, 8.0, u64::MAX));
+    let long = Column::from_rows(&order_rows(&mut rng, 20_000, 1_000.0, 8_000.0, u64::MAX));
+    let before = gpu::known_order();
+    for _ in 0..2 {
+        gpu::set_known_order(gpu::KnownOrder::Search(4));
+        resident_call(&[&equal[0], &equal[1]], 0, "tiles");
+        gpu::set_known_order(gpu::KnownOrder::Warp(0));
+        resident_call(&[&short, &long], 0, "warp after tiles");
+    }
+    gpu::set_known_order(before);
+}
+
 /// Resident columns carry the order of their rows, found on the device when copied there:
 /// rows known increasing skip the order check, and short rows against long known-increasing
 /// ones search the long row in device memory. Every use of it (ignored, check only, searching
-/// at ratios 1 to 16) gives the staged call's values, counts and flags, with rows that break
+/// at ratios 1 to 16, the warp kernel with and without searching rows) gives the staged
+/// call's values, counts and flags, with rows that break
 /// the order at their first, last or an inner pair, duplicates, skew both ways and k = 3.
 #[test]
 fn engine_uses_known_row_order() {
@@ -544,6 +571,8 @@ fn engine_uses_known_row_order() {
         gpu::KnownOrder::Search(1),
         gpu::KnownOrder::Search(4),
         gpu::KnownOrder::Search(16),
+        gpu::KnownOrder::Warp(0),
+        gpu::KnownOrder::Warp(4),
     ] {
         gpu::set_known_order(mode);
         let what = format!("{mode:?}");
@@ -763,6 +792,10 @@ fn bench_known_order() {
         gpu::KnownOrder::Search(4),
         gpu::KnownOrder::Search(8),
         gpu::KnownOrder::Search(16),
+        gpu::KnownOrder::Warp(0),
+        gpu::KnownOrder::Warp(8),
+        gpu::KnownOrder::Warp(32),
+        gpu::KnownOrder::Warp(128),
     ];
     let before = gpu::known_order();
     for (name, cols) in shapes {

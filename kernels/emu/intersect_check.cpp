@@ -22,6 +22,7 @@ template <> struct K<u32, false> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_u32(a...); }
     template <class... A> static void merge_known(A... a) { merge_known_u32(a...); }
+    template <class... A> static void wmerge(A... a) { wmerge_u32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
     template <class... A> static void order(A... a) { row_order_u32_o32(a...); }
 };
@@ -29,6 +30,7 @@ template <> struct K<u32, true> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u32* av, const u32* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_i32(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_i32(a...); }
     template <class... A> static void merge_known(A... a) { merge_known_i32(a...); }
+    template <class... A> static void wmerge(A... a) { wmerge_i32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
     template <class... A> static void order(A... a) { row_order_i32_o32(a...); }
 };
@@ -36,15 +38,20 @@ template <> struct K<u64, false> {
     static void part(u32 n, u32 t, const u64* as, const u32* ar, const u64* av, const u64* bv, const u64* ap, const u64* al, const u64* bp, const u64* bl, TileDesc* d) { partition_u64(n, t, as, ar, av, bv, ap, al, bp, bl, d); }
     template <class... A> static void merge(A... a) { merge_u64(a...); }
     template <class... A> static void merge_known(A... a) { merge_known_u64(a...); }
+    template <class... A> static void wmerge(A... a) { wmerge_u64(a...); }
     template <class... A> static void gather(A... a) { gather_64(a...); }
     template <class... A> static void order(A... a) { row_order_u64_o32(a...); }
 };
 
 // rows[r][j] = list j of row r (values as W bit patterns); valid[r]. known: which lists get
 // row-order flags (bit j: list j; computed by row_order and checked against the rows), as a
-// resident column has them; ratio: plan's search ratio (0: no row searches B).
+// resident column has them; ratio: plan's search ratio (0: no row searches B); warp: the step
+// runs wmerge, as the host does when every list is known (ratio's bit 31 for plan).
+// wmerge's A positions per warp.
+static u32 g_wpiece = 256;
+
 template <typename W, bool SIGNED>
-int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, bool counts, u32 known, u32 ratio, const char* name) {
+int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, bool counts, u32 known, u32 ratio, const char* name, bool warp = false) {
     u32 n = rows.size();
     u32 k = rows[0].size();
     // input: per list a values section, offsets start at 7 (sliced-like)
@@ -87,10 +94,15 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
     size_t cap = SIZE_MAX, maxb = 0;
     for (u32 j = 0; j < k; j++) { size_t c = offs[j][n] - offs[j][0]; cap = min(cap, c); maxb = max(maxb, c); }
     u64 tiles_max = max<u64>((cap + maxb + TILE - 1) / TILE, 1);
+    const u64 pieces_max = max<u64>((cap + g_wpiece - 1) / g_wpiece, 1);
+    if (warp) tiles_max = pieces_max;
+    const u32 plan_ratio = warp ? (ratio | 0x80000000u) : ratio;
     vector<u32> sel(n), act_row(n);
     vector<u64> a_pos(n), a_len(n), b_pos(n), b_len(n), plen(n), nz(n), act_at(n + 1), act_len(n), act_start(n + 1), row_cnt(n);
     vector<TileDesc> descs(tiles_max);
-    vector<u64> tile_cnt(tiles_max), tile_pos(tiles_max), tile_excl(tiles_max + 1);
+    // Poisoned: every entry the scan and gather read must be written by the step's kernels
+    // (the device reuses these buffers from call to call).
+    vector<u64> tile_cnt(tiles_max, ~0ull), tile_pos(tiles_max, ~0ull), tile_excl(tiles_max + 1);
     vector<W> scratch(cap + 1), res0(cap + 1), res1(cap + 1), outv(cap + 1);
     vector<u64> roff0(n + 1), roff1(n + 1), outoff(n + 1);
     vector<u8> flags(n);
@@ -104,17 +116,21 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         const W* a_vals = step == 1 ? in.data() : res[(step + 1) % 2];
         W* dst = last ? (counts ? nullptr : outv.data()) : res[step % 2];
         W* scr = dst ? scratch.data() : nullptr;
-        launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
+        launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
         scan(nz.data(), n, act_at.data());
         launch((n + 255) / 256, 256, [&] { compact_rows(n, plen.data(), act_at.data(), act_row.data(), act_len.data()); });
         scan(act_len.data(), n, act_start.data());
         scratch_top = 0;
+        if (warp) {
+            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, &err); });
+        } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.
         if (known != 0) {
             launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge_known(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
         } else {
             launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
+        }
         }
         if (dst) {
             scan(tile_cnt.data(), tiles_max, tile_excl.data());
@@ -190,7 +206,7 @@ vector<W> sorted_list(mt19937_64& g, size_t len, u64 lo_gap, u64 hi_gap, W start
 }
 
 template <typename W, bool SIGNED>
-int suite(u64 seed, u32 k, bool counts, u32 known, u32 ratio, const char* name) {
+int suite(u64 seed, u32 k, bool counts, u32 known, u32 ratio, const char* name, bool warp = false) {
     mt19937_64 g(seed);
     vector<vector<vector<W>>> rows;
     vector<bool> valid;
@@ -207,9 +223,13 @@ int suite(u64 seed, u32 k, bool counts, u32 known, u32 ratio, const char* name) 
         int kind = (g() % 10 < 5) ? 0 : (g() % 10 < 6 ? 1 : (g() % 10 < 7 ? 2 : 3));
         vector<vector<W>> row;
         W start = SIGNED ? (W)(0 - (W)(g() % 50)) : (W)(g() % 50);
+        // Some longer rows' lists start far apart (one list's first values below every value
+        // of another: the kernels jump over such stretches).
+        const bool apart = kind >= 2 && g() % 3 == 0;
         for (u32 j = 0; j < k; j++) {
             size_t len = len_of(kind == 3 && j > 0 && g() % 2 ? 2 : kind);
-            row.push_back(sorted_list<W>(g, len, 1, 3, start));
+            const W s = apart ? (W)(start + (W)(g() % 4000)) : start;
+            row.push_back(sorted_list<W>(g, len, 1, 3, s));
         }
         if (g() % 25 == 0) {  // unsorted: swap or duplicate
             auto& l = row[g() % k];
@@ -231,7 +251,7 @@ int suite(u64 seed, u32 k, bool counts, u32 known, u32 ratio, const char* name) 
     shuffle(idx.begin(), idx.end(), g);
     vector<vector<vector<W>>> r2; vector<bool> v2;
     for (size_t i : idx) { r2.push_back(rows[i]); v2.push_back(valid[i]); }
-    return run_case<W, SIGNED>(r2, v2, counts, known, ratio, name);
+    return run_case<W, SIGNED>(r2, v2, counts, known, ratio, name, warp);
 }
 
 int main() {
@@ -250,6 +270,20 @@ int main() {
     bad += suite<u32, true>(10, 2, false, 3, 2, "i32 k2 known, search");
     bad += suite<u64, false>(11, 2, false, 1, 2, "u64 k2 A known");
     bad += suite<u32, false>(12, 4, false, 15, 0, "u32 k4 known, no search");
+    // wmerge: every list known (as the host requires), with and without rows that search.
+    g_wpiece = 32;  // pieces of one window: many pieces per row, rows sharing pieces
+    bad += suite<u32, false>(20, 2, false, 3, 0, "u32 k2 warp, pieces of 32", true);
+    bad += suite<u32, false>(21, 3, false, 7, 0, "u32 k3 warp, pieces of 32", true);
+    g_wpiece = 1000;
+    bad += suite<u32, false>(22, 2, false, 3, 2, "u32 k2 warp, search, pieces of 1000", true);
+    g_wpiece = 256;
+    bad += suite<u32, false>(13, 2, false, 3, 0, "u32 k2 warp", true);
+    bad += suite<u32, false>(14, 2, false, 3, 2, "u32 k2 warp, search", true);
+    bad += suite<u32, false>(15, 2, true, 3, 0, "u32 k2 warp counts", true);
+    bad += suite<u32, false>(16, 3, false, 7, 4, "u32 k3 warp, search", true);
+    bad += suite<u32, true>(17, 2, false, 3, 3, "i32 k2 warp, search", true);
+    bad += suite<u64, false>(18, 2, false, 3, 0, "u64 k2 warp", true);
+    bad += suite<u32, false>(19, 4, false, 15, 0, "u32 k4 warp", true);
     printf(bad ? "FAIL\n" : "OK\n");
     return bad != 0;
 }

@@ -37,6 +37,10 @@ const MERGE_ITEMS: u32 = 8;
 const MERGE_THREADS: u32 = 256;
 /// Threads of a gather block (one warp per tile).
 const GATHER_THREADS: u32 = 256;
+/// Threads of a `wmerge` block (`WBLOCK` in kernels/intersect.cu) and the most A positions
+/// per warp (see `Gpu::wpiece`).
+const WBLOCK: u32 = 256;
+const WPIECE: u32 = 1024;
 /// Elements per block of the scan kernels, and their threads.
 const SCAN_SEG: u64 = 4096;
 const SCAN_THREADS: u32 = 1024;
@@ -136,6 +140,9 @@ struct Kernels {
     /// The same for calls where a list's row order is known (a resident column's flags):
     /// skips the order check of known rows, searches B where plan says so.
     merge_known: [CudaFunction; 4],
+    /// Steps over lists all known increasing ([`super::KnownOrder::Warp`]), by
+    /// [`elem_index`].
+    wmerge: [CudaFunction; 4],
     /// 32-bit and 64-bit elements.
     gather: [CudaFunction; 2],
     /// Row order of a resident column, by [`elem_index`], then 32- / 64-bit offsets.
@@ -387,6 +394,8 @@ pub(super) struct Gpu {
     /// Threads of a merge block; its tile is `merge_threads * merge_items` path positions.
     merge_threads: u32,
     merge_items: u32,
+    /// A positions per `wmerge` warp when set for an experiment (0: [`Gpu::wpiece`] chooses).
+    wpiece: u64,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -484,6 +493,15 @@ fn init() -> Result<Gpu, GpuError> {
     if let Some(b) = env_u32("DFSETS_GPU_MERGE_MINB").filter(|b| (1..=32).contains(b)) {
         defines.push(format!("-DMINB32={b}"));
     }
+    // The same for `wmerge`: A positions per warp (`DFSETS_GPU_WPIECE`, 32 to 65,536; unset:
+    // chosen per launch group, see `wpiece`) and blocks per multiprocessor
+    // (`DFSETS_GPU_WMINB`).
+    let wpiece = env_u32("DFSETS_GPU_WPIECE")
+        .filter(|p| (32..=65_536).contains(p))
+        .unwrap_or(0);
+    if let Some(b) = env_u32("DFSETS_GPU_WMINB").filter(|b| (1..=8).contains(b)) {
+        defines.push(format!("-DWMINB={b}"));
+    }
     // Experiments only: `DFSETS_GPU_INTERSECT_SOURCE` names another intersect.cu (same kernel
     // signatures) to compile instead of the embedded one, so that kernel variants are measured
     // side by side by one binary; `DFSETS_GPU_LINEINFO=1` adds line info for the profiler.
@@ -518,6 +536,12 @@ fn init() -> Result<Gpu, GpuError> {
             f("merge_known_i32")?,
             f("merge_known_u64")?,
             f("merge_known_i64")?,
+        ],
+        wmerge: [
+            f("wmerge_u32")?,
+            f("wmerge_i32")?,
+            f("wmerge_u64")?,
+            f("wmerge_i64")?,
         ],
         gather: [f("gather_32")?, f("gather_64")?],
         row_order: [
@@ -560,6 +584,7 @@ fn init() -> Result<Gpu, GpuError> {
         info,
         merge_threads,
         merge_items,
+        wpiece: u64::from(wpiece),
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -583,6 +608,24 @@ impl Gpu {
     /// Merge-path positions per tile.
     fn tile(&self) -> u64 {
         u64::from(self.merge_threads * self.merge_items)
+    }
+
+    /// A positions per `wmerge` warp for a step whose A lists hold at most `cap` values:
+    /// `WPIECE` (large pieces spread the row lookups and first searches over more work), cut
+    /// by powers of two, down to 64, until the pieces are at least 32 per multiprocessor (a
+    /// batch of short A lists against long B lists has few A positions: large pieces would
+    /// leave the device with too few warps to hide their loads' latency). Measured on an
+    /// H100: kernels/NOTES.md, "wmerge".
+    fn wpiece(&self, cap: u64) -> u64 {
+        if self.wpiece > 0 {
+            return self.wpiece;
+        }
+        let want = u64::from(self.info.multiprocessors) * 32;
+        let mut p = u64::from(WPIECE);
+        while p > 64 && cap / p < want {
+            p /= 2;
+        }
+        p
     }
 
     pub(super) fn mark_broken(&self, why: &GpuError) {
@@ -1299,7 +1342,24 @@ fn run_chunk<T: SetElem>(
     let total_values: usize = counts.iter().sum();
     // Every step's merge path is at most the shortest list's values (A: the row's shortest
     // list, or the previous step's result) plus the longest list's (B).
-    let tiles_max = ((cap + max_b) as u64).div_ceil(g.tile()).max(1);
+    // Every list known increasing and the warp kernel asked for: `wmerge`'s pieces (at most
+    // one per `wpiece` A positions, and A never holds more than `cap` values) replace tiles.
+    let warp = match super::known_order() {
+        super::KnownOrder::Warp(r) => resident
+            .iter()
+            .all(|r| matches!(r, Some((_, _, ord)) if *ord != 0))
+            .then_some(r),
+        _ => None,
+    };
+    let wpiece = g.wpiece(cap as u64);
+    let pieces_max = (cap as u64).div_ceil(wpiece).max(1);
+    let wpiece32 = wpiece as u32;
+    // The tiles' (or pieces') counts and slots: every entry up to `tiles_max` is written by
+    // the step's merge kernel before the scan and `gather` read it (the buffers are reused).
+    let tiles_max = match warp {
+        Some(_) => pieces_max,
+        None => ((cap + max_b) as u64).div_ceil(g.tile()).max(1),
+    };
     // The merge without the known-order code unless a list's row order is known.
     let merge = if resident
         .iter()
@@ -1442,8 +1502,11 @@ fn run_chunk<T: SetElem>(
     let ptrs = d_in + ptrs_at as u64;
     let bases = d_in + bases_at as u64;
     let ords = d_in + ords_at as u64;
-    let ratio: u32 = match super::known_order() {
-        super::KnownOrder::Search(r) => r,
+    // Bit 31 tells plan that the step runs `wmerge` (a path of A alone for every row).
+    let ratio: u32 = match (warp, super::known_order()) {
+        (Some(r), _) => (1 << 31) | r,
+        (None, super::KnownOrder::Search(r)) => r,
+        (None, super::KnownOrder::Warp(_)) => 4,
         _ => 0,
     };
     let (valid_ptr, valid_bit) = match valid {
@@ -1535,49 +1598,92 @@ fn run_chunk<T: SetElem>(
             )?;
             g.scan(ws, act_len, n64, act_start)?;
             result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
-            g.launch(
-                &kern.partition[variant],
-                part_blocks,
-                ROW_THREADS,
-                &mut [
-                    arg(&n32),
-                    arg(&tile32),
-                    arg(&act_start),
-                    arg(&act_row),
-                    arg(&a_vals),
-                    arg(&in_vals),
-                    arg(&a_pos),
-                    arg(&a_len),
-                    arg(&b_pos),
-                    arg(&b_len),
-                    arg(&descs),
-                ],
-            )?;
-            g.launch(
-                merge,
-                merge_blocks,
-                g.merge_threads,
-                &mut [
-                    arg(&n32),
-                    arg(&act_start),
-                    arg(&act_row),
-                    arg(&a_vals),
-                    arg(&in_vals),
-                    arg(&a_pos),
-                    arg(&a_len),
-                    arg(&b_pos),
-                    arg(&b_len),
-                    arg(&descs),
-                    arg(&row_cnt),
-                    arg(&tile_cnt),
-                    arg(&tile_pos),
-                    arg(&scratch_top),
-                    arg(&scratch_cap),
-                    arg(&flags),
-                    arg(&scratch_ptr),
-                    arg(&err),
-                ],
-            )?;
+        }
+        if warp.is_some() {
+            let wblocks =
+                u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
+                    GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
+                })?;
+            // SAFETY: as above; `tile_cnt` / `tile_pos` hold `tiles_max >= pieces_max`
+            // entries, and a piece writes its matches into the scratch at its own A positions
+            // (fewer than `cap`, checked by the kernel).
+            unsafe {
+                g.launch(
+                    &kern.wmerge[variant],
+                    wblocks,
+                    WBLOCK,
+                    &mut [
+                        arg(&n32),
+                        arg(&wpiece32),
+                        arg(&pieces_max),
+                        arg(&act_start),
+                        arg(&act_row),
+                        arg(&a_vals),
+                        arg(&in_vals),
+                        arg(&a_pos),
+                        arg(&a_len),
+                        arg(&b_pos),
+                        arg(&b_len),
+                        arg(&row_cnt),
+                        arg(&tile_cnt),
+                        arg(&tile_pos),
+                        arg(&scratch_cap),
+                        arg(&flags),
+                        arg(&scratch_ptr),
+                        arg(&err),
+                    ],
+                )?;
+            }
+        } else {
+            // SAFETY: as above.
+            unsafe {
+                g.launch(
+                    &kern.partition[variant],
+                    part_blocks,
+                    ROW_THREADS,
+                    &mut [
+                        arg(&n32),
+                        arg(&tile32),
+                        arg(&act_start),
+                        arg(&act_row),
+                        arg(&a_vals),
+                        arg(&in_vals),
+                        arg(&a_pos),
+                        arg(&a_len),
+                        arg(&b_pos),
+                        arg(&b_len),
+                        arg(&descs),
+                    ],
+                )?;
+                g.launch(
+                    merge,
+                    merge_blocks,
+                    g.merge_threads,
+                    &mut [
+                        arg(&n32),
+                        arg(&act_start),
+                        arg(&act_row),
+                        arg(&a_vals),
+                        arg(&in_vals),
+                        arg(&a_pos),
+                        arg(&a_len),
+                        arg(&b_pos),
+                        arg(&b_len),
+                        arg(&descs),
+                        arg(&row_cnt),
+                        arg(&tile_cnt),
+                        arg(&tile_pos),
+                        arg(&scratch_top),
+                        arg(&scratch_cap),
+                        arg(&flags),
+                        arg(&scratch_ptr),
+                        arg(&err),
+                    ],
+                )?;
+            }
+        }
+        // SAFETY: as above.
+        unsafe {
             if dst_vals != 0 {
                 g.scan(ws, tile_cnt, tiles_max, tile_excl)?;
                 g.launch(

@@ -87,7 +87,9 @@ pub fn stage_piece() -> usize {
 /// the device): `u32::MAX` unset; 0 ignores it (every element is order-checked, as for staged
 /// lists); otherwise rows known increasing skip the check, and a row whose B is known
 /// increasing and at least this many times longer than A searches B in device memory instead
-/// of reading it. Unset: `DFSETS_GPU_SEARCH_RATIO`, else 4 (kernels/NOTES.md, "Known order").
+/// of reading it; with bit 31 set, a call whose lists are all known runs `wmerge`
+/// ([`KnownOrder::Warp`]). Unset: `DFSETS_GPU_SEARCH_RATIO`, else `Warp(0)` (kernels/NOTES.md,
+/// "Known order" and "wmerge").
 static SEARCH_RATIO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
 
 /// What the GPU intersection does with known row order (see [`known_order`]).
@@ -99,37 +101,64 @@ pub enum KnownOrder {
     CheckOnly,
     /// Skip the check, and search B when `|B| >= ratio * |A|` (ratio >= 1).
     Search(u32),
+    /// When every list of a call is known increasing, run the step as `wmerge` (a warp per
+    /// piece of A, both lists streamed in windows of 32), searching B where `|B| >= ratio *
+    /// |A|` (0: never); otherwise as `Search(4)`.
+    Warp(u32),
 }
+
+/// [`KnownOrder::Warp`]'s encoding in `SEARCH_RATIO`: this bit, and the ratio below it.
+const WARP_BIT: u32 = 1 << 31;
+/// The largest ratio either mode keeps: `WARP_BIT | MAX_RATIO` stays below the markers
+/// `u32::MAX - 1` (`CheckOnly`) and `u32::MAX` (unset).
+const MAX_RATIO: u32 = WARP_BIT - 3;
 
 /// Sets the use of known row order for later calls of the process (benchmarks and tests).
 pub fn set_known_order(k: KnownOrder) {
-    let v = match k {
-        KnownOrder::Ignore => 0,
-        KnownOrder::CheckOnly => u32::MAX - 1,
-        KnownOrder::Search(r) => r.clamp(1, u32::MAX - 2),
-    };
-    SEARCH_RATIO.store(v, std::sync::atomic::Ordering::Relaxed);
+    SEARCH_RATIO.store(encode_known_order(k), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The use of known row order (`DFSETS_GPU_SEARCH_RATIO`: 0 ignore, `off` check only, N search
-/// at ratio N; default: search at 4).
+/// at ratio N, `warp` or `warpN` the warp kernel (searching at ratio N); default: `warp`).
 pub fn known_order() -> KnownOrder {
     let mut v = SEARCH_RATIO.load(std::sync::atomic::Ordering::Relaxed);
     if v == u32::MAX {
-        v = match std::env::var("DFSETS_GPU_SEARCH_RATIO")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
-            Some("off") => u32::MAX - 1,
-            Some(s) => s.parse::<u32>().map_or(4, |r| r.min(u32::MAX - 2)),
-            None => 4,
-        };
+        let env = std::env::var("DFSETS_GPU_SEARCH_RATIO").ok();
+        v = encode_known_order(parse_known_order(env.as_deref()));
         SEARCH_RATIO.store(v, std::sync::atomic::Ordering::Relaxed);
     }
+    decode_known_order(v)
+}
+
+/// `DFSETS_GPU_SEARCH_RATIO`'s value as a mode (unset or unreadable: `Warp(0)`).
+fn parse_known_order(v: Option<&str>) -> KnownOrder {
+    match v.map(str::trim) {
+        Some("off") => KnownOrder::CheckOnly,
+        Some("0") => KnownOrder::Ignore,
+        Some(s) if s.starts_with("warp") => KnownOrder::Warp(s[4..].parse::<u32>().unwrap_or(0)),
+        Some(s) => s
+            .parse::<u32>()
+            .map_or(KnownOrder::Warp(0), KnownOrder::Search),
+        None => KnownOrder::Warp(0),
+    }
+}
+
+/// A mode as `SEARCH_RATIO` keeps it (ratios clamped to `1..=MAX_RATIO` for `Search`,
+/// `0..=MAX_RATIO` for `Warp`).
+fn encode_known_order(k: KnownOrder) -> u32 {
+    match k {
+        KnownOrder::Ignore => 0,
+        KnownOrder::CheckOnly => u32::MAX - 1,
+        KnownOrder::Search(r) => r.clamp(1, MAX_RATIO),
+        KnownOrder::Warp(r) => WARP_BIT | r.min(MAX_RATIO),
+    }
+}
+
+fn decode_known_order(v: u32) -> KnownOrder {
     match v {
         0 => KnownOrder::Ignore,
         v if v == u32::MAX - 1 => KnownOrder::CheckOnly,
+        v if v & WARP_BIT != 0 => KnownOrder::Warp(v & !WARP_BIT),
         r => KnownOrder::Search(r),
     }
 }
@@ -519,6 +548,48 @@ pub struct Ceilings {
 #[cfg(test)]
 mod tests {
     use super::Bm25Batch;
+
+    /// `DFSETS_GPU_SEARCH_RATIO` and `set_known_order`: every mode survives its encoding
+    /// (the warp bit never read as a search ratio, nor a large ratio as the warp bit or a
+    /// marker), and the environment's spellings mean what the docs say.
+    #[test]
+    fn known_order_modes_round_trip() {
+        use super::{
+            KnownOrder::*, MAX_RATIO, decode_known_order, encode_known_order, parse_known_order,
+        };
+        for k in [
+            Ignore,
+            CheckOnly,
+            Search(1),
+            Search(4),
+            Search(MAX_RATIO),
+            Warp(0),
+            Warp(8),
+            Warp(MAX_RATIO),
+        ] {
+            assert_eq!(decode_known_order(encode_known_order(k)), k);
+        }
+        assert_eq!(decode_known_order(encode_known_order(Search(0))), Search(1));
+        assert_eq!(
+            decode_known_order(encode_known_order(Search(u32::MAX))),
+            Search(MAX_RATIO)
+        );
+        assert_eq!(
+            decode_known_order(encode_known_order(Warp(u32::MAX))),
+            Warp(MAX_RATIO)
+        );
+        for (env, k) in [
+            (None, Warp(0)),
+            (Some("warp"), Warp(0)),
+            (Some(" warp16 "), Warp(16)),
+            (Some("4"), Search(4)),
+            (Some("0"), Ignore),
+            (Some("off"), CheckOnly),
+            (Some("nonsense"), Warp(0)),
+        ] {
+            assert_eq!(parse_known_order(env), k, "{env:?}");
+        }
+    }
     use crate::search::rank::QueryTerms;
     use crate::search::topk::Mode;
 
