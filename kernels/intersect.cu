@@ -155,10 +155,10 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
     const bool b_known = bord != nullptr && bord[r] != 0;
     if (is_null) { al = 0; bl = 0; }
     // Bit 31 of `ratio`: the step runs `wmerge` (every list known increasing), whose pieces cut
-    // A alone; the low bits still mark the rows that search B.
+    // A alone; no row searches B there.
     const bool warp = (ratio >> 31) != 0;
     const u32 rr = ratio & 0x7fffffffu;
-    const bool search = rr > 0 && b_known && bl >= (u64)rr * al;
+    const bool search = !warp && rr > 0 && b_known && bl >= (u64)rr * al;
     a_pos[r] = ap;
     a_len[r] = al | (a_known ? LEN_KNOWN : 0);
     b_pos[r] = bp;
@@ -736,14 +736,15 @@ __device__ __forceinline__ u64 warp_lower_bound(const W* v, u64 lo, u64 hi, W x,
 // count only). Returns their number (the same in every lane). A window of B wholly below A's
 // window is jumped over by a 32-way search for A's first element (from B's start for a piece
 // that begins inside a row, found the same way).
+// Positions are 32-bit (wmerge leaves rows with longer lists to the CPU).
 template <typename W, bool SIGNED>
-__device__ __forceinline__ u32 wstream(const W* A, u64 i0, u64 i1, const W* B, u64 nb, W* dst,
+__device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u32 nb, W* dst,
                                        u32 lane) {
-    u64 ai = i0;
-    u64 bj = i0 == 0 ? 0 : warp_lower_bound<W, SIGNED>(B, 0, nb, to_key<W, SIGNED>(A[i0]), lane);
+    u32 ai = i0;
+    u32 bj = i0 == 0 ? 0 : (u32)warp_lower_bound<W, SIGNED>(B, 0, nb, to_key<W, SIGNED>(A[i0]), lane);
     u32 m = 0;
     while (ai < i1 && bj < nb) {
-        const u64 ia = ai + lane, ib = bj + lane;
+        const u32 ia = ai + lane, ib = bj + lane;
         const bool av = ia < i1, bv = ib < nb;
         const W a = av ? to_key<W, SIGNED>(A[ia]) : (W)0;
         const W b = bv ? to_key<W, SIGNED>(B[ib]) : (W)0;
@@ -754,7 +755,7 @@ __device__ __forceinline__ u32 wstream(const W* A, u64 i0, u64 i1, const W* B, u
         const W afirst = __shfl_sync(FULL, a, 0);
         const W bfirst = __shfl_sync(FULL, b, 0);
         if (blast < afirst) {  // B's window lies below every A element: jump to A's first
-            bj = warp_lower_bound<W, SIGNED>(B, bj + nbw, nb, afirst, lane);
+            bj = (u32)warp_lower_bound<W, SIGNED>(B, bj + nbw, nb, afirst, lane);
             continue;
         }
         if (alast < bfirst) {  // A's window lies below every B element: none matches
@@ -776,34 +777,6 @@ __device__ __forceinline__ u32 wstream(const W* A, u64 i0, u64 i1, const W* B, u
         m += __popc(hm);
         ai += __popc(__ballot_sync(FULL, decided));
         bj += __popc(__ballot_sync(FULL, bv && b <= alast));
-    }
-    return m;
-}
-
-// The same for a row that searches B: each lane's A element binary-searched in B (global
-// memory), from the lower bound of the previous window's last element.
-template <typename W, bool SIGNED>
-__device__ __forceinline__ u32 wsearch(const W* A, u64 i0, u64 i1, const W* B, u64 nb, W* dst,
-                                       u32 lane) {
-    u64 lo = 0;
-    u32 m = 0;
-    for (u64 ai = i0; ai < i1; ai += 32) {
-        const u64 ia = ai + lane;
-        const bool av = ia < i1;
-        const W a = av ? to_key<W, SIGNED>(A[ia]) : (W)0;
-        u64 l = lo, c = av ? nb - lo : 0;
-        while (c > 0) {
-            const u64 h = c >> 1;
-            const bool lt = to_key<W, SIGNED>(B[l + h]) < a;
-            l = lt ? l + h + 1 : l;
-            c = lt ? c - h - 1 : h;
-        }
-        const bool hit = av && l < nb && to_key<W, SIGNED>(B[l]) == a;
-        const u32 hm = __ballot_sync(FULL, hit);
-        if (dst != nullptr && hit) dst[m + __popc(hm & ((1u << lane) - 1u))] = to_key<W, SIGNED>(a);
-        m += __popc(hm);
-        const u32 na = (i1 - ai < 32) ? (u32)(i1 - ai) : 32u;
-        lo = __shfl_sync(FULL, l, na - 1);
     }
     return m;
 }
@@ -845,15 +818,16 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         const u64 i0 = g - st, i1 = (en < g1 ? en : g1) - st;
         const u64 al = a_len[r], bl = b_len[r];
         u32 m = 0;
-        if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0) {
+        // A row not known increasing, or with nearly 2^32 elements or more in a list (32-bit
+        // positions keep the loop in 40 registers), is left to the CPU.
+        if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0 || ((al | bl) & LEN_MASK) > 0xffffff00ull) {
             if (lane == 0) flags[r] = 1;
         } else {
             const W* A = a_vals + a_pos[r];
             const W* B = b_vals + b_pos[r];
             const u64 nb = bl & LEN_MASK;
             W* d = dst != nullptr ? dst + out : nullptr;
-            m = (bl & LEN_SEARCH) ? wsearch<W, SIGNED>(A, i0, i1, B, nb, d, lane)
-                                  : wstream<W, SIGNED>(A, i0, i1, B, nb, d, lane);
+            m = wstream<W, SIGNED>(A, (u32)i0, (u32)i1, B, (u32)nb, d, lane);
         }
         if (m != 0 && lane == 0) atomicAdd(&row_cnt[r], (u64)m);
         out += m;

@@ -543,7 +543,7 @@ fn warp_call_after_a_tiled_one() {
     for _ in 0..2 {
         gpu::set_known_order(gpu::KnownOrder::Search(4));
         resident_call(&[&equal[0], &equal[1]], 0, "tiles");
-        gpu::set_known_order(gpu::KnownOrder::Warp(0));
+        gpu::set_known_order(gpu::KnownOrder::Warp);
         resident_call(&[&short, &long], 0, "warp after tiles");
     }
     gpu::set_known_order(before);
@@ -552,8 +552,8 @@ fn warp_call_after_a_tiled_one() {
 /// Resident columns carry the order of their rows, found on the device when copied there:
 /// rows known increasing skip the order check, and short rows against long known-increasing
 /// ones search the long row in device memory. Every use of it (ignored, check only, searching
-/// at ratios 1 to 16, the warp kernel with and without searching rows) gives the staged
-/// call's values, counts and flags, with rows that break
+/// at ratios 1 to 16, the warp kernel) gives the staged call's values, counts and flags, with
+/// rows that break
 /// the order at their first, last or an inner pair, duplicates, skew both ways and k = 3.
 #[test]
 fn engine_uses_known_row_order() {
@@ -571,8 +571,7 @@ fn engine_uses_known_row_order() {
         gpu::KnownOrder::Search(1),
         gpu::KnownOrder::Search(4),
         gpu::KnownOrder::Search(16),
-        gpu::KnownOrder::Warp(0),
-        gpu::KnownOrder::Warp(4),
+        gpu::KnownOrder::Warp,
     ] {
         gpu::set_known_order(mode);
         let what = format!("{mode:?}");
@@ -792,10 +791,7 @@ fn bench_known_order() {
         gpu::KnownOrder::Search(4),
         gpu::KnownOrder::Search(8),
         gpu::KnownOrder::Search(16),
-        gpu::KnownOrder::Warp(0),
-        gpu::KnownOrder::Warp(8),
-        gpu::KnownOrder::Warp(32),
-        gpu::KnownOrder::Warp(128),
+        gpu::KnownOrder::Warp,
     ];
     let before = gpu::known_order();
     for (name, cols) in shapes {

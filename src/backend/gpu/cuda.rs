@@ -1344,21 +1344,19 @@ fn run_chunk<T: SetElem>(
     // list, or the previous step's result) plus the longest list's (B).
     // Every list known increasing and the warp kernel asked for: `wmerge`'s pieces (at most
     // one per `wpiece` A positions, and A never holds more than `cap` values) replace tiles.
-    let warp = match super::known_order() {
-        super::KnownOrder::Warp(r) => resident
+    let warp = super::known_order() == super::KnownOrder::Warp
+        && resident
             .iter()
-            .all(|r| matches!(r, Some((_, _, ord)) if *ord != 0))
-            .then_some(r),
-        _ => None,
-    };
+            .all(|r| matches!(r, Some((_, _, ord)) if *ord != 0));
     let wpiece = g.wpiece(cap as u64);
     let pieces_max = (cap as u64).div_ceil(wpiece).max(1);
     let wpiece32 = wpiece as u32;
     // The tiles' (or pieces') counts and slots: every entry up to `tiles_max` is written by
     // the step's merge kernel before the scan and `gather` read it (the buffers are reused).
-    let tiles_max = match warp {
-        Some(_) => pieces_max,
-        None => ((cap + max_b) as u64).div_ceil(g.tile()).max(1),
+    let tiles_max = if warp {
+        pieces_max
+    } else {
+        ((cap + max_b) as u64).div_ceil(g.tile()).max(1)
     };
     // The merge without the known-order code unless a list's row order is known.
     let merge = if resident
@@ -1504,9 +1502,9 @@ fn run_chunk<T: SetElem>(
     let ords = d_in + ords_at as u64;
     // Bit 31 tells plan that the step runs `wmerge` (a path of A alone for every row).
     let ratio: u32 = match (warp, super::known_order()) {
-        (Some(r), _) => (1 << 31) | r,
-        (None, super::KnownOrder::Search(r)) => r,
-        (None, super::KnownOrder::Warp(_)) => 4,
+        (true, _) => 1 << 31,
+        (false, super::KnownOrder::Search(r)) => r,
+        (false, super::KnownOrder::Warp) => 4,
         _ => 0,
     };
     let (valid_ptr, valid_bit) = match valid {
@@ -1599,7 +1597,7 @@ fn run_chunk<T: SetElem>(
             g.scan(ws, act_len, n64, act_start)?;
             result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
         }
-        if warp.is_some() {
+        if warp {
             let wblocks =
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))

@@ -87,9 +87,9 @@ pub fn stage_piece() -> usize {
 /// the device): `u32::MAX` unset; 0 ignores it (every element is order-checked, as for staged
 /// lists); otherwise rows known increasing skip the check, and a row whose B is known
 /// increasing and at least this many times longer than A searches B in device memory instead
-/// of reading it; with bit 31 set, a call whose lists are all known runs `wmerge`
-/// ([`KnownOrder::Warp`]). Unset: `DFSETS_GPU_SEARCH_RATIO`, else `Warp(0)` (kernels/NOTES.md,
-/// "Known order" and "wmerge").
+/// of reading it; `WARP`: a call whose lists are all known runs `wmerge` ([`KnownOrder::Warp`]).
+/// Unset: `DFSETS_GPU_SEARCH_RATIO`, else `Warp` (kernels/NOTES.md, "Known order" and
+/// "wmerge").
 static SEARCH_RATIO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
 
 /// What the GPU intersection does with known row order (see [`known_order`]).
@@ -102,16 +102,14 @@ pub enum KnownOrder {
     /// Skip the check, and search B when `|B| >= ratio * |A|` (ratio >= 1).
     Search(u32),
     /// When every list of a call is known increasing, run the step as `wmerge` (a warp per
-    /// piece of A, both lists streamed in windows of 32), searching B where `|B| >= ratio *
-    /// |A|` (0: never); otherwise as `Search(4)`.
-    Warp(u32),
+    /// piece of A, both lists streamed in windows of 32); otherwise as `Search(4)`.
+    Warp,
 }
 
-/// [`KnownOrder::Warp`]'s encoding in `SEARCH_RATIO`: this bit, and the ratio below it.
-const WARP_BIT: u32 = 1 << 31;
-/// The largest ratio either mode keeps: `WARP_BIT | MAX_RATIO` stays below the markers
-/// `u32::MAX - 1` (`CheckOnly`) and `u32::MAX` (unset).
-const MAX_RATIO: u32 = WARP_BIT - 3;
+/// [`KnownOrder::Warp`]'s encoding in `SEARCH_RATIO`.
+const WARP: u32 = 1 << 31;
+/// The largest search ratio kept (below `WARP`).
+const MAX_RATIO: u32 = WARP - 1;
 
 /// Sets the use of known row order for later calls of the process (benchmarks and tests).
 pub fn set_known_order(k: KnownOrder) {
@@ -119,7 +117,7 @@ pub fn set_known_order(k: KnownOrder) {
 }
 
 /// The use of known row order (`DFSETS_GPU_SEARCH_RATIO`: 0 ignore, `off` check only, N search
-/// at ratio N, `warp` or `warpN` the warp kernel (searching at ratio N); default: `warp`).
+/// at ratio N, `warp` the warp kernel; default: `warp`).
 pub fn known_order() -> KnownOrder {
     let mut v = SEARCH_RATIO.load(std::sync::atomic::Ordering::Relaxed);
     if v == u32::MAX {
@@ -130,27 +128,25 @@ pub fn known_order() -> KnownOrder {
     decode_known_order(v)
 }
 
-/// `DFSETS_GPU_SEARCH_RATIO`'s value as a mode (unset or unreadable: `Warp(0)`).
+/// `DFSETS_GPU_SEARCH_RATIO`'s value as a mode (unset or unreadable: `Warp`).
 fn parse_known_order(v: Option<&str>) -> KnownOrder {
     match v.map(str::trim) {
         Some("off") => KnownOrder::CheckOnly,
         Some("0") => KnownOrder::Ignore,
-        Some(s) if s.starts_with("warp") => KnownOrder::Warp(s[4..].parse::<u32>().unwrap_or(0)),
         Some(s) => s
             .parse::<u32>()
-            .map_or(KnownOrder::Warp(0), KnownOrder::Search),
-        None => KnownOrder::Warp(0),
+            .map_or(KnownOrder::Warp, KnownOrder::Search),
+        None => KnownOrder::Warp,
     }
 }
 
-/// A mode as `SEARCH_RATIO` keeps it (ratios clamped to `1..=MAX_RATIO` for `Search`,
-/// `0..=MAX_RATIO` for `Warp`).
+/// A mode as `SEARCH_RATIO` keeps it (a search ratio clamped to `1..=MAX_RATIO`).
 fn encode_known_order(k: KnownOrder) -> u32 {
     match k {
         KnownOrder::Ignore => 0,
         KnownOrder::CheckOnly => u32::MAX - 1,
         KnownOrder::Search(r) => r.clamp(1, MAX_RATIO),
-        KnownOrder::Warp(r) => WARP_BIT | r.min(MAX_RATIO),
+        KnownOrder::Warp => WARP,
     }
 }
 
@@ -158,7 +154,7 @@ fn decode_known_order(v: u32) -> KnownOrder {
     match v {
         0 => KnownOrder::Ignore,
         v if v == u32::MAX - 1 => KnownOrder::CheckOnly,
-        v if v & WARP_BIT != 0 => KnownOrder::Warp(v & !WARP_BIT),
+        WARP => KnownOrder::Warp,
         r => KnownOrder::Search(r),
     }
 }
@@ -550,8 +546,8 @@ mod tests {
     use super::Bm25Batch;
 
     /// `DFSETS_GPU_SEARCH_RATIO` and `set_known_order`: every mode survives its encoding
-    /// (the warp bit never read as a search ratio, nor a large ratio as the warp bit or a
-    /// marker), and the environment's spellings mean what the docs say.
+    /// (no search ratio read as the warp mode or a marker), and the environment's spellings
+    /// mean what the docs say.
     #[test]
     fn known_order_modes_round_trip() {
         use super::{
@@ -563,9 +559,7 @@ mod tests {
             Search(1),
             Search(4),
             Search(MAX_RATIO),
-            Warp(0),
-            Warp(8),
-            Warp(MAX_RATIO),
+            Warp,
         ] {
             assert_eq!(decode_known_order(encode_known_order(k)), k);
         }
@@ -574,18 +568,13 @@ mod tests {
             decode_known_order(encode_known_order(Search(u32::MAX))),
             Search(MAX_RATIO)
         );
-        assert_eq!(
-            decode_known_order(encode_known_order(Warp(u32::MAX))),
-            Warp(MAX_RATIO)
-        );
         for (env, k) in [
-            (None, Warp(0)),
-            (Some("warp"), Warp(0)),
-            (Some(" warp16 "), Warp(16)),
-            (Some("4"), Search(4)),
+            (None, Warp),
+            (Some("warp"), Warp),
+            (Some(" 4 "), Search(4)),
             (Some("0"), Ignore),
             (Some("off"), CheckOnly),
-            (Some("nonsense"), Warp(0)),
+            (Some("nonsense"), Warp),
         ] {
             assert_eq!(parse_known_order(env), k, "{env:?}");
         }
