@@ -693,17 +693,18 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // whose row order was computed at upload), one warp per piece of `wpiece` consecutive positions
 // of the rows' A lists concatenated (plan gives every row with work a path of |A| positions).
 // A piece may hold the end of one row, whole short rows and the start of another. For each of
-// its row segments the warp finds where A's first element would sit in B (a 32-way search),
-// then walks A and B in windows of 32 elements, one element per lane, both loaded coalesced:
+// its row segments (a segment starting inside a row first finds where its first A element
+// would sit in B, by a 32-way search) the warp walks A and B in windows of 32 elements, one
+// element per lane, both loaded coalesced:
 // each A element looks itself up in the B window by a binary search over the lanes (shuffles,
 // no memory), the A elements not above the window's last B element are decided (matched or
 // not), and each side moves past what can no longer match (at least one side by a whole
-// window per round). A row marked LEN_SEARCH (|B| >= ratio |A|) has each lane binary-search
-// its A element in B instead, from the lower bound of the previous window. A piece's matches
+// window per round); a B window wholly below A's is jumped over by a search. A piece's matches
 // go to its own slot of `scratch` (the piece's A positions: a step makes at most one match per
 // A element), so no atomic slot is taken; `gather` puts them in place as for tiles. A row
 // whose lists are not both known increasing (a descent in a resident row) is flagged and
-// left to the CPU. Nothing is read twice and no block waits at a barrier.
+// left to the CPU. Each value comes from DRAM once (a window's unconsumed part is read again
+// from the caches), and no block waits at a barrier.
 // ---------------------------------------------------------------------------------------
 
 #define WBLOCK 256
