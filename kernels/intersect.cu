@@ -691,7 +691,9 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // ---------------------------------------------------------------------------------------
 // wmerge: a step over lists all known to be strictly increasing (device-resident columns
 // whose row order was computed at upload), one warp per piece of `wpiece` consecutive positions
-// of the rows' A lists concatenated (plan gives every row with work a path of |A| positions).
+// of the rows' A lists concatenated (plan gives every row with work a path of |A| positions;
+// the host does not compact the rows first: `act_row` null, `act_start` the scan over every
+// row, a row without work an empty range that the walk steps over).
 // A piece may hold the end of one row, whole short rows and the start of another. For each of
 // its row segments (a segment starting inside a row first finds where its first A element
 // would sit in B, by a 32-way search) the warp walks A and B in windows of 32 elements, one
@@ -748,7 +750,9 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
         const u32 ia = ai + lane, ib = bj + lane;
         const bool av = ia < i1, bv = ib < nb;
         const W a = av ? to_key<W, SIGNED>(A[ia]) : (W)0;
-        const W b = bv ? to_key<W, SIGNED>(B[ib]) : (W)0;
+        // Lanes past B's end hold the largest key: the search below needs no bound check
+        // (a match at such a lane is ruled out by c < nbw).
+        const W b = bv ? to_key<W, SIGNED>(B[ib]) : (W)~(W)0;
         const u32 na = (i1 - ai < 32) ? (u32)(i1 - ai) : 32u;
         const u32 nbw = (nb - bj < 32) ? (u32)(nb - bj) : 32u;
         const W alast = __shfl_sync(FULL, a, na - 1);
@@ -768,7 +772,7 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
 #pragma unroll
         for (u32 s = 16; s >= 1; s >>= 1) {
             const W y = __shfl_sync(FULL, b, c + s - 1);
-            if (c + s - 1 < nbw && y < a) c += s;
+            if (y < a) c += s;
         }
         const W y = __shfl_sync(FULL, b, c);
         const bool decided = av && a <= blast;
@@ -813,9 +817,13 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
     u64 g = g0;
     u64 out = 0;
     while (g < g1) {
-        const u32 r = act_row[j];
         const u64 st = act_start[j];
         const u64 en = act_start[j + 1];
+        if (en == st) {  // a row without work (act_row null: every row has a start)
+            j++;
+            continue;
+        }
+        const u32 r = act_row != nullptr ? act_row[j] : j;
         const u64 i0 = g - st, i1 = (en < g1 ? en : g1) - st;
         const u64 al = a_len[r], bl = b_len[r];
         u32 m = 0;

@@ -803,6 +803,7 @@ fn bench_known_order() {
         );
         let input: u64 = first.timings.input_values;
         let mut kernel = vec![Vec::new(); modes.len()];
+        let mut merge = vec![Vec::new(); modes.len()];
         let mut reference: Option<gpu::GpuOutput<u32>> = None;
         for _ in 0..7 {
             for (i, &m) in modes.iter().enumerate() {
@@ -819,6 +820,7 @@ fn bench_known_order() {
                     }
                 }
                 kernel[i].push(o.timings.kernel_ms);
+                merge[i].push(o.timings.merge_ms);
             }
         }
         let results = reference
@@ -827,15 +829,19 @@ fn bench_known_order() {
         let bytes = (input + results) as f64 * 4.0;
         let cells: Vec<String> = modes
             .iter()
-            .zip(kernel)
-            .map(|(m, v)| {
+            .zip(kernel.into_iter().zip(merge))
+            .map(|(m, (v, w))| {
                 let ms = median(v);
                 let gbps = bytes / (ms * 1e-3) / 1e9;
-                format!("{m:?} {ms:.3} ms ({:.0}%)", 100.0 * gbps / ceil.d2d_gbps)
+                format!(
+                    "{m:?} {ms:.3} ms ({:.0}%; merge {:.3})",
+                    100.0 * gbps / ceil.d2d_gbps,
+                    median(w)
+                )
             })
             .collect();
         let line = format!(
-            "{name:10}: {input} input values, {results} results; resident kernels (input + results bytes against the D2D copy {:.0} GB/s): {}",
+            "{name:10}: {input} input values, {results} results; resident kernels (input + results bytes against the D2D copy {:.0} GB/s; the merge kernels alone): {}",
             ceil.d2d_gbps,
             cells.join(", ")
         );

@@ -117,12 +117,17 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         W* dst = last ? (counts ? nullptr : outv.data()) : res[step % 2];
         W* scr = dst ? scratch.data() : nullptr;
         launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
-        scan(nz.data(), n, act_at.data());
-        launch((n + 255) / 256, 256, [&] { compact_rows(n, plen.data(), act_at.data(), act_row.data(), act_len.data()); });
-        scan(act_len.data(), n, act_start.data());
+        // As the host: the warp step's rows are all rows (no compaction; act_row null).
+        if (warp) {
+            scan(plen.data(), n, act_start.data());
+        } else {
+            scan(nz.data(), n, act_at.data());
+            launch((n + 255) / 256, 256, [&] { compact_rows(n, plen.data(), act_at.data(), act_row.data(), act_len.data()); });
+            scan(act_len.data(), n, act_start.data());
+        }
         scratch_top = 0;
         if (warp) {
-            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, &err); });
+            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), (const u32*)nullptr, a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, &err); });
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.
@@ -154,6 +159,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         bool looked = valid[r] && !any_empty;
         if (!looked) {
             if (outoff[r + 1] != outoff[r]) { printf("%s row %u: not looked at but %llu results\n", name, r, outoff[r + 1] - outoff[r]); bad++; }
+            if (flags[r]) { printf("%s row %u: not looked at but flagged\n", name, r); bad++; }
             continue;
         }
         if (!sorted) {

@@ -1525,6 +1525,8 @@ fn run_chunk<T: SetElem>(
     let merge_blocks = u32::try_from(tiles_max)
         .map_err(|_| GpuError::Unsupported(format!("{tiles_max} tiles in one launch group")))?;
     let gather_blocks = (tiles_max * 32).div_ceil(u64::from(GATHER_THREADS)) as u32;
+    let no_rows = 0u64; // `wmerge`'s act_row: none (every row has a start)
+    let mut merge_marks = Vec::with_capacity(k - 1);
     for step in 1..k as u32 {
         let last = step as usize == k - 1;
         let prev_off = roff[(step as usize + 1) % 2];
@@ -1581,22 +1583,32 @@ fn run_chunk<T: SetElem>(
                     arg(&row_cnt),
                 ],
             )?;
-            g.scan(ws, nz, n64, act_at)?;
-            g.launch(
-                &kern.compact_rows,
-                row_blocks,
-                ROW_THREADS,
-                &mut [
-                    arg(&n32),
-                    arg(&plen),
-                    arg(&act_at),
-                    arg(&act_row),
-                    arg(&act_len),
-                ],
-            )?;
-            g.scan(ws, act_len, n64, act_start)?;
+            if warp {
+                // `wmerge` finds a piece's row among all rows' starts (rows without work have
+                // none), so the rows are not compacted first.
+                g.scan(ws, plen, n64, act_start)?;
+            } else {
+                g.scan(ws, nz, n64, act_at)?;
+                g.launch(
+                    &kern.compact_rows,
+                    row_blocks,
+                    ROW_THREADS,
+                    &mut [
+                        arg(&n32),
+                        arg(&plen),
+                        arg(&act_at),
+                        arg(&act_row),
+                        arg(&act_len),
+                    ],
+                )?;
+                g.scan(ws, act_len, n64, act_start)?;
+            }
             result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
         }
+        // The step's merge kernels alone (partition and merge, or `wmerge`), for the
+        // benchmarks' breakdown.
+        let (m0, m1) = (g.event()?, g.event()?);
+        g.record(&m0)?;
         if warp {
             let wblocks =
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
@@ -1615,7 +1627,7 @@ fn run_chunk<T: SetElem>(
                         arg(&wpiece32),
                         arg(&pieces_max),
                         arg(&act_start),
-                        arg(&act_row),
+                        arg(&no_rows),
                         arg(&a_vals),
                         arg(&in_vals),
                         arg(&a_pos),
@@ -1680,6 +1692,8 @@ fn run_chunk<T: SetElem>(
                 )?;
             }
         }
+        g.record(&m1)?;
+        merge_marks.push((m0, m1));
         // SAFETY: as above.
         unsafe {
             if dst_vals != 0 {
@@ -1813,6 +1827,9 @@ fn run_chunk<T: SetElem>(
     t.stage_ms += stage_ms;
     t.h2d_ms += ms(&e0, &e1)?;
     t.kernel_ms += ms(&e1, &e2)?;
+    for (a, b) in &merge_marks {
+        t.merge_ms += ms(a, b)?;
+    }
     t.d2h_ms += ms(&e3, &e4)?;
     t.unstage_ms += unstage_ms;
     t.h2d_bytes += in_bytes as u64;

@@ -259,6 +259,7 @@ fn add_timings(sum: &mut Timings, t: &Timings) {
     sum.stage_ms += t.stage_ms;
     sum.h2d_ms += t.h2d_ms;
     sum.kernel_ms += t.kernel_ms;
+    sum.merge_ms += t.merge_ms;
     sum.d2h_ms += t.d2h_ms;
     sum.unstage_ms += t.unstage_ms;
     sum.total_ms += t.total_ms;
