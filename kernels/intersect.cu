@@ -744,7 +744,8 @@ template <typename W, bool SIGNED>
 __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u32 nb, W* dst,
                                        u32 lane) {
     u32 ai = i0;
-    u32 bj = i0 == 0 ? 0 : (u32)warp_lower_bound<W, SIGNED>(B, 0, nb, to_key<W, SIGNED>(A[i0]), lane);
+    u32 bj = i0 == 0 ? 0
+                     : (u32)warp_lower_bound<W, SIGNED>(B, 0, nb, to_key<W, SIGNED>(A[i0]), lane);
     u32 m = 0;
     while (ai < i1 && bj < nb) {
         const u32 ia = ai + lane, ib = bj + lane;
@@ -788,11 +789,10 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
 
 template <typename W, bool SIGNED>
 __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
-                            const u32* act_row,
-                            const W* a_vals, const W* b_vals, const u64* a_pos,
-                            const u64* a_len, const u64* b_pos, const u64* b_len, u64* row_cnt,
-                            u64* tile_cnt, u64* tile_pos, u64 scratch_cap, u8* flags,
-                            W* scratch, u32* err) {
+                            const u32* act_row, const W* a_vals, const W* b_vals,
+                            const u64* a_pos, const u64* a_len, const u64* b_pos,
+                            const u64* b_len, u64* row_cnt, u64* tile_cnt, u64* tile_pos,
+                            u64 scratch_cap, u8* flags, W* scratch, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (p >= pieces_max) return;
@@ -829,7 +829,8 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         u32 m = 0;
         // A row not known increasing, or with nearly 2^32 elements or more in a list (32-bit
         // positions keep the loop in 40 registers), is left to the CPU.
-        if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0 || ((al | bl) & LEN_MASK) > 0xffffff00ull) {
+        if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0 ||
+            ((al | bl) & LEN_MASK) > 0xffffff00ull) {
             if (lane == 0) flags[r] = 1;
         } else {
             const W* A = a_vals + a_pos[r];

@@ -1340,8 +1340,6 @@ fn run_chunk<T: SetElem>(
     let cap = counts.iter().copied().min().unwrap_or(0);
     let max_b = counts.iter().copied().max().unwrap_or(0);
     let total_values: usize = counts.iter().sum();
-    // Every step's merge path is at most the shortest list's values (A: the row's shortest
-    // list, or the previous step's result) plus the longest list's (B).
     // Every list known increasing and the warp kernel asked for: `wmerge`'s pieces (at most
     // one per `wpiece` A positions, and A never holds more than `cap` values) replace tiles.
     let warp = super::known_order() == super::KnownOrder::Warp
@@ -1353,6 +1351,8 @@ fn run_chunk<T: SetElem>(
     let wpiece32 = wpiece as u32;
     // The tiles' (or pieces') counts and slots: every entry up to `tiles_max` is written by
     // the step's merge kernel before the scan and `gather` read it (the buffers are reused).
+    // Tiles: every step's merge path is at most the shortest list's values (A: the row's
+    // shortest list, or the previous step's result) plus the longest list's (B).
     let tiles_max = if warp {
         pieces_max
     } else {
@@ -1614,9 +1614,9 @@ fn run_chunk<T: SetElem>(
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
                 })?;
-            // SAFETY: as above; `tile_cnt` / `tile_pos` hold `tiles_max >= pieces_max`
+            // SAFETY: as above; `tile_cnt` / `tile_pos` hold `tiles_max == pieces_max`
             // entries, and a piece writes its matches into the scratch at its own A positions
-            // (fewer than `cap`, checked by the kernel).
+            // (fewer than `cap`, checked by the kernel); `act_start` holds n + 1 entries.
             unsafe {
                 g.launch(
                     &kern.wmerge[variant],
