@@ -692,8 +692,8 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // wmerge: a step over lists all known to be strictly increasing (device-resident columns
 // whose row order was computed at upload), one warp per piece of `wpiece` consecutive positions
 // of the rows' A lists concatenated (plan gives every row with work a path of |A| positions;
-// the host does not compact the rows first: `act_row` null, `act_start` the scan over every
-// row, a row without work an empty range that the walk steps over).
+// the host does not compact the rows first: `act_start` is the scan over every row, a row
+// without work an empty range that the walk steps over).
 // A piece may hold the end of one row, whole short rows and the start of another. For each of
 // its row segments (a segment starting inside a row first finds where its first A element
 // would sit in B, by a 32-way search) the warp walks A and B in windows of 32 elements, one
@@ -703,13 +703,21 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // not), and each side moves past what can no longer match (at least one side by a whole
 // window per round); a B window wholly below A's is jumped over by a search. A piece's matches
 // go to its own slot of `scratch` (the piece's A positions: a step makes at most one match per
-// A element), so no atomic slot is taken; `gather` puts them in place as for tiles. A row
-// whose lists are not both known increasing (a descent in a resident row) is flagged and
-// left to the CPU. Each value comes from DRAM once (a window's unconsumed part is read again
-// from the caches), and no block waits at a barrier.
+// A element), so no atomic slot is taken. The step's output is then placed by the same launch,
+// with no scan or gather after it: the piece publishes its match count and sums those of the
+// pieces before it (a decoupled look-back, pieces numbered by a ticket in the order their
+// warps start), copies its matches from the scratch (still in L2) to their place, and writes
+// the offsets of the rows that start in it. A row whose lists are not both known increasing
+// (a descent in a resident row) is flagged and left to the CPU. Each value comes from DRAM
+// once (a window's unconsumed part is read again from the caches), and no block waits at a
+// barrier.
 // ---------------------------------------------------------------------------------------
 
+// (The emulator also runs blocks of 2,048 threads, so that a look-back passes more than 32
+// pieces that have not yet published their inclusive counts.)
+#ifndef WBLOCK
 #define WBLOCK 256
+#endif
 // Blocks of WBLOCK threads per multiprocessor wmerge is compiled for (registers: 65536 /
 // (WBLOCK * WMINB) per thread at most).
 #ifndef WMINB
@@ -787,78 +795,124 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
     return m;
 }
 
+// Piece states for the look-back (`pstate`, zeroed by the host before each step): the top two
+// bits say what the low 62 hold, the piece's own match count or the count of every piece up to
+// and including it.
+#define P_AGG (1ull << 62)
+#define P_INC (2ull << 62)
+#define P_VAL (P_AGG - 1)
+
 template <typename W, bool SIGNED>
 __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
-                            const u32* act_row, const W* a_vals, const W* b_vals,
-                            const u64* a_pos, const u64* a_len, const u64* b_pos,
-                            const u64* b_len, u64* row_cnt, u64* tile_cnt, u64* tile_pos,
-                            u64 scratch_cap, u8* flags, W* scratch, u32* err) {
+                            const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,
+                            const u64* b_pos, const u64* b_len, u64* ticket, u64* pstate,
+                            u64 scratch_cap, u8* flags, W* scratch, W* dst, u64* offs,
+                            u32* err) {
     const u32 lane = threadIdx.x & 31;
-    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    // Pieces are numbered in the order the warps start (a ticket, not the block index), so a
+    // piece waits below only for pieces whose warps are already running.
+    u64 p = 0;
+    if (lane == 0) p = atomicAdd(ticket, 1ull);
+    p = __shfl_sync(FULL, p, 0);
     if (p >= pieces_max) return;
     const u64 total = act_start[n];
     const u64 g0 = p * wpiece;
-    if (g0 >= total) {
-        if (lane == 0) tile_cnt[p] = 0;
-        return;
-    }
+    // Past the last piece with work (piece 0 always runs: with no work at all it still writes
+    // the offsets).
+    if (g0 >= total && p > 0) return;
     const u64 g1 = (g0 + wpiece < total) ? g0 + wpiece : total;
-    W* dst = scratch;
-    if (dst != nullptr && g1 > scratch_cap) {
+    if (scratch != nullptr && g1 > scratch_cap) {  // never on the host's sizes; no results
         if (lane == 0) {
             atomicExch(err, 1u);
-            tile_cnt[p] = 0;
+            atomicExch(&pstate[p], P_INC);  // successors must not wait for this piece
         }
         return;
     }
-    if (dst != nullptr) dst += g0;
-    // The row of position g0: the last j with act_start[j] <= g0.
-    u32 j = (u32)warp_lower_bound<u64, false>(act_start, 0, (u64)n + 1, g0 + 1, lane) - 1;
+    // The rows this piece owns (their offsets are written here): those starting in [g0, g1),
+    // and for the piece ending the work every row after it too (they start at `total`), with
+    // offs[n]. The walk starts at the first owned row, or at the row before it when that row
+    // runs across g0.
+    const u32 own0 = (u32)warp_lower_bound<u64, false>(act_start, 0, (u64)n + 1, g0, lane);
+    u32 j = (own0 > 0 && act_start[own0] > g0) ? own0 - 1 : own0;
     u64 g = g0;
     u64 out = 0;
     while (g < g1) {
         const u64 st = act_start[j];
         const u64 en = act_start[j + 1];
-        if (en == st) {  // a row without work (act_row null: every row has a start)
+        // An owned row's offset within the piece (the pieces before it are added below).
+        if (st >= g0 && lane == 0) offs[j] = out;
+        if (en == st) {  // a row without work
             j++;
             continue;
         }
-        const u32 r = act_row != nullptr ? act_row[j] : j;
         const u64 i0 = g - st, i1 = (en < g1 ? en : g1) - st;
-        const u64 al = a_len[r], bl = b_len[r];
+        const u64 al = a_len[j], bl = b_len[j];
         u32 m = 0;
         // A row not known increasing, or with nearly 2^32 elements or more in a list (32-bit
         // positions keep the loop in 40 registers), is left to the CPU.
         if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0 ||
             ((al | bl) & LEN_MASK) > 0xffffff00ull) {
-            if (lane == 0) flags[r] = 1;
+            if (lane == 0) flags[j] = 1;
         } else {
-            const W* A = a_vals + a_pos[r];
-            const W* B = b_vals + b_pos[r];
+            const W* A = a_vals + a_pos[j];
+            const W* B = b_vals + b_pos[j];
             const u64 nb = bl & LEN_MASK;
-            W* d = dst != nullptr ? dst + out : nullptr;
+            W* d = scratch != nullptr ? scratch + g0 + out : nullptr;
             m = wstream<W, SIGNED>(A, (u32)i0, (u32)i1, B, (u32)nb, d, lane);
         }
-        if (m != 0 && lane == 0) atomicAdd(&row_cnt[r], (u64)m);
         out += m;
         g = st + i1;
         j++;
     }
-    if (lane == 0) {
-        tile_cnt[p] = out;
-        tile_pos[p] = g0;
+    const bool ends = g1 == total;
+    if (ends)
+        for (u32 t = j + lane; t <= n; t += 32) offs[t] = out;
+    const u32 own1 = ends ? n + 1 : j;
+
+    // Decoupled look-back: publish this piece's count, then sum the counts of the pieces before
+    // it, 32 at a time (lane l reads piece q - 1 - l), until one holds its inclusive count.
+    if (lane == 0) atomicExch(&pstate[p], (p == 0 ? P_INC : P_AGG) | out);
+    u64 excl = 0;
+    if (p > 0) {
+        u64 q = p;
+        for (;;) {
+            const u64 s = lane < q ? *(volatile const u64*)&pstate[q - 1 - lane] : P_INC;
+            const u32 inc = __ballot_sync(FULL, (s >> 62) == 2);
+            const u32 unready = __ballot_sync(FULL, (s >> 62) == 0);
+            // Only the lanes up to the first inclusive count matter.
+            const u32 upto = inc != 0 ? (u32)__ffs(inc) - 1 : 31;
+            const u32 below = upto == 31 ? FULL : (2u << upto) - 1;
+            if ((unready & below) != 0) {
+                __nanosleep(64);
+                continue;
+            }
+            u64 v = lane <= upto ? (s & P_VAL) : 0;
+#pragma unroll
+            for (u32 o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            excl += v;
+            if (inc != 0) break;
+            q -= 32;
+        }
+        if (lane == 0) atomicExch(&pstate[p], P_INC | (excl + out));
     }
+
+    // The piece's matches from its scratch slot to their place, and its owned rows' offsets.
+    __syncwarp();
+    if (scratch != nullptr && dst != nullptr)
+        for (u64 i = lane; i < out; i += 32) dst[excl + i] = scratch[g0 + i];
+    if (excl != 0)
+        for (u32 t = own0 + lane; t < own1; t += 32) offs[t] += excl;
 }
 
 #define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
-        u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const u32* act_row,          \
-        const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,                 \
-        const u64* b_pos, const u64* b_len, u64* row_cnt, u64* tile_cnt, u64* tile_pos,       \
-        u64 scratch_cap, u8* flags, W* scratch, u32* err) {                                   \
-        wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, act_row, a_vals, b_vals,     \
-                               a_pos, a_len, b_pos, b_len, row_cnt, tile_cnt, tile_pos,       \
-                               scratch_cap, flags, scratch, err);                             \
+        u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const W* a_vals,             \
+        const W* b_vals, const u64* a_pos, const u64* a_len, const u64* b_pos,                \
+        const u64* b_len, u64* ticket, u64* pstate, u64 scratch_cap, u8* flags, W* scratch,   \
+        W* dst, u64* offs, u32* err) {                                                        \
+        wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, a_vals, b_vals, a_pos,       \
+                               a_len, b_pos, b_len, ticket, pstate, scratch_cap, flags,       \
+                               scratch, dst, offs, err);                                      \
     }
 INSTANTIATE_WMERGE(u32, u32, false)
 INSTANTIATE_WMERGE(i32, u32, true)

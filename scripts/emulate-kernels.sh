@@ -10,10 +10,14 @@ cd "$(dirname "$0")/../kernels/emu"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 out="$dir/intersect-check"
-# Both merge block sizes the host can choose (DFSETS_GPU_MERGE_THREADS).
+# Both merge block sizes the host can choose (DFSETS_GPU_MERGE_THREADS); the second run also
+# gives wmerge blocks of 2,048 threads (64 warps), so that a piece's look-back passes more than
+# 32 pieces still without their inclusive counts (the device's 8 warps per block never need
+# the emulator to interleave that many).
 for threads in 256 128; do
-    echo "merge blocks of $threads threads"
-    g++ -std=c++20 -O1 -w -pthread -DTHREADS=$threads -o "$out" intersect_check.cpp
+    wblock=$([ "$threads" = 256 ] && echo 256 || echo 2048)
+    echo "merge blocks of $threads threads, wmerge blocks of $wblock"
+    g++ -std=c++20 -O1 -w -pthread -DTHREADS=$threads -DWBLOCK=$wblock -o "$out" intersect_check.cpp
     "$out"
 done
 # Small OR tiles, so that a query's sweep spans several; pruned OR raising its threshold

@@ -26,12 +26,13 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
         "kernel emulation failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Intersection: both block sizes, twenty-one suites each (six with no row order known,
-    // six with known order and searches, nine through `wmerge`); BM25: sixteen suites (four
-    // k, with and without static scores, whole and split); every one without a bad row.
-    assert_eq!(stdout.matches(" bad=").count(), 42 + 16, "{stdout}");
-    assert_eq!(stdout.matches(" bad=0\n").count(), 42 + 16, "{stdout}");
-    assert_eq!(stdout.matches(" warp").count(), 18, "{stdout}");
+    // Intersection: both block sizes, twenty-four suites each (six with no row order known,
+    // six with known order and searches, twelve through `wmerge`, the second time in blocks
+    // of 2,048 threads); BM25: sixteen suites (four k, with and without static scores, whole
+    // and split); every one without a bad row.
+    assert_eq!(stdout.matches(" bad=").count(), 48 + 16, "{stdout}");
+    assert_eq!(stdout.matches(" bad=0\n").count(), 48 + 16, "{stdout}");
+    assert_eq!(stdout.matches(" warp").count(), 24, "{stdout}");
     assert_eq!(stdout.matches(" split=1 ").count(), 8, "{stdout}");
     assert_eq!(stdout.matches("\nOK").count(), 3, "{stdout}");
 }

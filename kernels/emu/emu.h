@@ -34,6 +34,8 @@ inline Barrier block_bar;
 inline std::vector<Barrier> warp_bars;
 // Bumped by every arrival, release and exit: a scheduler round without a change is a deadlock.
 inline unsigned long long events = 0;
+// Spin-wait pauses in the current launch (`__nanosleep`).
+inline unsigned long long spins = 0;
 constexpr size_t STACK = 256 * 1024;
 
 inline void yield() { swapcontext(&fibers[current].ctx, &scheduler); }
@@ -61,7 +63,7 @@ inline void run_thread() {
 inline std::vector<char*>& stacks() { static std::vector<char*> s; return s; }
 } // namespace emu
 
-static unsigned long long g_xchg[1024];
+static unsigned long long g_xchg[4096];
 inline void __syncthreads() { emu::arrive_and_wait(emu::block_bar); }
 inline int __syncthreads_or(int p) {
     static int acc = 0;
@@ -94,9 +96,19 @@ inline unsigned __ballot_sync(unsigned, int p) {
 template <class T> T __shfl_up_sync(unsigned, T v, unsigned o) { int l = (threadIdx.x & 31); return warp_x(v, l - (int)o, l >= (int)o); }
 template <class T> T __shfl_down_sync(unsigned, T v, unsigned o) { int l = (threadIdx.x & 31); return warp_x(v, l + (int)o, l + (int)o < 32); }
 template <class T> T __shfl_sync(unsigned, T v, unsigned s) { return warp_x(v, (int)s, true); }
+template <class T> T __shfl_xor_sync(unsigned, T v, unsigned m) { return warp_x(v, (int)((threadIdx.x & 31) ^ m), true); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::arrive_and_wait(emu::warp_bars[threadIdx.x >> 5]); }
+// A spin-wait's pause: yields to the other threads of the block (earlier blocks have finished).
+// A wait that never ends (a thread waiting on a state nobody will write) aborts.
+inline void __nanosleep(unsigned) {
+    if (++emu::spins > 10000000ull) { std::fprintf(stderr, "emu: a spin-wait never ended\n"); std::abort(); }
+    emu::events++;
+    emu::yield();
+}
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(x); }
 inline void __trap() { std::abort(); }
@@ -111,6 +123,7 @@ inline void launch(unsigned grid, unsigned block, std::function<void()> k) {
         st.push_back(s);
     }
     kernel = &k;
+    spins = 0;
     unsigned warps = (block + 31) / 32;
     for (unsigned b = 0; b < grid; b++) {
         blockIdx.x = b;

@@ -127,7 +127,11 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         }
         scratch_top = 0;
         if (warp) {
-            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), (const u32*)nullptr, a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, &err); });
+            // As the host: the piece states zeroed, the ticket (scratch_top) at 0; the step's
+            // offsets poisoned (the device reuses the buffer: wmerge must write every entry).
+            fill(tile_cnt.begin(), tile_cnt.end(), 0ull);
+            fill(this_off, this_off + n + 1, ~0ull);
+            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), &scratch_top, tile_cnt.data(), (u64)cap, flags.data(), scr, dst, this_off, &err); });
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.
@@ -137,13 +141,18 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             launch(tiles_max, THREADS, [&] { K<W, SIGNED>::merge(n, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data(), row_cnt.data(), tile_cnt.data(), tile_pos.data(), &scratch_top, (u64)cap, flags.data(), scr, &err); });
         }
         }
-        if (dst) {
+        if (dst && !warp) {
             scan(tile_cnt.data(), tiles_max, tile_excl.data());
             launch((tiles_max * 32 + 255) / 256, 256, [&] { K<W, SIGNED>::gather(tiles_max, tile_cnt.data(), tile_pos.data(), tile_excl.data(), (const W*)scratch.data(), dst); });
         }
-        scan(row_cnt.data(), n, this_off);
+        if (!warp) scan(row_cnt.data(), n, this_off);
     }
     if (err) { printf("%s: err set\n", name); return 1; }
+    // Arrow offsets: from 0, never decreasing, ending within the output.
+    if (outoff[0] != 0) { printf("%s: first offset %llu\n", name, (unsigned long long)outoff[0]); bad++; }
+    for (u32 r = 0; r < n; r++)
+        if (outoff[r + 1] < outoff[r]) { printf("%s row %u: offsets decrease\n", name, r); return bad + 1; }
+    if (outoff[n] > cap) { printf("%s: %llu results, more than %zu\n", name, (unsigned long long)outoff[n], cap); return bad + 1; }
     u64 searching = 0;
     for (u32 r = 0; r < n; r++) searching += (b_len[r] & LEN_SEARCH) ? 1 : 0;  // last step's
     for (u32 r = 0; r < n; r++) {
@@ -260,7 +269,37 @@ int suite(u64 seed, u32 k, bool counts, u32 known, u32 ratio, const char* name, 
     return run_case<W, SIGNED>(r2, v2, counts, known, ratio, name, warp);
 }
 
+// wmerge's row offsets at the edges: rows without work (empty lists, NULL) before, between
+// and after the rows with work, rows starting exactly where pieces start, and a batch with no
+// work at all (every offset still written).
+int warp_edges() {
+    int bad = 0;
+    mt19937_64 g(99);
+    vector<vector<vector<u32>>> rows;
+    vector<bool> valid;
+    auto empty_row = [&] { rows.push_back({{}, sorted_list<u32>(g, 5, 1, 2, 0)}); valid.push_back(true); };
+    for (int i = 0; i < 5; i++) empty_row();
+    for (int r = 0; r < 40; r++) {
+        // A of exactly one piece (g_wpiece = 32), so rows start where pieces start.
+        rows.push_back({sorted_list<u32>(g, 32, 1, 2, 0), sorted_list<u32>(g, 40 + g() % 40, 1, 2, 0)});
+        valid.push_back(true);
+        if (r % 3 == 0) empty_row();
+        if (r % 5 == 0) { rows.push_back({{1, 2}, {2, 3}}); valid.push_back(false); }
+    }
+    for (int i = 0; i < 7; i++) empty_row();
+    g_wpiece = 32;
+    bad += run_case<u32, false>(rows, valid, false, 3, 0, "u32 k2 warp, edges", true);
+    vector<vector<vector<u32>>> none(rows.begin(), rows.begin() + 5);
+    vector<bool> nv(5, true);
+    nv[2] = false;
+    bad += run_case<u32, false>(none, nv, false, 3, 0, "u32 k2 warp, no work", true);
+    bad += run_case<u32, false>(none, nv, true, 3, 0, "u32 k2 warp counts, no work", true);
+    g_wpiece = 256;
+    return bad;
+}
+
 int main() {
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash keeps the lines before it
     int bad = 0;
     // Staged lists (no row-order flags), then lists with flags (as resident columns), rows
     // searching B where |B| >= ratio |A|.
@@ -290,6 +329,7 @@ int main() {
     bad += suite<u32, true>(17, 2, false, 3, 0, "i32 k2 warp", true);
     bad += suite<u64, false>(18, 2, false, 3, 0, "u64 k2 warp", true);
     bad += suite<u32, false>(19, 4, false, 15, 0, "u32 k4 warp", true);
+    bad += warp_edges();
     printf(bad ? "FAIL\n" : "OK\n");
     return bad != 0;
 }

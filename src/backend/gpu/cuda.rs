@@ -1384,7 +1384,12 @@ fn run_chunk<T: SetElem>(
     let act_len = ws.dev("act_len", n * 8)?;
     let act_start = ws.dev("act_start", (n + 1) * 8)?;
     let row_cnt = ws.dev("row_cnt", n * 8)?;
-    let descs = ws.dev("descs", tiles_max as usize * DESC_BYTES)?;
+    // (`wmerge` has no tile descriptors; its piece states for the look-back live in tile_cnt.)
+    let descs = if warp {
+        0
+    } else {
+        ws.dev("descs", tiles_max as usize * DESC_BYTES)?
+    };
     let tile_cnt = ws.dev("tile_cnt", tiles_max as usize * 8)?;
     let tile_pos = ws.dev("tile_pos", tiles_max as usize * 8)?;
     let tile_excl = ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?;
@@ -1525,7 +1530,6 @@ fn run_chunk<T: SetElem>(
     let merge_blocks = u32::try_from(tiles_max)
         .map_err(|_| GpuError::Unsupported(format!("{tiles_max} tiles in one launch group")))?;
     let gather_blocks = (tiles_max * 32).div_ceil(u64::from(GATHER_THREADS)) as u32;
-    let no_rows = 0u64; // `wmerge`'s act_row: none (every row has a start)
     let mut merge_marks = Vec::with_capacity(k - 1);
     for step in 1..k as u32 {
         let last = step as usize == k - 1;
@@ -1604,6 +1608,11 @@ fn run_chunk<T: SetElem>(
                 g.scan(ws, act_len, n64, act_start)?;
             }
             result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
+            if warp {
+                // `wmerge`'s piece states (none published yet); scratch_top is its ticket.
+                result::memset_d8_async(tile_cnt, 0, pieces_max as usize * 8, cs)
+                    .map_err(drv("memset"))?;
+            }
         }
         // The step's merge kernels alone (partition and merge, or `wmerge`), for the
         // benchmarks' breakdown.
@@ -1614,9 +1623,10 @@ fn run_chunk<T: SetElem>(
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
                 })?;
-            // SAFETY: as above; `tile_cnt` / `tile_pos` hold `tiles_max == pieces_max`
-            // entries, and a piece writes its matches into the scratch at its own A positions
-            // (fewer than `cap`, checked by the kernel); `act_start` holds n + 1 entries.
+            // SAFETY: as above; `tile_cnt` (the piece states) holds `tiles_max == pieces_max`
+            // entries, a piece writes its matches into the scratch at its own A positions
+            // (fewer than `cap`, checked by the kernel) and then to `dst_vals` (at most `cap`
+            // in all), the row offsets to `this_off` (n + 1 entries, as `act_start`).
             unsafe {
                 g.launch(
                     &kern.wmerge[variant],
@@ -1627,19 +1637,19 @@ fn run_chunk<T: SetElem>(
                         arg(&wpiece32),
                         arg(&pieces_max),
                         arg(&act_start),
-                        arg(&no_rows),
                         arg(&a_vals),
                         arg(&in_vals),
                         arg(&a_pos),
                         arg(&a_len),
                         arg(&b_pos),
                         arg(&b_len),
-                        arg(&row_cnt),
+                        arg(&scratch_top),
                         arg(&tile_cnt),
-                        arg(&tile_pos),
                         arg(&scratch_cap),
                         arg(&flags),
                         arg(&scratch_ptr),
+                        arg(&dst_vals),
+                        arg(&this_off),
                         arg(&err),
                     ],
                 )?;
@@ -1694,6 +1704,10 @@ fn run_chunk<T: SetElem>(
         }
         g.record(&m1)?;
         merge_marks.push((m0, m1));
+        // `wmerge` placed the step's values and wrote its offsets itself.
+        if warp {
+            continue;
+        }
         // SAFETY: as above.
         unsafe {
             if dst_vals != 0 {
