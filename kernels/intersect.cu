@@ -114,12 +114,10 @@ __device__ __forceinline__ u64 merge_path_global(const W* a, u64 na, const W* b,
 // ---------------------------------------------------------------------------------------
 
 template <typename O>
-__device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
-                          const u8* valid, u64 valid_off, const u64* prev_off,
-                          const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos, u64* a_len,
-                          u64* b_pos, u64* b_len, u64* plen, u64* nz, u64* row_cnt) {
-    u32 r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n) return;
+__device__ u64 plan_row(u32 r, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
+                        const u8* valid, u64 valid_off, const u64* prev_off, const u64* ord_ptrs,
+                        u32 ratio, u32* sel, u64* a_pos, u64* a_len, u64* b_pos, u64* b_len,
+                        u64* plen, u64* nz, u64* row_cnt) {
     bool is_null = false;
     if (valid) {
         u64 bit = valid_off + r;
@@ -167,19 +165,23 @@ __device__ void plan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64
     plen[r] = len;
     nz[r] = len > 0 ? 1 : 0;
     row_cnt[r] = 0;
+    return len;
 }
 
 #define PLAN_ARGS                                                                          \
     u32 n, u32 k, u32 step, const u64 *off_ptrs, const i64 *bases, const u8 *valid,        \
         u64 valid_off, const u64 *prev_off, const u64 *ord_ptrs, u32 ratio, u32 *sel,       \
         u64 *a_pos, u64 *a_len, u64 *b_pos, u64 *b_len, u64 *plen, u64 *nz, u64 *row_cnt
+#define PLAN_PASS                                                                          \
+    k, step, off_ptrs, bases, valid, valid_off, prev_off, ord_ptrs, ratio, sel, a_pos, a_len, \
+        b_pos, b_len, plen, nz, row_cnt
 extern "C" __global__ void plan_o32(PLAN_ARGS) {
-    plan_impl<int>(n, k, step, off_ptrs, bases, valid, valid_off, prev_off, ord_ptrs, ratio, sel,
-                   a_pos, a_len, b_pos, b_len, plen, nz, row_cnt);
+    const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n) plan_row<int>(r, PLAN_PASS);
 }
 extern "C" __global__ void plan_o64(PLAN_ARGS) {
-    plan_impl<i64>(n, k, step, off_ptrs, bases, valid, valid_off, prev_off, ord_ptrs, ratio, sel,
-                   a_pos, a_len, b_pos, b_len, plen, nz, row_cnt);
+    const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n) plan_row<i64>(r, PLAN_PASS);
 }
 
 // The rows with a path, in order: act_row[j] is the j-th such row, act_len[j] its path length
@@ -279,6 +281,97 @@ extern "C" __global__ void scan_apply(const u64* in, u64 n, const u64* partials,
         ex += v[j];
         if (base + j + 1 == n) out[n] = ex;
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Decoupled look-back (Merrill and Garland, "Single-pass Parallel Prefix Scan with Decoupled
+// Look-back"): entry i of a launch (a block, or a wmerge piece) publishes its own count, then
+// sums the counts of the entries before it, 32 at a time, until one has published the count
+// of everything up to and including it. Entries are numbered in launch order (block index, or
+// warp index within it): an entry waits only for entries already started (blocks are
+// dispatched in index order, and a block's warps are resident together), which never wait
+// for it.
+// A state word: the call's epoch in the top 24 bits (the host numbers its launches; a word of
+// an earlier launch reads as not yet published, so the states are never cleared per launch),
+// the kind in the next 2 (1: the entry's own count, 2: inclusive), the count in the low 38.
+// ---------------------------------------------------------------------------------------
+
+#define ST_AGG 1ull
+#define ST_INC 2ull
+#define ST_VAL ((1ull << 38) - 1)
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ u64 st_word(u32 epoch, u64 kind, u64 v) {
+    return ((u64)epoch << 40) | (kind << 38) | (v & ST_VAL);
+}
+
+// Called by every lane of one warp for entry `idx`; returns the sum of the counts of entries
+// [0, idx) (the same in every lane) and publishes the inclusive count.
+__device__ __forceinline__ u64 warp_lookback(u64* state, u64 idx, u64 own, u32 epoch, u32 lane) {
+    if (lane == 0) atomicExch(&state[idx], st_word(epoch, idx == 0 ? ST_INC : ST_AGG, own));
+    if (idx == 0) return 0;
+    u64 excl = 0;
+    u64 q = idx;
+    for (;;) {
+        // Lane l reads entry q - 1 - l; past entry 0 an inclusive zero.
+        const u64 s = lane < q ? *(volatile const u64*)&state[q - 1 - lane]
+                               : st_word(epoch, ST_INC, 0);
+        const u64 kind = (u32)(s >> 40) == epoch ? (s >> 38) & 3 : 0;
+        const u32 inc = __ballot_sync(FULL, kind == ST_INC);
+        const u32 unready = __ballot_sync(FULL, kind == 0);
+        // Only the lanes up to the first inclusive count matter.
+        const u32 upto = inc != 0 ? (u32)__ffs(inc) - 1 : 31;
+        const u32 below = upto == 31 ? FULL : (2u << upto) - 1;
+        if ((unready & below) != 0) {
+            __nanosleep(64);
+            continue;
+        }
+        u64 v = lane <= upto ? (s & ST_VAL) : 0;
+#pragma unroll
+        for (u32 o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+        excl += v;
+        if (inc != 0) break;
+        q -= 32;
+    }
+    if (lane == 0) atomicExch(&state[idx], st_word(epoch, ST_INC, excl + own));
+    return excl;
+}
+
+// plan and the scan of its path lengths in one launch (for wmerge's steps, whose rows are not
+// compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
+// 256 threads, a row each; `state` one word per block. `flags` (step 1 only, else null): every
+// row's flag cleared, so that the host need not clear them first.
+template <typename O>
+__device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
+                               const u8* valid, u64 valid_off, const u64* prev_off,
+                               const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos,
+                               u64* a_len, u64* b_pos, u64* b_len, u64* plen, u64* nz,
+                               u64* row_cnt, u64* act_start, u64* state, u32 epoch, u8* flags) {
+    __shared__ u64 sums[32];
+    __shared__ u64 prefix;
+    const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+    u64 len = 0;
+    if (r < n) {
+        len = plan_row<O>(r, PLAN_PASS);
+        if (flags != nullptr) flags[r] = 0;
+    }
+    u64 total;
+    const u64 ex = block_scan_u64(len, sums, &total);
+    if (threadIdx.x < 32) {
+        const u64 pre = warp_lookback(state, blockIdx.x, total, epoch, threadIdx.x);
+        if (threadIdx.x == 0) prefix = pre;
+    }
+    __syncthreads();
+    if (r < n) act_start[r] = prefix + ex;
+    if (r + 1 == n) act_start[n] = prefix + ex + len;
+}
+
+#define PLAN_SCAN_ARGS PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags
+extern "C" __global__ void plan_scan_o32(PLAN_SCAN_ARGS) {
+    plan_scan_impl<int>(n, PLAN_PASS, act_start, state, epoch, flags);
+}
+extern "C" __global__ void plan_scan_o64(PLAN_SCAN_ARGS) {
+    plan_scan_impl<i64>(n, PLAN_PASS, act_start, state, epoch, flags);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -705,8 +798,8 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // go to its own slot of `scratch` (the piece's A positions: a step makes at most one match per
 // A element), so no atomic slot is taken. The step's output is then placed by the same launch,
 // with no scan or gather after it: the piece publishes its match count and sums those of the
-// pieces before it (a decoupled look-back, pieces numbered by a ticket in the order their
-// warps start), copies its matches from the scratch (still in L2) to their place, and writes
+// pieces before it (the decoupled look-back above, pieces numbered in warp order),
+// copies its matches from the scratch (still in L2) to their place, and writes
 // the offsets of the rows that start in it. A row whose lists are not both known increasing
 // (a descent in a resident row) is flagged and left to the CPU. Each value comes from DRAM
 // once (a window's unconsumed part is read again from the caches), and no block waits at a
@@ -723,8 +816,6 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 #ifndef WMINB
 #define WMINB 6
 #endif
-#define FULL 0xffffffffu
-
 // Lower bound of x (the same in every lane) in keys v[lo, hi): a 32-way search, one load per
 // lane per round.
 template <typename W, bool SIGNED>
@@ -795,25 +886,14 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
     return m;
 }
 
-// Piece states for the look-back (`pstate`, zeroed by the host before each step): the top two
-// bits say what the low 62 hold, the piece's own match count or the count of every piece up to
-// and including it.
-#define P_AGG (1ull << 62)
-#define P_INC (2ull << 62)
-#define P_VAL (P_AGG - 1)
-
 template <typename W, bool SIGNED>
 __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
                             const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,
-                            const u64* b_pos, const u64* b_len, u64* ticket, u64* pstate,
+                            const u64* b_pos, const u64* b_len, u64* pstate, u32 epoch,
                             u64 scratch_cap, u8* flags, W* scratch, W* dst, u64* offs,
                             u32* err) {
     const u32 lane = threadIdx.x & 31;
-    // Pieces are numbered in the order the warps start (a ticket, not the block index), so a
-    // piece waits below only for pieces whose warps are already running.
-    u64 p = 0;
-    if (lane == 0) p = atomicAdd(ticket, 1ull);
-    p = __shfl_sync(FULL, p, 0);
+    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (p >= pieces_max) return;
     const u64 total = act_start[n];
     const u64 g0 = p * wpiece;
@@ -824,7 +904,7 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
     if (scratch != nullptr && g1 > scratch_cap) {  // never on the host's sizes; no results
         if (lane == 0) {
             atomicExch(err, 1u);
-            atomicExch(&pstate[p], P_INC);  // successors must not wait for this piece
+            atomicExch(&pstate[p], st_word(epoch, ST_INC, 0));  // nobody waits for it
         }
         return;
     }
@@ -869,34 +949,10 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         for (u32 t = j + lane; t <= n; t += 32) offs[t] = out;
     const u32 own1 = ends ? n + 1 : j;
 
-    // Decoupled look-back: publish this piece's count, then sum the counts of the pieces before
-    // it, 32 at a time (lane l reads piece q - 1 - l), until one holds its inclusive count.
-    if (lane == 0) atomicExch(&pstate[p], (p == 0 ? P_INC : P_AGG) | out);
-    u64 excl = 0;
-    if (p > 0) {
-        u64 q = p;
-        for (;;) {
-            const u64 s = lane < q ? *(volatile const u64*)&pstate[q - 1 - lane] : P_INC;
-            const u32 inc = __ballot_sync(FULL, (s >> 62) == 2);
-            const u32 unready = __ballot_sync(FULL, (s >> 62) == 0);
-            // Only the lanes up to the first inclusive count matter.
-            const u32 upto = inc != 0 ? (u32)__ffs(inc) - 1 : 31;
-            const u32 below = upto == 31 ? FULL : (2u << upto) - 1;
-            if ((unready & below) != 0) {
-                __nanosleep(64);
-                continue;
-            }
-            u64 v = lane <= upto ? (s & P_VAL) : 0;
-#pragma unroll
-            for (u32 o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-            excl += v;
-            if (inc != 0) break;
-            q -= 32;
-        }
-        if (lane == 0) atomicExch(&pstate[p], P_INC | (excl + out));
-    }
+    // The pieces before it (the look-back above), then its matches from the scratch to their
+    // place and its owned rows' offsets.
+    const u64 excl = warp_lookback(pstate, p, out, epoch, lane);
 
-    // The piece's matches from its scratch slot to their place, and its owned rows' offsets.
     __syncwarp();
     if (scratch != nullptr && dst != nullptr)
         for (u64 i = lane; i < out; i += 32) dst[excl + i] = scratch[g0 + i];
@@ -908,10 +964,10 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
         u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const W* a_vals,             \
         const W* b_vals, const u64* a_pos, const u64* a_len, const u64* b_pos,                \
-        const u64* b_len, u64* ticket, u64* pstate, u64 scratch_cap, u8* flags, W* scratch,   \
+        const u64* b_len, u64* pstate, u32 epoch, u64 scratch_cap, u8* flags, W* scratch,     \
         W* dst, u64* offs, u32* err) {                                                        \
         wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, a_vals, b_vals, a_pos,       \
-                               a_len, b_pos, b_len, ticket, pstate, scratch_cap, flags,       \
+                               a_len, b_pos, b_len, pstate, epoch, scratch_cap, flags,        \
                                scratch, dst, offs, err);                                      \
     }
 INSTANTIATE_WMERGE(u32, u32, false)

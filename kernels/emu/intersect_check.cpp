@@ -49,6 +49,10 @@ template <> struct K<u64, false> {
 // runs wmerge, as the host does when every list is known (ratio's bit 31 for plan).
 // wmerge's A positions per warp.
 static u32 g_wpiece = 256;
+// As the host: look-back states kept from launch to launch (never cleared: each launch has
+// its own epoch), for plan_scan's blocks and wmerge's pieces.
+static vector<u64> g_row_states(1 << 16), g_piece_states(1 << 16);
+static u32 g_epoch = 0;
 
 template <typename W, bool SIGNED>
 int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, bool counts, u32 known, u32 ratio, const char* name, bool warp = false) {
@@ -116,22 +120,29 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         const W* a_vals = step == 1 ? in.data() : res[(step + 1) % 2];
         W* dst = last ? (counts ? nullptr : outv.data()) : res[step % 2];
         W* scr = dst ? scratch.data() : nullptr;
-        launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
-        // As the host: the warp step's rows are all rows (no compaction; act_row null).
+        // As the host: the warp step's plan and scan in one launch (rows not compacted; the
+        // flags cleared by it at step 1, poisoned here first).
         if (warp) {
-            scan(plen.data(), n, act_start.data());
+            if (step == 1) fill(flags.begin(), flags.end(), (u8)7);
+            const u32 ep = ++g_epoch;
+            u8* fl = step == 1 ? flags.data() : nullptr;
+            u64* rs = g_row_states.data();
+            launch((n + 255) / 256, 256, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl); });
         } else {
+            launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
             scan(nz.data(), n, act_at.data());
             launch((n + 255) / 256, 256, [&] { compact_rows(n, plen.data(), act_at.data(), act_row.data(), act_len.data()); });
             scan(act_len.data(), n, act_start.data());
         }
         scratch_top = 0;
         if (warp) {
-            // As the host: the piece states zeroed, the ticket (scratch_top) at 0; the step's
-            // offsets poisoned (the device reuses the buffer: wmerge must write every entry).
-            fill(tile_cnt.begin(), tile_cnt.end(), 0ull);
+            // As the host: the piece states of earlier launches left in place (a new epoch);
+            // the step's offsets poisoned (the device reuses the buffer: wmerge must write
+            // every entry).
             fill(this_off, this_off + n + 1, ~0ull);
-            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), &scratch_top, tile_cnt.data(), (u64)cap, flags.data(), scr, dst, this_off, &err); });
+            const u32 ep = ++g_epoch;
+            u64* ps = g_piece_states.data();
+            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), ps, ep, (u64)cap, flags.data(), scr, dst, this_off, &err); });
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.

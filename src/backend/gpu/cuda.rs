@@ -129,6 +129,8 @@ pub(super) fn align(x: usize) -> usize {
 struct Kernels {
     plan_o32: CudaFunction,
     plan_o64: CudaFunction,
+    plan_scan_o32: CudaFunction,
+    plan_scan_o64: CudaFunction,
     scan_partials: CudaFunction,
     scan_partials_single: CudaFunction,
     scan_apply: CudaFunction,
@@ -328,7 +330,12 @@ pub(super) struct Workspace {
     budget: usize,
     /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
     columns: ColumnCache<ResidentCol>,
+    /// The last epoch given to a launch with look-back states (see [`Workspace::epoch`]).
+    epoch: u32,
 }
+
+/// Epochs fit the top 24 bits of a look-back state word (`st_word` in kernels/intersect.cu).
+const EPOCH_LIMIT: u32 = 1 << 24;
 
 // SAFETY: the raw pointers are owned allocations, only touched under the workspace mutex.
 unsafe impl Send for Workspace {}
@@ -355,6 +362,51 @@ impl Workspace {
         let ptr = unsafe { result::malloc_sync(grown) }.map_err(drv("device allocation"))?;
         self.dev.push((name, DevBuf { ptr, bytes: grown }));
         Ok(ptr)
+    }
+
+    /// A device buffer of look-back states (kernels/intersect.cu, "Decoupled look-back") of at
+    /// least `bytes` bytes: cleared on the stream when it is (re)allocated, never per launch
+    /// (each launch reads only the words of its own epoch).
+    fn states(
+        &mut self,
+        name: &'static str,
+        bytes: usize,
+        stream: sys::CUstream,
+    ) -> Result<sys::CUdeviceptr, GpuError> {
+        let known = self
+            .dev
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, b)| b.ptr);
+        let ptr = self.dev(name, bytes)?;
+        if known != Some(ptr) {
+            let len = self
+                .dev
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(0, |(_, b)| b.bytes);
+            // SAFETY: `ptr` was just allocated with `len` bytes.
+            unsafe { result::memset_d8_async(ptr, 0, len, stream) }.map_err(drv("memset"))?;
+        }
+        Ok(ptr)
+    }
+
+    /// The epoch of the next launch that uses look-back states (1 to 2^24 - 1). When the
+    /// numbers run out every state buffer is cleared and they start again, so that a word
+    /// left by a launch 2^24 epochs ago can never pass for one of the new launch.
+    fn epoch(&mut self, stream: sys::CUstream) -> Result<u32, GpuError> {
+        self.epoch += 1;
+        if self.epoch >= EPOCH_LIMIT {
+            self.epoch = 1;
+            for (name, b) in &self.dev {
+                if name.ends_with("_states") {
+                    // SAFETY: the buffer holds `b.bytes` bytes.
+                    unsafe { result::memset_d8_async(b.ptr, 0, b.bytes, stream) }
+                        .map_err(drv("memset"))?;
+                }
+            }
+        }
+        Ok(self.epoch)
     }
 
     pub(super) fn pinned(slot: &mut Option<Pinned>, bytes: usize) -> Result<&mut Pinned, GpuError> {
@@ -515,6 +567,8 @@ fn init() -> Result<Gpu, GpuError> {
     let kernels = Kernels {
         plan_o32: f("plan_o32")?,
         plan_o64: f("plan_o64")?,
+        plan_scan_o32: f("plan_scan_o32")?,
+        plan_scan_o64: f("plan_scan_o64")?,
         scan_partials: f("scan_partials")?,
         scan_partials_single: f("scan_partials_single")?,
         scan_apply: f("scan_apply")?,
@@ -1342,10 +1396,12 @@ fn run_chunk<T: SetElem>(
     let total_values: usize = counts.iter().sum();
     // Every list known increasing and the warp kernel asked for: `wmerge`'s pieces (at most
     // one per `wpiece` A positions, and A never holds more than `cap` values) replace tiles.
+    // (A step's counts fit the look-back states' 38 bits: they are at most `cap`.)
     let warp = super::known_order() == super::KnownOrder::Warp
         && resident
             .iter()
-            .all(|r| matches!(r, Some((_, _, ord)) if *ord != 0));
+            .all(|r| matches!(r, Some((_, _, ord)) if *ord != 0))
+        && (cap as u64) < 1 << 38;
     let wpiece = g.wpiece(cap as u64);
     let pieces_max = (cap as u64).div_ceil(wpiece).max(1);
     let wpiece32 = wpiece as u32;
@@ -1384,11 +1440,21 @@ fn run_chunk<T: SetElem>(
     let act_len = ws.dev("act_len", n * 8)?;
     let act_start = ws.dev("act_start", (n + 1) * 8)?;
     let row_cnt = ws.dev("row_cnt", n * 8)?;
-    // (`wmerge` has no tile descriptors; its piece states for the look-back live in tile_cnt.)
+    // `wmerge` has no tile descriptors; its steps' look-back states (per block of plan_scan,
+    // per piece of wmerge) instead.
     let descs = if warp {
         0
     } else {
         ws.dev("descs", tiles_max as usize * DESC_BYTES)?
+    };
+    let (row_states, piece_states) = if warp {
+        let cs = g.stream.cu_stream();
+        (
+            ws.states("row_states", n.div_ceil(ROW_THREADS as usize) * 8, cs)?,
+            ws.states("piece_states", pieces_max as usize * 8, cs)?,
+        )
+    } else {
+        (0, 0)
     };
     let tile_cnt = ws.dev("tile_cnt", tiles_max as usize * 8)?;
     let tile_pos = ws.dev("tile_pos", tiles_max as usize * 8)?;
@@ -1416,6 +1482,11 @@ fn run_chunk<T: SetElem>(
     let piece = super::stage_piece();
     let small_at = off_at.first().copied().unwrap_or(in_bytes);
     let (e0, e1, e2, e3, e4) = (g.event()?, g.event()?, g.event()?, g.event()?, g.event()?);
+    // Around each step's merge kernels (partition and merge, or `wmerge`), for the benchmarks'
+    // breakdown; made here, so that nothing but launches sits between the kernels.
+    let merge_marks = (1..k)
+        .map(|_| Ok((g.event()?, g.event()?)))
+        .collect::<Result<Vec<_>, GpuError>>()?;
     let t_stage = Instant::now();
     {
         let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
@@ -1498,8 +1569,11 @@ fn run_chunk<T: SetElem>(
     let kern = &g.kernels;
     let cs = g.stream.cu_stream();
     // SAFETY (memsets): every target lies inside a buffer allocated above with that size.
+    // (`wmerge`'s plan clears the flags itself.)
     unsafe {
-        result::memset_d8_async(d_out + flags_at as u64, 0, n, cs).map_err(drv("memset"))?;
+        if !warp {
+            result::memset_d8_async(d_out + flags_at as u64, 0, n, cs).map_err(drv("memset"))?;
+        }
         result::memset_d8_async(misc, 0, 64, cs).map_err(drv("memset"))?;
     }
     let ptrs = d_in + ptrs_at as u64;
@@ -1530,7 +1604,6 @@ fn run_chunk<T: SetElem>(
     let merge_blocks = u32::try_from(tiles_max)
         .map_err(|_| GpuError::Unsupported(format!("{tiles_max} tiles in one launch group")))?;
     let gather_blocks = (tiles_max * 32).div_ceil(u64::from(GATHER_THREADS)) as u32;
-    let mut merge_marks = Vec::with_capacity(k - 1);
     for step in 1..k as u32 {
         let last = step as usize == k - 1;
         let prev_off = roff[(step as usize + 1) % 2];
@@ -1551,47 +1624,57 @@ fn run_chunk<T: SetElem>(
         };
         // Counting needs no values: the merge then writes no scratch.
         let scratch_ptr = if dst_vals == 0 { 0u64 } else { scratch };
-        let plan = if osz == 4 {
-            &kern.plan_o32
-        } else {
-            &kern.plan_o64
+        // `wmerge`'s steps plan and scan in one launch (plan_scan: no compaction, the flags
+        // cleared at step 1); each of its two look-backs gets an epoch of its own.
+        let plan = match (warp, osz == 4) {
+            (true, true) => &kern.plan_scan_o32,
+            (true, false) => &kern.plan_scan_o64,
+            (false, true) => &kern.plan_o32,
+            (false, false) => &kern.plan_o64,
         };
+        let (row_epoch, piece_epoch) = if warp {
+            (ws.epoch(cs)?, ws.epoch(cs)?)
+        } else {
+            (0, 0)
+        };
+        let step_flags = if step == 1 { flags } else { 0u64 };
         // SAFETY: parameters match the kernels' signatures in kernels/intersect.cu; every
         // pointer is a buffer above sized for the accesses the kernel makes (n rows, n + 1
         // offsets, tiles_max tiles (+ 1 for the scan of their counts), cap result values in
-        // the scratch and the destination), and the values each list's offsets address lie
-        // within its section of the input region (or its resident copy).
+        // the scratch and the destination, one look-back state per plan block), and the
+        // values each list's offsets address lie within its section of the input region (or
+        // its resident copy).
         unsafe {
-            g.launch(
-                plan,
-                row_blocks,
-                ROW_THREADS,
-                &mut [
-                    arg(&n32),
-                    arg(&k32),
-                    arg(&step),
-                    arg(&ptrs),
-                    arg(&bases),
-                    arg(&valid_ptr),
-                    arg(&valid_bit),
-                    arg(&prev_off),
-                    arg(&ords),
-                    arg(&ratio),
-                    arg(&sel),
-                    arg(&a_pos),
-                    arg(&a_len),
-                    arg(&b_pos),
-                    arg(&b_len),
-                    arg(&plen),
-                    arg(&nz),
-                    arg(&row_cnt),
-                ],
-            )?;
+            let mut args = vec![
+                arg(&n32),
+                arg(&k32),
+                arg(&step),
+                arg(&ptrs),
+                arg(&bases),
+                arg(&valid_ptr),
+                arg(&valid_bit),
+                arg(&prev_off),
+                arg(&ords),
+                arg(&ratio),
+                arg(&sel),
+                arg(&a_pos),
+                arg(&a_len),
+                arg(&b_pos),
+                arg(&b_len),
+                arg(&plen),
+                arg(&nz),
+                arg(&row_cnt),
+            ];
             if warp {
-                // `wmerge` finds a piece's row among all rows' starts (rows without work have
-                // none), so the rows are not compacted first.
-                g.scan(ws, plen, n64, act_start)?;
-            } else {
+                args.extend([
+                    arg(&act_start),
+                    arg(&row_states),
+                    arg(&row_epoch),
+                    arg(&step_flags),
+                ]);
+            }
+            g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
+            if !warp {
                 g.scan(ws, nz, n64, act_at)?;
                 g.launch(
                     &kern.compact_rows,
@@ -1606,25 +1689,17 @@ fn run_chunk<T: SetElem>(
                     ],
                 )?;
                 g.scan(ws, act_len, n64, act_start)?;
-            }
-            result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
-            if warp {
-                // `wmerge`'s piece states (none published yet); scratch_top is its ticket.
-                result::memset_d8_async(tile_cnt, 0, pieces_max as usize * 8, cs)
-                    .map_err(drv("memset"))?;
+                result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
             }
         }
-        // The step's merge kernels alone (partition and merge, or `wmerge`), for the
-        // benchmarks' breakdown.
-        let (m0, m1) = (g.event()?, g.event()?);
-        g.record(&m0)?;
+        let (m0, m1) = &merge_marks[step as usize - 1];
+        g.record(m0)?;
         if warp {
             let wblocks =
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
                 })?;
-            // SAFETY: as above; `tile_cnt` (the piece states) holds `tiles_max == pieces_max`
-            // entries, a piece writes its matches into the scratch at its own A positions
+            // SAFETY: as above; `piece_states` holds `pieces_max` entries, a piece writes its matches into the scratch at its own A positions
             // (fewer than `cap`, checked by the kernel) and then to `dst_vals` (at most `cap`
             // in all), the row offsets to `this_off` (n + 1 entries, as `act_start`).
             unsafe {
@@ -1643,8 +1718,8 @@ fn run_chunk<T: SetElem>(
                         arg(&a_len),
                         arg(&b_pos),
                         arg(&b_len),
-                        arg(&scratch_top),
-                        arg(&tile_cnt),
+                        arg(&piece_states),
+                        arg(&piece_epoch),
                         arg(&scratch_cap),
                         arg(&flags),
                         arg(&scratch_ptr),
@@ -1702,8 +1777,7 @@ fn run_chunk<T: SetElem>(
                 )?;
             }
         }
-        g.record(&m1)?;
-        merge_marks.push((m0, m1));
+        g.record(m1)?;
         // `wmerge` placed the step's values and wrote its offsets itself.
         if warp {
             continue;
