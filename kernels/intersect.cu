@@ -337,6 +337,31 @@ __device__ __forceinline__ u64 warp_lookback(u64* state, u64 idx, u64 own, u32 e
     return excl;
 }
 
+// The same for entries whose own counts are all known before the launch (`counts`, written by
+// an earlier kernel): a state holds only inclusive counts, and an entry without one is read
+// from `counts`, so no entry ever waits for another.
+__device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 idx, u32 epoch,
+                                           u32 lane) {
+    u64 excl = 0;
+    u64 q = idx;
+    while (q > 0) {
+        const u64 e = q - 1 - lane;
+        const bool in = lane < q;
+        const u64 s = in ? *(volatile const u64*)&state[e] : 0;
+        const bool inc = in && (u32)(s >> 40) == epoch && ((s >> 38) & 3) == ST_INC;
+        const u32 incs = __ballot_sync(FULL, inc);
+        const u32 upto = incs != 0 ? (u32)__ffs(incs) - 1 : 31;
+        u64 v = 0;
+        if (in && lane <= upto) v = inc ? (s & ST_VAL) : counts[e];
+#pragma unroll
+        for (u32 o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+        excl += v;
+        if (incs != 0 || q <= 32) break;
+        q -= 32;
+    }
+    return excl;
+}
+
 // plan and the scan of its path lengths in one launch (for wmerge's steps, whose rows are not
 // compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
 // 256 threads, a row each; `state` one word per block. `flags` (step 1 only, else null): every
@@ -889,9 +914,8 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
 template <typename W, bool SIGNED>
 __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
                             const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,
-                            const u64* b_pos, const u64* b_len, u64* pstate, u32 epoch,
-                            u64 scratch_cap, u8* flags, W* scratch, W* dst, u64* offs,
-                            u32* err) {
+                            const u64* b_pos, const u64* b_len, u64* pcount, u64 scratch_cap,
+                            u8* flags, W* scratch, u64* offs, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (p >= pieces_max) return;
@@ -904,7 +928,7 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
     if (scratch != nullptr && g1 > scratch_cap) {  // never on the host's sizes; no results
         if (lane == 0) {
             atomicExch(err, 1u);
-            atomicExch(&pstate[p], st_word(epoch, ST_INC, 0));  // nobody waits for it
+            pcount[p] = 0;
         }
         return;
     }
@@ -944,36 +968,65 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         g = st + i1;
         j++;
     }
-    const bool ends = g1 == total;
-    if (ends)
+    if (g1 == total)
         for (u32 t = j + lane; t <= n; t += 32) offs[t] = out;
-    const u32 own1 = ends ? n + 1 : j;
+    if (lane == 0) pcount[p] = out;
+}
 
-    // The pieces before it (the look-back above), then its matches from the scratch to their
-    // place and its owned rows' offsets.
-    const u64 excl = warp_lookback(pstate, p, out, epoch, lane);
-
-    __syncwarp();
+// wplace, after wmerge: one warp per piece, as there. The piece's place is the sum of the
+// counts of the pieces before it (warp_prefix: a single-pass scan whose counts are all known,
+// so no warp waits); it copies its matches from the scratch to there (dst null: counting) and
+// adds the place to the offsets of the rows it owns (wmerge wrote them within the piece).
+template <typename W>
+__device__ void wplace_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
+                            const u64* pcount, u64* pstate, u32 epoch, const W* scratch, W* dst,
+                            u64* offs) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (p >= pieces_max) return;
+    const u64 total = act_start[n];
+    const u64 g0 = p * wpiece;
+    if (g0 >= total) return;  // (piece 0 of a call without work: every offset is 0 already)
+    const u64 g1 = (g0 + wpiece < total) ? g0 + wpiece : total;
+    const u64 own = pcount[p];
+    const u64 excl = warp_prefix(pstate, pcount, p, epoch, lane);
+    if (lane == 0) atomicExch(&pstate[p], st_word(epoch, ST_INC, excl + own));
     if (scratch != nullptr && dst != nullptr)
-        for (u64 i = lane; i < out; i += 32) dst[excl + i] = scratch[g0 + i];
-    if (excl != 0)
-        for (u32 t = own0 + lane; t < own1; t += 32) offs[t] += excl;
+        for (u64 i = lane; i < own; i += 32) dst[excl + i] = scratch[g0 + i];
+    if (excl == 0) return;
+    // The rows it owns: those starting in [g0, g1), and after the last piece every row left.
+    const u32 own0 = (u32)warp_lower_bound<u64, false>(act_start, 0, (u64)n + 1, g0, lane);
+    const u32 own1 = g1 == total
+                         ? n + 1
+                         : (u32)warp_lower_bound<u64, false>(act_start, own0, (u64)n + 1, g1, lane);
+    for (u32 t = own0 + lane; t < own1; t += 32) offs[t] += excl;
 }
 
 #define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
         u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const W* a_vals,             \
         const W* b_vals, const u64* a_pos, const u64* a_len, const u64* b_pos,                \
-        const u64* b_len, u64* pstate, u32 epoch, u64 scratch_cap, u8* flags, W* scratch,     \
-        W* dst, u64* offs, u32* err) {                                                        \
+        const u64* b_len, u64* pcount, u64 scratch_cap, u8* flags, W* scratch, u64* offs,     \
+        u32* err) {                                                                           \
         wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, a_vals, b_vals, a_pos,       \
-                               a_len, b_pos, b_len, pstate, epoch, scratch_cap, flags,        \
-                               scratch, dst, offs, err);                                      \
+                               a_len, b_pos, b_len, pcount, scratch_cap, flags, scratch, offs, \
+                               err);                                                          \
     }
 INSTANTIATE_WMERGE(u32, u32, false)
 INSTANTIATE_WMERGE(i32, u32, true)
 INSTANTIATE_WMERGE(u64, u64, false)
 INSTANTIATE_WMERGE(i64, u64, true)
+
+extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_32(
+    u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const u64* pcount, u64* pstate,
+    u32 epoch, const u32* scratch, u32* dst, u64* offs) {
+    wplace_impl<u32>(n, wpiece, pieces_max, act_start, pcount, pstate, epoch, scratch, dst, offs);
+}
+extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_64(
+    u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const u64* pcount, u64* pstate,
+    u32 epoch, const u64* scratch, u64* dst, u64* offs) {
+    wplace_impl<u64>(n, wpiece, pieces_max, act_start, pcount, pstate, epoch, scratch, dst, offs);
+}
 
 // ---------------------------------------------------------------------------------------
 // row_order: which rows of a list column are strictly increasing (`sorted`, one byte per row,

@@ -549,6 +549,52 @@ fn warp_call_after_a_tiled_one() {
     gpu::set_known_order(before);
 }
 
+/// `wmerge`'s steps never clear their look-back states: each launch tags its words with an
+/// epoch. When the 24-bit epochs run out they start again at 1 and every state buffer is
+/// cleared, so that a word written 2^24 epochs earlier cannot pass for the new launch's. Here
+/// the wrap comes right after a call of the same shape whose words carry the very epochs the
+/// wrapped call takes (1 and 2): uncleared, its inclusive counts would place the second
+/// call's rows.
+#[test]
+fn warp_calls_across_the_epoch_wrap() {
+    if !gpu_or_skip("warp_calls_across_the_epoch_wrap") {
+        return;
+    }
+    let mut rng = Rng(41);
+    let mut pair = || {
+        [
+            Column::from_rows(&order_rows(&mut rng, 20_000, 50.0, 2_000.0, u64::MAX)),
+            Column::from_rows(&order_rows(&mut rng, 20_000, 50.0, 2_000.0, u64::MAX)),
+        ]
+    };
+    let (first, second) = (pair(), pair());
+    let before = gpu::known_order();
+    gpu::set_known_order(gpu::KnownOrder::Warp);
+    let mut calls = Vec::new();
+    for cols in [&first, &second] {
+        let staged: Vec<_> = cols.iter().map(|c| c.host(false)).collect();
+        let kept: Vec<_> = cols.iter().map(|c| c.host(true)).collect();
+        let reference = gpu::intersect(&staged, None, Mode::Values, None, false).expect("staged");
+        // Copied to the device (and their row order found) before the epochs are set.
+        gpu::intersect(&kept, None, Mode::Values, Some(0), false).expect("upload");
+        calls.push((kept, reference));
+    }
+    for (i, (kept, reference)) in calls.iter().enumerate() {
+        // Epochs 1 and 2 for the first call; the second wraps around to them.
+        gpu::set_next_epoch(if i == 0 { 1 } else { u32::MAX });
+        let out = gpu::intersect(kept, None, Mode::Values, Some(0), false).expect("resident");
+        assert_eq!(out.timings.columns_reused, 2);
+        assert_same_rows(
+            &out.offsets,
+            out.values_slice(),
+            &out.flagged,
+            reference,
+            &format!("call {i} at the epoch wrap"),
+        );
+    }
+    gpu::set_known_order(before);
+}
+
 /// Resident columns carry the order of their rows, found on the device when copied there:
 /// rows known increasing skip the order check, and short rows against long known-increasing
 /// ones search the long row in device memory. Every use of it (ignored, check only, searching

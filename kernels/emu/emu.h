@@ -17,7 +17,7 @@
 #define __device__
 #define __shared__ static
 #define __forceinline__ inline
-#define __launch_bounds__(a,b)
+#define __launch_bounds__(...)
 struct dim3 { unsigned x = 0, y = 0, z = 0; };
 inline dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;

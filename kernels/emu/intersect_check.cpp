@@ -23,6 +23,7 @@ template <> struct K<u32, false> {
     template <class... A> static void merge(A... a) { merge_u32(a...); }
     template <class... A> static void merge_known(A... a) { merge_known_u32(a...); }
     template <class... A> static void wmerge(A... a) { wmerge_u32(a...); }
+    template <class... A> static void place(A... a) { wplace_32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
     template <class... A> static void order(A... a) { row_order_u32_o32(a...); }
 };
@@ -31,6 +32,7 @@ template <> struct K<u32, true> {
     template <class... A> static void merge(A... a) { merge_i32(a...); }
     template <class... A> static void merge_known(A... a) { merge_known_i32(a...); }
     template <class... A> static void wmerge(A... a) { wmerge_i32(a...); }
+    template <class... A> static void place(A... a) { wplace_32(a...); }
     template <class... A> static void gather(A... a) { gather_32(a...); }
     template <class... A> static void order(A... a) { row_order_i32_o32(a...); }
 };
@@ -39,6 +41,7 @@ template <> struct K<u64, false> {
     template <class... A> static void merge(A... a) { merge_u64(a...); }
     template <class... A> static void merge_known(A... a) { merge_known_u64(a...); }
     template <class... A> static void wmerge(A... a) { wmerge_u64(a...); }
+    template <class... A> static void place(A... a) { wplace_64(a...); }
     template <class... A> static void gather(A... a) { gather_64(a...); }
     template <class... A> static void order(A... a) { row_order_u64_o32(a...); }
 };
@@ -142,7 +145,11 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             fill(this_off, this_off + n + 1, ~0ull);
             const u32 ep = ++g_epoch;
             u64* ps = g_piece_states.data();
-            launch((pieces_max * 32 + WBLOCK - 1) / WBLOCK, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), ps, ep, (u64)cap, flags.data(), scr, dst, this_off, &err); });
+            // The piece counts poisoned too: wplace must read only what wmerge wrote.
+            fill(tile_cnt.begin(), tile_cnt.end(), ~0ull);
+            const u32 wblocks = (pieces_max * 32 + WBLOCK - 1) / WBLOCK;
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), (u64)cap, flags.data(), scr, this_off, &err); });
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, g_wpiece, pieces_max, act_start.data(), tile_cnt.data(), ps, ep, (const W*)scr, dst, this_off); });
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.

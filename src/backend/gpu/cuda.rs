@@ -145,6 +145,8 @@ struct Kernels {
     /// Steps over lists all known increasing ([`super::KnownOrder::Warp`]), by
     /// [`elem_index`].
     wmerge: [CudaFunction; 4],
+    /// `wplace_32`, `wplace_64`: after `wmerge`, each piece's matches to their place.
+    wplace: [CudaFunction; 2],
     /// 32-bit and 64-bit elements.
     gather: [CudaFunction; 2],
     /// Row order of a resident column, by [`elem_index`], then 32- / 64-bit offsets.
@@ -597,6 +599,7 @@ fn init() -> Result<Gpu, GpuError> {
             f("wmerge_u64")?,
             f("wmerge_i64")?,
         ],
+        wplace: [f("wplace_32")?, f("wplace_64")?],
         gather: [f("gather_32")?, f("gather_64")?],
         row_order: [
             [f("row_order_u32_o32")?, f("row_order_u32_o64")?],
@@ -1156,6 +1159,17 @@ fn resident_columns<T: SetElem>(
 /// before the device is set up.
 static LAUNCH_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+/// Tests only: the epoch the next launch with look-back states gets (from 1; at 2^24 the
+/// numbers start again at 1 and the state buffers are cleared), so that a test can reach the
+/// wrap-around in a few calls. No effect before the device is set up.
+#[doc(hidden)]
+pub fn set_next_epoch(next: u32) {
+    if let Ok(g) = gpu() {
+        let mut ws = g.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        ws.epoch = next.clamp(1, EPOCH_LIMIT) - 1;
+    }
+}
+
 /// Input value bytes one launch group of [`intersect`] takes at most (a batch past it is
 /// split), `None` before the device is set up.
 pub fn launch_group_bytes() -> Option<usize> {
@@ -1699,7 +1713,8 @@ fn run_chunk<T: SetElem>(
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
                 })?;
-            // SAFETY: as above; `piece_states` holds `pieces_max` entries, a piece writes its matches into the scratch at its own A positions
+            // SAFETY: as above; `tile_cnt` (the pieces' counts) and `piece_states` hold
+            // `pieces_max` entries, a piece writes its matches into the scratch at its own A positions
             // (fewer than `cap`, checked by the kernel) and then to `dst_vals` (at most `cap`
             // in all), the row offsets to `this_off` (n + 1 entries, as `act_start`).
             unsafe {
@@ -1718,14 +1733,29 @@ fn run_chunk<T: SetElem>(
                         arg(&a_len),
                         arg(&b_pos),
                         arg(&b_len),
-                        arg(&piece_states),
-                        arg(&piece_epoch),
+                        arg(&tile_cnt),
                         arg(&scratch_cap),
                         arg(&flags),
                         arg(&scratch_ptr),
-                        arg(&dst_vals),
                         arg(&this_off),
                         arg(&err),
+                    ],
+                )?;
+                g.launch(
+                    &kern.wplace[usize::from(esz == 8)],
+                    wblocks,
+                    WBLOCK,
+                    &mut [
+                        arg(&n32),
+                        arg(&wpiece32),
+                        arg(&pieces_max),
+                        arg(&act_start),
+                        arg(&tile_cnt),
+                        arg(&piece_states),
+                        arg(&piece_epoch),
+                        arg(&scratch_ptr),
+                        arg(&dst_vals),
+                        arg(&this_off),
                     ],
                 )?;
             }

@@ -43,7 +43,9 @@ mod simjoin;
 #[cfg(feature = "cuda")]
 pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
-pub use cuda::{device, intersect, intersect_resident, launch_group_bytes, measure_ceilings};
+pub use cuda::{
+    device, intersect, intersect_resident, launch_group_bytes, measure_ceilings, set_next_epoch,
+};
 #[cfg(feature = "cuda")]
 pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
 
@@ -52,7 +54,7 @@ mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
     DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, intersect_resident,
-    launch_group_bytes, measure_ceilings, submit_pairs, upload_sets, verify_pairs,
+    launch_group_bytes, measure_ceilings, set_next_epoch, submit_pairs, upload_sets, verify_pairs,
 };
 
 /// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each
