@@ -914,8 +914,8 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
 template <typename W, bool SIGNED>
 __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
                             const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,
-                            const u64* b_pos, const u64* b_len, u64* pcount, u64 scratch_cap,
-                            u8* flags, W* scratch, u64* offs, u32* err) {
+                            const u64* b_pos, const u64* b_len, u64* pcount, u64* prows,
+                            u64 scratch_cap, u8* flags, W* scratch, u64* offs, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (p >= pieces_max) return;
@@ -929,6 +929,7 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         if (lane == 0) {
             atomicExch(err, 1u);
             pcount[p] = 0;
+            prows[p] = 0;
         }
         return;
     }
@@ -970,62 +971,68 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
     }
     if (g1 == total)
         for (u32 t = j + lane; t <= n; t += 32) offs[t] = out;
-    if (lane == 0) pcount[p] = out;
+    // The piece's count, and the rows it owns (for wplace): [own0, own1), past the last row
+    // for the piece that ends the work.
+    if (lane == 0) {
+        pcount[p] = out;
+        prows[p] = (u64)own0 | ((u64)(g1 == total ? n + 1 : j) << 32);
+    }
 }
 
 // wplace, after wmerge: one warp per piece, as there. The piece's place is the sum of the
 // counts of the pieces before it (warp_prefix: a single-pass scan whose counts are all known,
 // so no warp waits); it copies its matches from the scratch to there (dst null: counting) and
-// adds the place to the offsets of the rows it owns (wmerge wrote them within the piece).
+// adds the place to the offsets of the rows it owns (wmerge wrote them within the piece, and
+// which rows those are in `prows`). A warp's few loads are independent of one another: it is
+// short, and its latency is what the launch costs.
 template <typename W>
 __device__ void wplace_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
-                            const u64* pcount, u64* pstate, u32 epoch, const W* scratch, W* dst,
-                            u64* offs) {
+                            const u64* pcount, const u64* prows, u64* pstate, u32 epoch,
+                            const W* scratch, W* dst, u64* offs) {
     const u32 lane = threadIdx.x & 31;
     const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (p >= pieces_max) return;
     const u64 total = act_start[n];
+    const u64 own = pcount[p];  // (unwritten past the last piece with work: not used there)
+    const u64 rows = prows[p];
     const u64 g0 = p * wpiece;
     if (g0 >= total) return;  // (piece 0 of a call without work: every offset is 0 already)
-    const u64 g1 = (g0 + wpiece < total) ? g0 + wpiece : total;
-    const u64 own = pcount[p];
     const u64 excl = warp_prefix(pstate, pcount, p, epoch, lane);
     if (lane == 0) atomicExch(&pstate[p], st_word(epoch, ST_INC, excl + own));
     if (scratch != nullptr && dst != nullptr)
         for (u64 i = lane; i < own; i += 32) dst[excl + i] = scratch[g0 + i];
     if (excl == 0) return;
-    // The rows it owns: those starting in [g0, g1), and after the last piece every row left.
-    const u32 own0 = (u32)warp_lower_bound<u64, false>(act_start, 0, (u64)n + 1, g0, lane);
-    const u32 own1 = g1 == total
-                         ? n + 1
-                         : (u32)warp_lower_bound<u64, false>(act_start, own0, (u64)n + 1, g1, lane);
-    for (u32 t = own0 + lane; t < own1; t += 32) offs[t] += excl;
+    const u32 own1 = (u32)(rows >> 32);
+    for (u32 t = (u32)rows + lane; t < own1; t += 32) offs[t] += excl;
 }
 
 #define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
         u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const W* a_vals,             \
         const W* b_vals, const u64* a_pos, const u64* a_len, const u64* b_pos,                \
-        const u64* b_len, u64* pcount, u64 scratch_cap, u8* flags, W* scratch, u64* offs,     \
-        u32* err) {                                                                           \
+        const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap, u8* flags, W* scratch,    \
+        u64* offs, u32* err) {                                                                \
         wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, a_vals, b_vals, a_pos,       \
-                               a_len, b_pos, b_len, pcount, scratch_cap, flags, scratch, offs, \
-                               err);                                                          \
+                               a_len, b_pos, b_len, pcount, prows, scratch_cap, flags,        \
+                               scratch, offs, err);                                           \
     }
 INSTANTIATE_WMERGE(u32, u32, false)
 INSTANTIATE_WMERGE(i32, u32, true)
 INSTANTIATE_WMERGE(u64, u64, false)
 INSTANTIATE_WMERGE(i64, u64, true)
 
-extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_32(
-    u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const u64* pcount, u64* pstate,
-    u32 epoch, const u32* scratch, u32* dst, u64* offs) {
-    wplace_impl<u32>(n, wpiece, pieces_max, act_start, pcount, pstate, epoch, scratch, dst, offs);
+#define WPLACE_ARGS                                                                        \
+    u32 n, u32 wpiece, u64 pieces_max, const u64 *act_start, const u64 *pcount,             \
+        const u64 *prows, u64 *pstate, u32 epoch
+extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_32(WPLACE_ARGS, const u32* scratch,
+                                                               u32* dst, u64* offs) {
+    wplace_impl<u32>(n, wpiece, pieces_max, act_start, pcount, prows, pstate, epoch, scratch, dst,
+                     offs);
 }
-extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_64(
-    u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const u64* pcount, u64* pstate,
-    u32 epoch, const u64* scratch, u64* dst, u64* offs) {
-    wplace_impl<u64>(n, wpiece, pieces_max, act_start, pcount, pstate, epoch, scratch, dst, offs);
+extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_64(WPLACE_ARGS, const u64* scratch,
+                                                               u64* dst, u64* offs) {
+    wplace_impl<u64>(n, wpiece, pieces_max, act_start, pcount, prows, pstate, epoch, scratch, dst,
+                     offs);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -147,9 +147,10 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             u64* ps = g_piece_states.data();
             // The piece counts poisoned too: wplace must read only what wmerge wrote.
             fill(tile_cnt.begin(), tile_cnt.end(), ~0ull);
+            fill(tile_pos.begin(), tile_pos.end(), ~0ull);
             const u32 wblocks = (pieces_max * 32 + WBLOCK - 1) / WBLOCK;
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), (u64)cap, flags.data(), scr, this_off, &err); });
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, g_wpiece, pieces_max, act_start.data(), tile_cnt.data(), ps, ep, (const W*)scr, dst, this_off); });
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, g_wpiece, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.

@@ -1713,8 +1713,8 @@ fn run_chunk<T: SetElem>(
                 u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
                 })?;
-            // SAFETY: as above; `tile_cnt` (the pieces' counts) and `piece_states` hold
-            // `pieces_max` entries, a piece writes its matches into the scratch at its own A positions
+            // SAFETY: as above; `tile_cnt` (the pieces' counts), `tile_pos` (the rows each
+            // owns) and `piece_states` hold `pieces_max` entries, a piece writes its matches into the scratch at its own A positions
             // (fewer than `cap`, checked by the kernel) and then to `dst_vals` (at most `cap`
             // in all), the row offsets to `this_off` (n + 1 entries, as `act_start`).
             unsafe {
@@ -1734,6 +1734,7 @@ fn run_chunk<T: SetElem>(
                         arg(&b_pos),
                         arg(&b_len),
                         arg(&tile_cnt),
+                        arg(&tile_pos),
                         arg(&scratch_cap),
                         arg(&flags),
                         arg(&scratch_ptr),
@@ -1751,6 +1752,7 @@ fn run_chunk<T: SetElem>(
                         arg(&pieces_max),
                         arg(&act_start),
                         arg(&tile_cnt),
+                        arg(&tile_pos),
                         arg(&piece_states),
                         arg(&piece_epoch),
                         arg(&scratch_ptr),
