@@ -36,6 +36,9 @@
 //              increasing and the host asks for it (KnownOrder::Warp): one warp per piece of
 //              the rows' A lists concatenated, both lists streamed in windows of 32 elements
 //              (coalesced loads, the lookups done by shuffles), no shared memory, no barrier.
+//              Such a step is three launches: plan_scan (plan and the scan of the path lengths,
+//              a single-pass scan), wmerge, and wplace (each piece's matches to their place
+//              and the row offsets, a single-pass scan of the pieces' counts).
 //
 //   row_order  (once per resident column, at upload) which rows are strictly increasing.
 //
@@ -285,12 +288,12 @@ extern "C" __global__ void scan_apply(const u64* in, u64 n, const u64* partials,
 
 // ---------------------------------------------------------------------------------------
 // Decoupled look-back (Merrill and Garland, "Single-pass Parallel Prefix Scan with Decoupled
-// Look-back"): entry i of a launch (a block, or a wmerge piece) publishes its own count, then
-// sums the counts of the entries before it, 32 at a time, until one has published the count
-// of everything up to and including it. Entries are numbered in launch order (block index, or
-// warp index within it): an entry waits only for entries already started (blocks are
-// dispatched in index order, and a block's warps are resident together), which never wait
-// for it.
+// Look-back"): entry i of a launch (a block of plan_scan, a piece of wplace) publishes its own
+// count, then sums the counts of the entries before it, 32 at a time, until one has published
+// the count of everything up to and including it. Entries are numbered in launch order
+// (block index, or warp index within it): an entry waits only for entries already started
+// (blocks are dispatched in index order, and a block's warps are resident together), which
+// never wait for it.
 // A state word: the call's epoch in the top 24 bits (the host numbers its launches; a word of
 // an earlier launch reads as not yet published, so the states are never cleared per launch),
 // the kind in the next 2 (1: the entry's own count, 2: inclusive), the count in the low 38.
@@ -821,12 +824,13 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // not), and each side moves past what can no longer match (at least one side by a whole
 // window per round); a B window wholly below A's is jumped over by a search. A piece's matches
 // go to its own slot of `scratch` (the piece's A positions: a step makes at most one match per
-// A element), so no atomic slot is taken. The step's output is then placed by the same launch,
-// with no scan or gather after it: the piece publishes its match count and sums those of the
-// pieces before it (the decoupled look-back above, pieces numbered in warp order),
-// copies its matches from the scratch (still in L2) to their place, and writes
-// the offsets of the rows that start in it. A row whose lists are not both known increasing
-// (a descent in a resident row) is flagged and left to the CPU. Each value comes from DRAM
+// A element), so no atomic slot is taken; with it the piece writes its count, and the offsets
+// of the rows that start in it counted from the piece's first match. wplace, the next launch,
+// then puts the matches in place and adds the piece's place to those offsets (a first version
+// did that at the end of wmerge itself, each piece waiting for the counts of the pieces before
+// it: slower, most likely because the waiting warps held their slots; kernels/NOTES.md). No
+// scan or gather runs between them. A row whose lists are not both known increasing (a
+// descent in a resident row) is flagged and left to the CPU. Each value comes from DRAM
 // once (a window's unconsumed part is read again from the caches), and no block waits at a
 // barrier.
 // ---------------------------------------------------------------------------------------
