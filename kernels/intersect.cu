@@ -368,13 +368,14 @@ __device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 id
 // plan and the scan of its path lengths in one launch (for wmerge's steps, whose rows are not
 // compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
 // 256 threads, a row each; `state` one word per block. `flags` (step 1 only, else null): every
-// row's flag cleared, so that the host need not clear them first.
+// row's flag cleared, and the kernels' error word, so that the host need not clear them first.
 template <typename O>
 __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
                                const u8* valid, u64 valid_off, const u64* prev_off,
                                const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos,
                                u64* a_len, u64* b_pos, u64* b_len, u64* plen, u64* nz,
-                               u64* row_cnt, u64* act_start, u64* state, u32 epoch, u8* flags) {
+                               u64* row_cnt, u64* act_start, u64* state, u32 epoch, u8* flags,
+                               u32* err) {
     __shared__ u64 sums[32];
     __shared__ u64 prefix;
     const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -383,6 +384,7 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
         len = plan_row<O>(r, PLAN_PASS);
         if (flags != nullptr) flags[r] = 0;
     }
+    if (flags != nullptr && r == 0) *err = 0;
     u64 total;
     const u64 ex = block_scan_u64(len, sums, &total);
     if (threadIdx.x < 32) {
@@ -394,12 +396,12 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
     if (r + 1 == n) act_start[n] = prefix + ex + len;
 }
 
-#define PLAN_SCAN_ARGS PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags
+#define PLAN_SCAN_ARGS PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err
 extern "C" __global__ void plan_scan_o32(PLAN_SCAN_ARGS) {
-    plan_scan_impl<int>(n, PLAN_PASS, act_start, state, epoch, flags);
+    plan_scan_impl<int>(n, PLAN_PASS, act_start, state, epoch, flags, err);
 }
 extern "C" __global__ void plan_scan_o64(PLAN_SCAN_ARGS) {
-    plan_scan_impl<i64>(n, PLAN_PASS, act_start, state, epoch, flags);
+    plan_scan_impl<i64>(n, PLAN_PASS, act_start, state, epoch, flags, err);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1455,7 +1455,7 @@ fn run_chunk<T: SetElem>(
     let act_start = ws.dev("act_start", (n + 1) * 8)?;
     let row_cnt = ws.dev("row_cnt", n * 8)?;
     // `wmerge` has no tile descriptors; its steps' look-back states (per block of plan_scan,
-    // per piece of wmerge) instead.
+    // per piece of wplace) instead.
     let descs = if warp {
         0
     } else {
@@ -1496,8 +1496,8 @@ fn run_chunk<T: SetElem>(
     let piece = super::stage_piece();
     let small_at = off_at.first().copied().unwrap_or(in_bytes);
     let (e0, e1, e2, e3, e4) = (g.event()?, g.event()?, g.event()?, g.event()?, g.event()?);
-    // Around each step's merge kernels (partition and merge, or `wmerge`), for the benchmarks'
-    // breakdown; made here, so that nothing but launches sits between the kernels.
+    // Around each step's merge kernels (partition and merge, or `wmerge` and `wplace`), for the
+    // benchmarks' breakdown; made here, so that nothing but launches sits between the kernels.
     let merge_marks = (1..k)
         .map(|_| Ok((g.event()?, g.event()?)))
         .collect::<Result<Vec<_>, GpuError>>()?;
@@ -1583,12 +1583,13 @@ fn run_chunk<T: SetElem>(
     let kern = &g.kernels;
     let cs = g.stream.cu_stream();
     // SAFETY (memsets): every target lies inside a buffer allocated above with that size.
-    // (`wmerge`'s plan clears the flags itself.)
-    unsafe {
-        if !warp {
+    // (`wmerge`'s plan_scan clears the flags and the error word itself: its call queues
+    // nothing but its three launches per step.)
+    if !warp {
+        unsafe {
             result::memset_d8_async(d_out + flags_at as u64, 0, n, cs).map_err(drv("memset"))?;
+            result::memset_d8_async(misc, 0, 64, cs).map_err(drv("memset"))?;
         }
-        result::memset_d8_async(misc, 0, 64, cs).map_err(drv("memset"))?;
     }
     let ptrs = d_in + ptrs_at as u64;
     let bases = d_in + bases_at as u64;
@@ -1685,6 +1686,7 @@ fn run_chunk<T: SetElem>(
                     arg(&row_states),
                     arg(&row_epoch),
                     arg(&step_flags),
+                    arg(&err),
                 ]);
             }
             g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
@@ -1714,9 +1716,10 @@ fn run_chunk<T: SetElem>(
                     GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
                 })?;
             // SAFETY: as above; `tile_cnt` (the pieces' counts), `tile_pos` (the rows each
-            // owns) and `piece_states` hold `pieces_max` entries, a piece writes its matches into the scratch at its own A positions
-            // (fewer than `cap`, checked by the kernel) and then to `dst_vals` (at most `cap`
-            // in all), the row offsets to `this_off` (n + 1 entries, as `act_start`).
+            // owns) and `piece_states` hold `pieces_max` entries; a piece writes its matches
+            // into the scratch at its own A positions (fewer than `cap`, checked by the
+            // kernel), `wplace` copies them to `dst_vals` (at most `cap` in all), and the row
+            // offsets go to `this_off` (n + 1 entries, as `act_start`).
             unsafe {
                 g.launch(
                     &kern.wmerge[variant],
@@ -1810,7 +1813,7 @@ fn run_chunk<T: SetElem>(
             }
         }
         g.record(m1)?;
-        // `wmerge` placed the step's values and wrote its offsets itself.
+        // `wplace` placed the step's values and finished its offsets.
         if warp {
             continue;
         }

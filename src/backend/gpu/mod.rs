@@ -474,7 +474,7 @@ pub struct Timings {
     pub h2d_ms: f64,
     /// All kernels.
     pub kernel_ms: f64,
-    /// Of `kernel_ms`, the merge kernels alone (partition and merge, or `wmerge`).
+    /// Of `kernel_ms`, the merge kernels alone (partition and merge, or `wmerge` and `wplace`).
     pub merge_ms: f64,
     /// Device-to-host copies of the results.
     pub d2h_ms: f64,
