@@ -369,13 +369,14 @@ __device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 id
 // compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
 // 256 threads, a row each; `state` one word per block. `flags` (step 1 only, else null): every
 // row's flag cleared, and the kernels' error word, so that the host need not clear them first.
+// `ticket` (wmerge's next piece, taken by its warps) is cleared at every step.
 template <typename O>
 __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
                                const u8* valid, u64 valid_off, const u64* prev_off,
                                const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos,
                                u64* a_len, u64* b_pos, u64* b_len, u64* plen, u64* nz,
                                u64* row_cnt, u64* act_start, u64* state, u32 epoch, u8* flags,
-                               u32* err) {
+                               u32* err, u32* ticket) {
     __shared__ u64 sums[32];
     __shared__ u64 prefix;
     const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -385,6 +386,7 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
         if (flags != nullptr) flags[r] = 0;
     }
     if (flags != nullptr && r == 0) *err = 0;
+    if (r == 0) *ticket = 0;
     u64 total;
     const u64 ex = block_scan_u64(len, sums, &total);
     if (threadIdx.x < 32) {
@@ -396,12 +398,13 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
     if (r + 1 == n) act_start[n] = prefix + ex + len;
 }
 
-#define PLAN_SCAN_ARGS PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err
+#define PLAN_SCAN_ARGS                                                                     \
+    PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err, u32 *ticket
 extern "C" __global__ void plan_scan_o32(PLAN_SCAN_ARGS) {
-    plan_scan_impl<int>(n, PLAN_PASS, act_start, state, epoch, flags, err);
+    plan_scan_impl<int>(n, PLAN_PASS, act_start, state, epoch, flags, err, ticket);
 }
 extern "C" __global__ void plan_scan_o64(PLAN_SCAN_ARGS) {
-    plan_scan_impl<i64>(n, PLAN_PASS, act_start, state, epoch, flags, err);
+    plan_scan_impl<i64>(n, PLAN_PASS, act_start, state, epoch, flags, err, ticket);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -813,10 +816,11 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 
 // ---------------------------------------------------------------------------------------
 // wmerge: a step over lists all known to be strictly increasing (device-resident columns
-// whose row order was computed at upload), one warp per piece of `wpiece` consecutive positions
+// whose row order was computed at upload), a warp at a time per piece of consecutive positions
 // of the rows' A lists concatenated (plan gives every row with work a path of |A| positions;
 // the host does not compact the rows first: `act_start` is the scan over every row, a row
-// without work an empty range that the walk steps over).
+// without work an empty range that the walk steps over). The piece size is the step's own
+// (`wpiece_of`, from its A total), and the warps take pieces by a ticket.
 // A piece may hold the end of one row, whole short rows and the start of another. For each of
 // its row segments (a segment starting inside a row first finds where its first A element
 // would sit in B, by a 32-way search) the warp walks A and B in windows of 32 elements, one
@@ -917,20 +921,35 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
     return m;
 }
 
+// A step's piece size: `hi` A positions, halved (never below `lo`) until the step's `total` A
+// positions make at least `want` pieces. Chosen on the device from the step's own total (a
+// later step's A, the previous step's matches, is known only there): large pieces spread each
+// piece's row lookup and first search over more work, and enough pieces keep every
+// multiprocessor's warps busy to the end (kernels/NOTES.md, "A piece size per step").
+__device__ __forceinline__ u32 wpiece_of(u64 total, u32 lo, u32 hi, u64 want) {
+    u32 p = hi;
+    while (p / 2 >= lo && total / p < want) p >>= 1;
+    return p;
+}
+
+// Whether the step's pieces (at least one: piece 0 writes the offsets of a step without work)
+// are more than `pieces_max`. (A multiplication here and a division above: the register
+// allocation NVRTC 13.0 gives wmerge_u32 spills least so, 12 bytes as before the per-step
+// size; a multiplication above spilled 20.)
+__device__ __forceinline__ bool wpieces_over(u64 total, u32 wp, u64 pieces_max) {
+    return total > pieces_max * wp;
+}
+
+// One piece of a wmerge step: positions [g0, g0 + wp) of the step's `total`.
 template <typename W, bool SIGNED>
-__device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
-                            const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,
-                            const u64* b_pos, const u64* b_len, u64* pcount, u64* prows,
-                            u64 scratch_cap, u8* flags, W* scratch, u64* offs, u32* err) {
-    const u32 lane = threadIdx.x & 31;
-    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (p >= pieces_max) return;
-    const u64 total = act_start[n];
-    const u64 g0 = p * wpiece;
-    // Past the last piece with work (piece 0 always runs: with no work at all it still writes
-    // the offsets).
-    if (g0 >= total && p > 0) return;
-    const u64 g1 = (g0 + wpiece < total) ? g0 + wpiece : total;
+__device__ __forceinline__ void wmerge_piece(u64 p, u64 g0, u32 wp, u64 total, u32 lane, u32 n,
+                                             const u64* act_start, const W* a_vals,
+                                             const W* b_vals, const u64* a_pos,
+                                             const u64* a_len, const u64* b_pos,
+                                             const u64* b_len, u64* pcount, u64* prows,
+                                             u64 scratch_cap, u8* flags, W* scratch, u64* offs,
+                                             u32* err) {
+    const u64 g1 = (g0 + wp < total) ? g0 + wp : total;
     if (scratch != nullptr && g1 > scratch_cap) {  // never on the host's sizes; no results
         if (lane == 0) {
             atomicExch(err, 1u);
@@ -939,10 +958,10 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         }
         return;
     }
-    // The rows this piece owns (their offsets are written here): those starting in [g0, g1),
-    // and for the piece ending the work every row after it too (they start at `total`), with
-    // offs[n]. The walk starts at the first owned row, or at the row before it when that row
-    // runs across g0.
+    // The rows this piece owns (their offsets are written here): those starting in
+    // [g0, g1), and for the piece ending the work every row after it too (they start at
+    // `total`), with offs[n]. The walk starts at the first owned row, or at the row before
+    // it when that row runs across g0.
     const u32 own0 = (u32)warp_lower_bound<u64, false>(act_start, 0, (u64)n + 1, g0, lane);
     u32 j = (own0 > 0 && act_start[own0] > g0) ? own0 - 1 : own0;
     u64 g = g0;
@@ -959,8 +978,8 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         const u64 i0 = g - st, i1 = (en < g1 ? en : g1) - st;
         const u64 al = a_len[j], bl = b_len[j];
         u32 m = 0;
-        // A row not known increasing, or with nearly 2^32 elements or more in a list (32-bit
-        // positions keep the loop in 40 registers), is left to the CPU.
+        // A row not known increasing, or with nearly 2^32 elements or more in a list
+        // (32-bit positions keep the loop in 40 registers), is left to the CPU.
         if ((al & LEN_KNOWN) == 0 || (bl & LEN_KNOWN) == 0 ||
             ((al | bl) & LEN_MASK) > 0xffffff00ull) {
             if (lane == 0) flags[j] = 1;
@@ -976,51 +995,93 @@ __device__ void wmerge_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_st
         j++;
     }
     if (g1 == total)
-        for (u32 t = j + lane; t <= n; t += 32) offs[t] = out;
-    // The piece's count, and the rows it owns (for wplace): [own0, own1), past the last row
-    // for the piece that ends the work.
+        for (u32 r = j + lane; r <= n; r += 32) offs[r] = out;
+    // The piece's count, and the rows it owns (for wplace): [own0, own1), past the last
+    // row for the piece that ends the work.
     if (lane == 0) {
         pcount[p] = out;
         prows[p] = (u64)own0 | ((u64)(g1 == total ? n + 1 : j) << 32);
     }
 }
 
-// wplace, after wmerge: one warp per piece, as there. The piece's place is the sum of the
-// counts of the pieces before it (warp_prefix: a single-pass scan whose counts are all known,
-// so no warp waits); it copies its matches from the scratch to there (dst null: counting) and
-// adds the place to the offsets of the rows it owns (wmerge wrote them within the piece, and
-// which rows those are in `prows`). A warp's few loads are independent of one another: it is
-// short, and its latency is what the launch costs.
-template <typename W>
-__device__ void wplace_impl(u32 n, u32 wpiece, u64 pieces_max, const u64* act_start,
-                            const u64* pcount, const u64* prows, u64* pstate, u32 epoch,
-                            const W* scratch, W* dst, u64* offs) {
+// A warp per piece (the launch has a warp for each piece the step can have), or with
+// WTICKET the warps take pieces by a ticket (cleared by plan_scan), so that a launch of the
+// warps that fit the device at once covers any number of pieces.
+#ifndef WTICKET
+#define WTICKET 0
+#endif
+template <typename W, bool SIGNED>
+__device__ void wmerge_impl(u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, u32* ticket,
+                            const u64* act_start, const W* a_vals, const W* b_vals,
+                            const u64* a_pos, const u64* a_len, const u64* b_pos,
+                            const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,
+                            u8* flags, W* scratch, u64* offs, u32* err) {
     const u32 lane = threadIdx.x & 31;
-    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (p >= pieces_max) return;
     const u64 total = act_start[n];
-    const u64 own = pcount[p];  // (unwritten past the last piece with work: not used there)
-    const u64 rows = prows[p];
-    const u64 g0 = p * wpiece;
-    if (g0 >= total) return;  // (piece 0 of a call without work: every offset is 0 already)
-    const u64 excl = warp_prefix(pstate, pcount, p, epoch, lane);
-    if (lane == 0) atomicExch(&pstate[p], st_word(epoch, ST_INC, excl + own));
-    if (scratch != nullptr && dst != nullptr)
-        for (u64 i = lane; i < own; i += 32) dst[excl + i] = scratch[g0 + i];
-    if (excl == 0) return;
-    const u32 own1 = (u32)(rows >> 32);
-    for (u32 t = (u32)rows + lane; t < own1; t += 32) offs[t] += excl;
+    const u32 wp = wpiece_of(total, wlo, whi, wwant);
+    if (wpieces_over(total, wp, pieces_max)) {  // never on the host's sizes; no results
+        if (lane == 0) atomicExch(err, 1u);
+        return;
+    }
+#if WTICKET
+    for (;;) {
+        u32 t = 0;
+        if (lane == 0) t = atomicAdd(ticket, 1u);
+        const u64 p = __shfl_sync(FULL, t, 0);
+#else
+    {
+        const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+#endif
+        const u64 g0 = p * wp;
+        // Past the last piece (piece 0 always runs).
+        if (g0 >= total && p > 0) return;
+        wmerge_piece<W, SIGNED>(p, g0, wp, total, lane, n, act_start, a_vals, b_vals, a_pos,
+                                a_len, b_pos, b_len, pcount, prows, scratch_cap, flags, scratch,
+                                offs, err);
+    }
+}
+
+// wplace, after wmerge: the same pieces (the same size, from the same total), each warp taking
+// every (warps in the launch)-th. The piece's place is the sum of the counts of the pieces
+// before it (warp_prefix: a single-pass scan whose counts are all known, so no warp waits); it
+// copies its matches from the scratch to there (dst null: counting) and adds the place to the
+// offsets of the rows it owns (wmerge wrote them within the piece, and which rows those are in
+// `prows`). A piece's few loads are independent of one another: it is short, and its latency
+// is what the launch costs.
+template <typename W>
+__device__ void wplace_impl(u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max,
+                            const u64* act_start, const u64* pcount, const u64* prows,
+                            u64* pstate, u32 epoch, const W* scratch, W* dst, u64* offs) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 total = act_start[n];
+    // (piece 0 of a call without work: every offset is 0 already)
+    if (total == 0) return;
+    const u32 wp = wpiece_of(total, wlo, whi, wwant);
+    if (wpieces_over(total, wp, pieces_max)) return;  // (wmerge set the error word)
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p * wp < total; p += warps) {
+        const u64 own = pcount[p];
+        const u64 rows = prows[p];
+        const u64 g0 = p * wp;
+        const u64 excl = warp_prefix(pstate, pcount, p, epoch, lane);
+        if (lane == 0) atomicExch(&pstate[p], st_word(epoch, ST_INC, excl + own));
+        if (scratch != nullptr && dst != nullptr)
+            for (u64 i = lane; i < own; i += 32) dst[excl + i] = scratch[g0 + i];
+        if (excl == 0) continue;
+        const u32 own1 = (u32)(rows >> 32);
+        for (u32 t = (u32)rows + lane; t < own1; t += 32) offs[t] += excl;
+    }
 }
 
 #define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
-        u32 n, u32 wpiece, u64 pieces_max, const u64* act_start, const W* a_vals,             \
-        const W* b_vals, const u64* a_pos, const u64* a_len, const u64* b_pos,                \
-        const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap, u8* flags, W* scratch,    \
-        u64* offs, u32* err) {                                                                \
-        wmerge_impl<W, SIGNED>(n, wpiece, pieces_max, act_start, a_vals, b_vals, a_pos,       \
-                               a_len, b_pos, b_len, pcount, prows, scratch_cap, flags,        \
-                               scratch, offs, err);                                           \
+        u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, u32* ticket, const u64* act_start, \
+        const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,                 \
+        const u64* b_pos, const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,         \
+        u8* flags, W* scratch, u64* offs, u32* err) {                                         \
+        wmerge_impl<W, SIGNED>(n, wlo, whi, wwant, pieces_max, ticket, act_start, a_vals,     \
+                               b_vals, a_pos, a_len, b_pos, b_len, pcount, prows,             \
+                               scratch_cap, flags, scratch, offs, err);                       \
     }
 INSTANTIATE_WMERGE(u32, u32, false)
 INSTANTIATE_WMERGE(i32, u32, true)
@@ -1028,17 +1089,16 @@ INSTANTIATE_WMERGE(u64, u64, false)
 INSTANTIATE_WMERGE(i64, u64, true)
 
 #define WPLACE_ARGS                                                                        \
-    u32 n, u32 wpiece, u64 pieces_max, const u64 *act_start, const u64 *pcount,             \
-        const u64 *prows, u64 *pstate, u32 epoch
+    u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, const u64 *act_start,               \
+        const u64 *pcount, const u64 *prows, u64 *pstate, u32 epoch
+#define WPLACE_PASS n, wlo, whi, wwant, pieces_max, act_start, pcount, prows, pstate, epoch
 extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_32(WPLACE_ARGS, const u32* scratch,
                                                                u32* dst, u64* offs) {
-    wplace_impl<u32>(n, wpiece, pieces_max, act_start, pcount, prows, pstate, epoch, scratch, dst,
-                     offs);
+    wplace_impl<u32>(WPLACE_PASS, scratch, dst, offs);
 }
 extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_64(WPLACE_ARGS, const u64* scratch,
                                                                u64* dst, u64* offs) {
-    wplace_impl<u64>(n, wpiece, pieces_max, act_start, pcount, prows, pstate, epoch, scratch, dst,
-                     offs);
+    wplace_impl<u64>(WPLACE_PASS, scratch, dst, offs);
 }
 
 // ---------------------------------------------------------------------------------------

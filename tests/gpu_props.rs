@@ -839,6 +839,12 @@ fn bench_known_order() {
         gpu::KnownOrder::Search(16),
         gpu::KnownOrder::Warp,
     ];
+    // DFSETS_BENCH_KO_MODES=warp: `wmerge` and the tile kernel at ratio 4 (the reference of
+    // earlier runs) alone, for side-by-side runs of `wmerge`'s settings.
+    let modes: Vec<_> = match std::env::var("DFSETS_BENCH_KO_MODES").as_deref() {
+        Ok("warp") => vec![gpu::KnownOrder::Search(4), gpu::KnownOrder::Warp],
+        _ => modes.to_vec(),
+    };
     let before = gpu::known_order();
     for (name, cols) in shapes {
         let kept: Vec<_> = cols.iter().map(|c| c.host(true)).collect();

@@ -5,6 +5,7 @@
 #include <random>
 #include <algorithm>
 #include <set>
+#include <string>
 using namespace std;
 
 static void scan(const u64* in, u64 n, u64* out) {
@@ -50,8 +51,16 @@ template <> struct K<u64, false> {
 // row-order flags (bit j: list j; computed by row_order and checked against the rows), as a
 // resident column has them; ratio: plan's search ratio (0: no row searches B); warp: the step
 // runs wmerge, as the host does when every list is known (ratio's bit 31 for plan).
-// wmerge's A positions per warp.
-static u32 g_wpiece = 256;
+// wmerge's pieces, as the host's `WPieces`: `hi` A positions halved (down to `lo`) until a step
+// has `want` pieces; lo == hi fixes the size. And its blocks (at most g_wblocks: the warps take
+// pieces by ticket, WTICKET, so a few blocks cover every piece, each warp several; else a warp
+// per piece the step can have, as the host launches it).
+static u32 g_wlo = 256, g_whi = 256;
+static u64 g_wwant = 1;
+static u32 g_wblocks = 3;
+static void fixed_pieces(u32 p) { g_wlo = g_whi = p; }
+// The piece size each wmerge step took (printed with the case).
+static vector<u64> g_steps;
 // As the host: look-back states kept from launch to launch (never cleared: each launch has
 // its own epoch), for plan_scan's blocks and wmerge's pieces.
 static vector<u64> g_row_states(1 << 16), g_piece_states(1 << 16);
@@ -101,7 +110,9 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
     size_t cap = SIZE_MAX, maxb = 0;
     for (u32 j = 0; j < k; j++) { size_t c = offs[j][n] - offs[j][0]; cap = min(cap, c); maxb = max(maxb, c); }
     u64 tiles_max = max<u64>((cap + maxb + TILE - 1) / TILE, 1);
-    const u64 pieces_max = max<u64>((cap + g_wpiece - 1) / g_wpiece, 1);
+    // As the host (`WPieces::pieces_max`): fewer than 2 want pieces once the size was halved,
+    // and never more than pieces of `lo`.
+    const u64 pieces_max = max<u64>(min<u64>(max<u64>((cap + g_whi - 1) / g_whi, g_wlo < g_whi ? 2 * g_wwant : 0), (cap + g_wlo - 1) / g_wlo), 1);
     if (warp) tiles_max = pieces_max;
     const u32 plan_ratio = warp ? (ratio | 0x80000000u) : ratio;
     vector<u32> sel(n), act_row(n);
@@ -113,7 +124,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
     vector<W> scratch(cap + 1), res0(cap + 1), res1(cap + 1), outv(cap + 1);
     vector<u64> roff0(n + 1), roff1(n + 1), outoff(n + 1);
     vector<u8> flags(n);
-    u64 scratch_top = 0; u32 err = 0;
+    u64 scratch_top = 0; u32 err = 0, ticket = 77;
     W* res[2] = {res0.data(), res1.data()};
     u64* roff[2] = {roff0.data(), roff1.data()};
     for (u32 step = 1; step < k; step++) {
@@ -130,7 +141,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             const u32 ep = ++g_epoch;
             u8* fl = step == 1 ? flags.data() : nullptr;
             u64* rs = g_row_states.data();
-            launch((n + 255) / 256, 256, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err); });
+            launch((n + 255) / 256, 256, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, &ticket); });
         } else {
             launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
             scan(nz.data(), n, act_at.data());
@@ -148,9 +159,18 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             // The piece counts poisoned too: wplace must read only what wmerge wrote.
             fill(tile_cnt.begin(), tile_cnt.end(), ~0ull);
             fill(tile_pos.begin(), tile_pos.end(), ~0ull);
-            const u32 wblocks = (pieces_max * 32 + WBLOCK - 1) / WBLOCK;
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wpiece, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, g_wpiece, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
+            const u64 full = (pieces_max * 32 + WBLOCK - 1) / WBLOCK;
+            const u32 wblocks = WTICKET ? min<u64>(full, g_wblocks) : full;
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wlo, g_whi, g_wwant, pieces_max, &ticket, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, g_wlo, g_whi, g_wwant, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
+            // With tickets: every piece taken once, then one ticket per warp that found none
+            // left.
+            const u64 total = act_start[n];
+            u64 wp = g_whi;
+            while (wp / 2 >= g_wlo && total / wp < g_wwant) wp >>= 1;
+            const u64 np = total == 0 ? 1 : (total + wp - 1) / wp;
+            if (WTICKET && ticket != np + (u64)wblocks * (WBLOCK / 32)) { printf("%s step %u: %u tickets for %llu pieces\n", name, step, ticket, (unsigned long long)np); bad++; }
+            g_steps.push_back(wp);
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });
         // As the host: the known-order merge when a list has row-order flags.
@@ -226,7 +246,10 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
                 if (to_key<W, SIGNED>(rows[r][j][i - 1]) >= to_key<W, SIGNED>(rows[r][j][i])) uns = true;
         if (uns && !flags[r]) { printf("%s row %u: unsorted but not flagged\n", name, r); bad++; }
     }
-    printf("%s: n=%u k=%u known=%u ratio=%u tiles_max=%llu total=%llu searching=%llu results=%llu bad=%d\n", name, n, k, known, ratio, tiles_max, (unsigned long long)act_start[n], (unsigned long long)searching, (unsigned long long)outoff[n], bad);
+    string sizes;
+    for (u64 wp : g_steps) sizes += " " + to_string(wp);
+    g_steps.clear();
+    printf("%s: n=%u k=%u known=%u ratio=%u tiles_max=%llu total=%llu searching=%llu results=%llu pieces%s bad=%d\n", name, n, k, known, ratio, tiles_max, (unsigned long long)act_start[n], (unsigned long long)searching, (unsigned long long)outoff[n], warp ? sizes.c_str() : " -", bad);
     return bad;
 }
 
@@ -306,20 +329,23 @@ int warp_edges() {
         if (r % 5 == 0) { rows.push_back({{1, 2}, {2, 3}}); valid.push_back(false); }
     }
     for (int i = 0; i < 7; i++) empty_row();
-    g_wpiece = 32;
+    fixed_pieces(32);
     bad += run_case<u32, false>(rows, valid, false, 3, 0, "u32 k2 warp, edges", true);
     vector<vector<vector<u32>>> none(rows.begin(), rows.begin() + 5);
     vector<bool> nv(5, true);
     nv[2] = false;
     bad += run_case<u32, false>(none, nv, false, 3, 0, "u32 k2 warp, no work", true);
     bad += run_case<u32, false>(none, nv, true, 3, 0, "u32 k2 warp counts, no work", true);
-    g_wpiece = 256;
+    fixed_pieces(256);
     return bad;
 }
 
-int main() {
+int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash keeps the lines before it
     int bad = 0;
+    // "warp": the wmerge suites alone (the build with WTICKET runs only those).
+    const bool warp_only = argc > 1 && string(argv[1]) == "warp";
+    if (!warp_only) {
     // Staged lists (no row-order flags), then lists with flags (as resident columns), rows
     // searching B where |B| >= ratio |A|.
     bad += suite<u32, false>(1, 2, false, 0, 0, "u32 k2");
@@ -334,14 +360,26 @@ int main() {
     bad += suite<u32, true>(10, 2, false, 3, 2, "i32 k2 known, search");
     bad += suite<u64, false>(11, 2, false, 1, 2, "u64 k2 A known");
     bad += suite<u32, false>(12, 4, false, 15, 0, "u32 k4 known, no search");
+    }
     // wmerge: every list known (as the host requires), with and without rows that search.
     // wmerge: every list known (as the host requires); plan ignores the search ratio there.
-    g_wpiece = 32;  // pieces of one window: many pieces per row, rows sharing pieces
+    fixed_pieces(32);  // pieces of one window: many pieces per row, rows sharing pieces
     bad += suite<u32, false>(20, 2, false, 3, 0, "u32 k2 warp, pieces of 32", true);
     bad += suite<u32, false>(21, 3, false, 7, 0, "u32 k3 warp, pieces of 32", true);
-    g_wpiece = 1000;
+    fixed_pieces(1000);
     bad += suite<u32, false>(22, 2, false, 3, 2, "u32 k2 warp, pieces of 1000, ratio ignored", true);
-    g_wpiece = 256;
+    // Each step's own size (the host's rule): 2,048 halved until 40 pieces (the last steps of
+    // k = 3 and 4, over fewer A positions, take smaller pieces), a size not a power of two
+    // halved down to its floor (1,000, 500, 250, 125; not 62), and one block (a warp takes up to a fifth of the pieces).
+    g_wlo = 32, g_whi = 2048, g_wwant = 40;
+    bad += suite<u32, false>(23, 3, false, 7, 0, "u32 k3 warp, pieces per step", true);
+    bad += suite<u32, false>(24, 4, true, 15, 0, "u32 k4 warp counts, pieces per step", true);
+    g_wlo = 100, g_whi = 1000;
+    g_wblocks = 1;
+    bad += suite<u64, false>(25, 3, false, 7, 0, "u64 k3 warp, pieces per step from 1000", true);
+    g_wblocks = 3;
+    g_wwant = 1;
+    fixed_pieces(256);
     bad += suite<u32, false>(13, 2, false, 3, 0, "u32 k2 warp", true);
     bad += suite<u32, false>(15, 2, true, 3, 0, "u32 k2 warp counts", true);
     bad += suite<u32, false>(16, 3, false, 7, 0, "u32 k3 warp", true);

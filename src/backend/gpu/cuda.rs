@@ -37,10 +37,15 @@ const MERGE_ITEMS: u32 = 8;
 const MERGE_THREADS: u32 = 256;
 /// Threads of a gather block (one warp per tile).
 const GATHER_THREADS: u32 = 256;
-/// Threads of a `wmerge` block (`WBLOCK` in kernels/intersect.cu) and the most A positions
-/// per warp (see `Gpu::wpiece`).
+/// Threads of a `wmerge` block (`WBLOCK` in kernels/intersect.cu) and the blocks per
+/// multiprocessor it is compiled for (`WMINB`).
 const WBLOCK: u32 = 256;
-const WPIECE: u32 = 1024;
+const WMINB: u32 = 6;
+/// A `wmerge` step's piece size (see `WPieces`): the most and the fewest A positions per
+/// piece, and the pieces per multiprocessor wanted.
+const WPIECE_MAX: u32 = 2048;
+const WPIECE_MIN: u32 = 256;
+const WPIECES_PER_SM: u32 = 96;
 /// Elements per block of the scan kernels, and their threads.
 const SCAN_SEG: u64 = 4096;
 const SCAN_THREADS: u32 = 1024;
@@ -60,6 +65,13 @@ pub(super) fn source_from_env(var: &str) -> Result<Option<String>, GpuError> {
             std::fs::read_to_string(&p).map_err(|e| GpuError::Compile(format!("{var} {p:?}: {e}")))
         })
         .transpose()
+}
+
+/// An experiment's setting from the environment: `None` when unset or not a number.
+fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
 }
 
 /// A numeric knob from the environment (measurements and tests: piece sizes, thresholds),
@@ -319,6 +331,53 @@ impl Drop for LentPinned {
     }
 }
 
+/// How a `wmerge` step sizes its pieces of A positions. The step's A total is known only on
+/// the device (a later step's A is the previous step's matches), so the kernels choose
+/// (`wpiece_of` in kernels/intersect.cu): `hi` positions, halved (never below `lo`) until the step
+/// makes at least `per_sm` pieces per multiprocessor. Large pieces spread each piece's row
+/// lookup and first search over more work; enough pieces keep every warp busy to the end of
+/// the step (measured on an H200: kernels/NOTES.md, "A piece size per step").
+/// `DFSETS_GPU_WPIECE` fixes the size (`lo` = `hi`), `DFSETS_GPU_WPIECE_MIN` / `_MAX` /
+/// `_PER_SM` set the rule's terms (experiments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WPieces {
+    lo: u32,
+    hi: u32,
+    per_sm: u32,
+}
+
+impl WPieces {
+    fn from_env() -> Self {
+        let size = |v: &str| env_u32(v).filter(|p| (32..=65_536).contains(p));
+        let (lo, hi) = match size("DFSETS_GPU_WPIECE") {
+            Some(p) => (p, p),
+            None => {
+                let hi = size("DFSETS_GPU_WPIECE_MAX").unwrap_or(WPIECE_MAX);
+                (
+                    size("DFSETS_GPU_WPIECE_MIN").unwrap_or(WPIECE_MIN).min(hi),
+                    hi,
+                )
+            }
+        };
+        let per_sm = env_u32("DFSETS_GPU_WPIECE_PER_SM")
+            .filter(|w| (1..=65_536).contains(w))
+            .unwrap_or(WPIECES_PER_SM);
+        WPieces { lo, hi, per_sm }
+    }
+
+    /// The pieces of any step whose A holds at most `cap` positions, `want` wanted: the
+    /// kernels' size keeps halving only while the pieces are fewer than `want`, so a step makes
+    /// fewer than 2 `want` of them unless its size stayed `hi` (then at most `cap / hi`), and
+    /// never more than pieces of `lo` would make (a small call launches few warps).
+    fn pieces_max(&self, cap: u64, want: u64) -> u64 {
+        let halved = if self.lo < self.hi { 2 * want } else { 0 };
+        cap.div_ceil(u64::from(self.hi))
+            .max(halved)
+            .min(cap.div_ceil(u64::from(self.lo)))
+            .max(1)
+    }
+}
+
 /// Pooled memory: named device buffers and two pinned staging buffers, each grown when a
 /// batch needs more and kept for the next one (never allocated per batch once large enough).
 #[derive(Default)]
@@ -448,8 +507,13 @@ pub(super) struct Gpu {
     /// Threads of a merge block; its tile is `merge_threads * merge_items` path positions.
     merge_threads: u32,
     merge_items: u32,
-    /// A positions per `wmerge` warp when set for an experiment (0: [`Gpu::wpiece`] chooses).
-    wpiece: u64,
+    /// How a `wmerge` step sizes its pieces.
+    wpieces: WPieces,
+    /// `wmerge` blocks per multiprocessor (`WMINB`, as compiled).
+    wminb: u32,
+    /// `wmerge`'s warps take pieces by ticket, from a launch of the blocks that fit the device
+    /// at once (`WTICKET`, an experiment: `DFSETS_GPU_WTICKET=1`); else a warp per piece.
+    wticket: bool,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -526,11 +590,6 @@ fn init() -> Result<Gpu, GpuError> {
     // 64-bit kernels' shared memory stays under 48 KB) shape the merge block,
     // `DFSETS_GPU_MERGE_MINB` sets the blocks per multiprocessor its 32-bit kernels are
     // compiled for; one binary then measures the variants side by side.
-    let env_u32 = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-    };
     let (merge_threads, merge_items) = match (
         env_u32("DFSETS_GPU_MERGE_THREADS").filter(|t| [64, 128, 256].contains(t)),
         env_u32("DFSETS_GPU_MERGE_ITEMS").filter(|i| [4, 8, 12, 16].contains(i)),
@@ -547,14 +606,16 @@ fn init() -> Result<Gpu, GpuError> {
     if let Some(b) = env_u32("DFSETS_GPU_MERGE_MINB").filter(|b| (1..=32).contains(b)) {
         defines.push(format!("-DMINB32={b}"));
     }
-    // The same for `wmerge`: A positions per warp (`DFSETS_GPU_WPIECE`, 32 to 65,536; unset:
-    // chosen per launch group, see `wpiece`) and blocks per multiprocessor
+    // The same for `wmerge`: its pieces (`WPieces::from_env`) and blocks per multiprocessor
     // (`DFSETS_GPU_WMINB`).
-    let wpiece = env_u32("DFSETS_GPU_WPIECE")
-        .filter(|p| (32..=65_536).contains(p))
-        .unwrap_or(0);
-    if let Some(b) = env_u32("DFSETS_GPU_WMINB").filter(|b| (1..=8).contains(b)) {
-        defines.push(format!("-DWMINB={b}"));
+    let wpieces = WPieces::from_env();
+    let wminb = env_u32("DFSETS_GPU_WMINB")
+        .filter(|b| (1..=8).contains(b))
+        .unwrap_or(WMINB);
+    defines.push(format!("-DWMINB={wminb}"));
+    let wticket = std::env::var_os("DFSETS_GPU_WTICKET").is_some_and(|v| v == "1");
+    if wticket {
+        defines.push("-DWTICKET=1".to_string());
     }
     // Experiments only: `DFSETS_GPU_INTERSECT_SOURCE` names another intersect.cu (same kernel
     // signatures) to compile instead of the embedded one, so that kernel variants are measured
@@ -641,7 +702,9 @@ fn init() -> Result<Gpu, GpuError> {
         info,
         merge_threads,
         merge_items,
-        wpiece: u64::from(wpiece),
+        wpieces,
+        wminb,
+        wticket,
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -667,22 +730,9 @@ impl Gpu {
         u64::from(self.merge_threads * self.merge_items)
     }
 
-    /// A positions per `wmerge` warp for a step whose A lists hold at most `cap` values:
-    /// `WPIECE` (large pieces spread the row lookups and first searches over more work), cut
-    /// by powers of two, down to 64, until the pieces are at least 32 per multiprocessor (a
-    /// batch of short A lists against long B lists has few A positions: large pieces would
-    /// leave the device with too few warps to hide their loads' latency). Measured on an
-    /// H100: kernels/NOTES.md, "wmerge".
-    fn wpiece(&self, cap: u64) -> u64 {
-        if self.wpiece > 0 {
-            return self.wpiece;
-        }
-        let want = u64::from(self.info.multiprocessors) * 32;
-        let mut p = u64::from(WPIECE);
-        while p > 64 && cap / p < want {
-            p /= 2;
-        }
-        p
+    /// The pieces wanted per `wmerge` step on this device (the kernels' `wwant`).
+    fn wwant(&self) -> u64 {
+        u64::from(self.info.multiprocessors) * u64::from(self.wpieces.per_sm)
     }
 
     pub(super) fn mark_broken(&self, why: &GpuError) {
@@ -1408,17 +1458,17 @@ fn run_chunk<T: SetElem>(
     let cap = counts.iter().copied().min().unwrap_or(0);
     let max_b = counts.iter().copied().max().unwrap_or(0);
     let total_values: usize = counts.iter().sum();
-    // Every list known increasing and the warp kernel asked for: `wmerge`'s pieces (at most
-    // one per `wpiece` A positions, and A never holds more than `cap` values) replace tiles.
-    // (A step's counts fit the look-back states' 38 bits: they are at most `cap`.)
+    // Every list known increasing and the warp kernel asked for: `wmerge`'s pieces (each
+    // step's size chosen by the kernels, see `WPieces`; A never holds more than `cap` values)
+    // replace tiles. (A step's counts fit the look-back states' 38 bits: at most `cap`.)
     let warp = super::known_order() == super::KnownOrder::Warp
         && resident
             .iter()
             .all(|r| matches!(r, Some((_, _, ord)) if *ord != 0))
         && (cap as u64) < 1 << 38;
-    let wpiece = g.wpiece(cap as u64);
-    let pieces_max = (cap as u64).div_ceil(wpiece).max(1);
-    let wpiece32 = wpiece as u32;
+    let wp = g.wpieces;
+    let wwant = g.wwant();
+    let pieces_max = wp.pieces_max(cap as u64, wwant);
     // The tiles' (or pieces') counts and slots: every entry up to `tiles_max` is written by
     // the step's merge kernel before the scan and `gather` read it (the buffers are reused).
     // Tiles: every step's merge path is at most the shortest list's values (A: the row's
@@ -1475,7 +1525,7 @@ fn run_chunk<T: SetElem>(
     let tile_excl = ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?;
     // Matches of each tile before `gather` puts them in place (a step makes at most `cap`).
     let scratch = ws.dev("scratch", cap * esz)?;
-    let misc = ws.dev("misc", 64)?; // err u32 @4, scratch top u64 @16
+    let misc = ws.dev("misc", 64)?; // err u32 @4, scratch top u64 @16, wmerge's ticket u32 @24
     let roff = [ws.dev("roff0", (n + 1) * 8)?, ws.dev("roff1", (n + 1) * 8)?];
     let res = if k > 2 {
         [ws.dev("res0", cap * esz)?, ws.dev("res1", cap * esz)?]
@@ -1609,6 +1659,7 @@ fn run_chunk<T: SetElem>(
     let flags = d_out + flags_at as u64;
     let err = misc + 4;
     let scratch_top = misc + 16;
+    let ticket = misc + 24;
     let scratch_cap = cap as u64;
     let k32 = k as u32;
     let n32 = n as u32;
@@ -1687,6 +1738,7 @@ fn run_chunk<T: SetElem>(
                     arg(&row_epoch),
                     arg(&step_flags),
                     arg(&err),
+                    arg(&ticket),
                 ]);
             }
             g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
@@ -1711,15 +1763,24 @@ fn run_chunk<T: SetElem>(
         let (m0, m1) = &merge_marks[step as usize - 1];
         g.record(m0)?;
         if warp {
-            let wblocks =
-                u32::try_from((pieces_max * 32).div_ceil(u64::from(WBLOCK))).map_err(|_| {
-                    GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
-                })?;
+            // A warp for each piece the step can have; with tickets, the blocks that fit the
+            // device at once (fewer when the call has fewer pieces). `wplace` strides over the
+            // pieces with the same blocks.
+            let wblocks = (pieces_max * 32).div_ceil(u64::from(WBLOCK));
+            let wblocks = if g.wticket {
+                wblocks.min(u64::from(g.info.multiprocessors) * u64::from(g.wminb))
+            } else {
+                wblocks
+            };
+            let wblocks = u32::try_from(wblocks).map_err(|_| {
+                GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
+            })?;
             // SAFETY: as above; `tile_cnt` (the pieces' counts), `tile_pos` (the rows each
-            // owns) and `piece_states` hold `pieces_max` entries; a piece writes its matches
-            // into the scratch at its own A positions (fewer than `cap`, checked by the
-            // kernel), `wplace` copies them to `dst_vals` (at most `cap` in all), and the row
-            // offsets go to `this_off` (n + 1 entries, as `act_start`).
+            // owns) and `piece_states` hold `pieces_max` entries (the kernels check that the
+            // step's pieces fit); a piece writes its matches into the scratch at its own A
+            // positions (fewer than `cap`, checked by the kernel), `wplace` copies them to
+            // `dst_vals` (at most `cap` in all), and the row offsets go to `this_off` (n + 1
+            // entries, as `act_start`); the ticket is a word of `misc`.
             unsafe {
                 g.launch(
                     &kern.wmerge[variant],
@@ -1727,8 +1788,11 @@ fn run_chunk<T: SetElem>(
                     WBLOCK,
                     &mut [
                         arg(&n32),
-                        arg(&wpiece32),
+                        arg(&wp.lo),
+                        arg(&wp.hi),
+                        arg(&wwant),
                         arg(&pieces_max),
+                        arg(&ticket),
                         arg(&act_start),
                         arg(&a_vals),
                         arg(&in_vals),
@@ -1751,7 +1815,9 @@ fn run_chunk<T: SetElem>(
                     WBLOCK,
                     &mut [
                         arg(&n32),
-                        arg(&wpiece32),
+                        arg(&wp.lo),
+                        arg(&wp.hi),
+                        arg(&wwant),
                         arg(&pieces_max),
                         arg(&act_start),
                         arg(&tile_cnt),
@@ -2023,4 +2089,72 @@ pub fn measure_ceilings(bytes: usize) -> Result<Ceilings, GpuError> {
         h2d_gbps: gbps(bytes as f64, h2d),
         d2h_gbps: gbps(bytes as f64, d2h),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WPieces;
+    use proptest::prelude::*;
+
+    /// The kernels' `wpiece_of` and `wpieces` (kernels/intersect.cu), step by step.
+    fn kernel_pieces(w: WPieces, total: u64, want: u64) -> u64 {
+        let mut p = w.hi;
+        while p / 2 >= w.lo && total / u64::from(p) < want {
+            p >>= 1;
+        }
+        if total == 0 {
+            1
+        } else {
+            total.div_ceil(u64::from(p))
+        }
+    }
+
+    proptest! {
+        /// Whatever A total a step has (at most the call's shortest column), the pieces the
+        /// kernels make of it fit the buffers the host sizes (the kernels flag a step that
+        /// would not, as an error, never silently).
+        #[test]
+        fn any_step_fits_the_pieces_sized(
+            lo in 32u32..4096,
+            hi in 32u32..65_536,
+            fixed in any::<bool>(),
+            want in 1u64..100_000,
+            cap in 0u64..(1 << 38),
+            frac in 0.0f64..=1.0,
+        ) {
+            let w = if fixed {
+                WPieces { lo: hi, hi, per_sm: 1 }
+            } else {
+                WPieces { lo: lo.min(hi), hi, per_sm: 1 }
+            };
+            let max = w.pieces_max(cap, want);
+            for total in [0, 1, cap / 2, cap, (cap as f64 * frac) as u64] {
+                let total = total.min(cap);
+                prop_assert!(kernel_pieces(w, total, want) <= max, "total {total}: {w:?}, max {max}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_step_sizes_measured_on_the_h200() {
+        // 132 multiprocessors, the defaults: the issue shape's first step (41.8 M A positions)
+        // takes pieces of 2,048, its second (16.5 M) pieces of 1,024, the skewed shape's
+        // (2.1 M) pieces of 256 (kernels/NOTES.md, "A piece size per step").
+        let w = WPieces {
+            lo: super::WPIECE_MIN,
+            hi: super::WPIECE_MAX,
+            per_sm: super::WPIECES_PER_SM,
+        };
+        let want = 132 * u64::from(w.per_sm);
+        let size = |total: u64| total.div_ceil(kernel_pieces(w, total, want));
+        assert_eq!(size(41_800_000), 2048);
+        assert_eq!(size(16_500_000), 1024);
+        assert_eq!(size(2_100_000), 256);
+        assert_eq!(
+            w.pieces_max(145_000_000, want),
+            145_000_000u64.div_ceil(2048)
+        );
+        assert_eq!(w.pieces_max(2_100_000, want), 2 * want);
+        assert_eq!(w.pieces_max(1000, want), 4);
+    }
 }
