@@ -365,18 +365,30 @@ __device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 id
     return excl;
 }
 
+// A step's piece size: `hi` A positions, halved (never below `lo`) until the step's `total` A
+// positions make at least `want` pieces. Chosen on the device from the step's own total (a
+// later step's A, the previous step's matches, is known only there): large pieces spread each
+// piece's row lookup and first search over more work, and enough pieces keep every
+// multiprocessor's warps busy to the end (kernels/NOTES.md, "A piece size per step").
+__device__ __forceinline__ u32 wpiece_of(u64 total, u32 lo, u32 hi, u64 want) {
+    u32 p = hi;
+    while (p / 2 >= lo && total / p < want) p >>= 1;
+    return p;
+}
+
 // plan and the scan of its path lengths in one launch (for wmerge's steps, whose rows are not
 // compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
 // 256 threads, a row each; `state` one word per block. `flags` (step 1 only, else null): every
 // row's flag cleared, and the kernels' error word, so that the host need not clear them first.
-// `ticket` (wmerge's next piece, taken by its warps) is cleared at every step.
+// `ticket` (wmerge's next piece, taken by its warps) is cleared at every step, and the step's
+// piece size (`wpiece_of`, from the total) written to `wsize` for wmerge and wplace.
 template <typename O>
 __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
                                const u8* valid, u64 valid_off, const u64* prev_off,
                                const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos,
                                u64* a_len, u64* b_pos, u64* b_len, u64* plen, u64* nz,
                                u64* row_cnt, u64* act_start, u64* state, u32 epoch, u8* flags,
-                               u32* err, u32* ticket) {
+                               u32* err, u32* ticket, u32 wlo, u32 whi, u64 wwant, u32* wsize) {
     __shared__ u64 sums[32];
     __shared__ u64 prefix;
     const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -395,16 +407,21 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
     }
     __syncthreads();
     if (r < n) act_start[r] = prefix + ex;
-    if (r + 1 == n) act_start[n] = prefix + ex + len;
+    if (r + 1 == n) {
+        act_start[n] = prefix + ex + len;
+        *wsize = wpiece_of(prefix + ex + len, wlo, whi, wwant);
+    }
 }
 
 #define PLAN_SCAN_ARGS                                                                     \
-    PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err, u32 *ticket
+    PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err, u32 *ticket,     \
+        u32 wlo, u32 whi, u64 wwant, u32 *wsize
+#define PLAN_SCAN_PASS act_start, state, epoch, flags, err, ticket, wlo, whi, wwant, wsize
 extern "C" __global__ void plan_scan_o32(PLAN_SCAN_ARGS) {
-    plan_scan_impl<int>(n, PLAN_PASS, act_start, state, epoch, flags, err, ticket);
+    plan_scan_impl<int>(n, PLAN_PASS, PLAN_SCAN_PASS);
 }
 extern "C" __global__ void plan_scan_o64(PLAN_SCAN_ARGS) {
-    plan_scan_impl<i64>(n, PLAN_PASS, act_start, state, epoch, flags, err, ticket);
+    plan_scan_impl<i64>(n, PLAN_PASS, PLAN_SCAN_PASS);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -921,21 +938,8 @@ __device__ __forceinline__ u32 wstream(const W* A, u32 i0, u32 i1, const W* B, u
     return m;
 }
 
-// A step's piece size: `hi` A positions, halved (never below `lo`) until the step's `total` A
-// positions make at least `want` pieces. Chosen on the device from the step's own total (a
-// later step's A, the previous step's matches, is known only there): large pieces spread each
-// piece's row lookup and first search over more work, and enough pieces keep every
-// multiprocessor's warps busy to the end (kernels/NOTES.md, "A piece size per step").
-__device__ __forceinline__ u32 wpiece_of(u64 total, u32 lo, u32 hi, u64 want) {
-    u32 p = hi;
-    while (p / 2 >= lo && total / p < want) p >>= 1;
-    return p;
-}
-
 // Whether the step's pieces (at least one: piece 0 writes the offsets of a step without work)
-// are more than `pieces_max`. (A multiplication here and a division above: the register
-// allocation NVRTC 13.0 gives wmerge_u32 spills least so, 12 bytes as before the per-step
-// size; a multiplication above spilled 20.)
+// are more than `pieces_max`.
 __device__ __forceinline__ bool wpieces_over(u64 total, u32 wp, u64 pieces_max) {
     return total > pieces_max * wp;
 }
@@ -1011,14 +1015,14 @@ __device__ __forceinline__ void wmerge_piece(u64 p, u64 g0, u32 wp, u64 total, u
 #define WTICKET 0
 #endif
 template <typename W, bool SIGNED>
-__device__ void wmerge_impl(u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, u32* ticket,
+__device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max, u32* ticket,
                             const u64* act_start, const W* a_vals, const W* b_vals,
                             const u64* a_pos, const u64* a_len, const u64* b_pos,
                             const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,
                             u8* flags, W* scratch, u64* offs, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u64 total = act_start[n];
-    const u32 wp = wpiece_of(total, wlo, whi, wwant);
+    const u32 wp = *wsize;
     if (wpieces_over(total, wp, pieces_max)) {  // never on the host's sizes; no results
         if (lane == 0) atomicExch(err, 1u);
         return;
@@ -1049,14 +1053,14 @@ __device__ void wmerge_impl(u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, 
 // `prows`). A piece's few loads are independent of one another: it is short, and its latency
 // is what the launch costs.
 template <typename W>
-__device__ void wplace_impl(u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max,
+__device__ void wplace_impl(u32 n, const u32* wsize, u64 pieces_max,
                             const u64* act_start, const u64* pcount, const u64* prows,
                             u64* pstate, u32 epoch, const W* scratch, W* dst, u64* offs) {
     const u32 lane = threadIdx.x & 31;
     const u64 total = act_start[n];
     // (piece 0 of a call without work: every offset is 0 already)
     if (total == 0) return;
-    const u32 wp = wpiece_of(total, wlo, whi, wwant);
+    const u32 wp = *wsize;
     if (wpieces_over(total, wp, pieces_max)) return;  // (wmerge set the error word)
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p * wp < total; p += warps) {
@@ -1075,11 +1079,11 @@ __device__ void wplace_impl(u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max,
 
 #define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
-        u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, u32* ticket, const u64* act_start, \
+        u32 n, const u32* wsize, u64 pieces_max, u32* ticket, const u64* act_start,           \
         const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,                 \
         const u64* b_pos, const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,         \
         u8* flags, W* scratch, u64* offs, u32* err) {                                         \
-        wmerge_impl<W, SIGNED>(n, wlo, whi, wwant, pieces_max, ticket, act_start, a_vals,     \
+        wmerge_impl<W, SIGNED>(n, wsize, pieces_max, ticket, act_start, a_vals,               \
                                b_vals, a_pos, a_len, b_pos, b_len, pcount, prows,             \
                                scratch_cap, flags, scratch, offs, err);                       \
     }
@@ -1089,9 +1093,9 @@ INSTANTIATE_WMERGE(u64, u64, false)
 INSTANTIATE_WMERGE(i64, u64, true)
 
 #define WPLACE_ARGS                                                                        \
-    u32 n, u32 wlo, u32 whi, u64 wwant, u64 pieces_max, const u64 *act_start,               \
+    u32 n, const u32 *wsize, u64 pieces_max, const u64 *act_start,                          \
         const u64 *pcount, const u64 *prows, u64 *pstate, u32 epoch
-#define WPLACE_PASS n, wlo, whi, wwant, pieces_max, act_start, pcount, prows, pstate, epoch
+#define WPLACE_PASS n, wsize, pieces_max, act_start, pcount, prows, pstate, epoch
 extern "C" __global__ void __launch_bounds__(WBLOCK) wplace_32(WPLACE_ARGS, const u32* scratch,
                                                                u32* dst, u64* offs) {
     wplace_impl<u32>(WPLACE_PASS, scratch, dst, offs);

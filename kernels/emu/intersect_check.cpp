@@ -124,7 +124,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
     vector<W> scratch(cap + 1), res0(cap + 1), res1(cap + 1), outv(cap + 1);
     vector<u64> roff0(n + 1), roff1(n + 1), outoff(n + 1);
     vector<u8> flags(n);
-    u64 scratch_top = 0; u32 err = 0, ticket = 77;
+    u64 scratch_top = 0; u32 err = 0, ticket = 77, wsize = 5;
     W* res[2] = {res0.data(), res1.data()};
     u64* roff[2] = {roff0.data(), roff1.data()};
     for (u32 step = 1; step < k; step++) {
@@ -141,7 +141,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             const u32 ep = ++g_epoch;
             u8* fl = step == 1 ? flags.data() : nullptr;
             u64* rs = g_row_states.data();
-            launch((n + 255) / 256, 256, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, &ticket); });
+            launch((n + 255) / 256, 256, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, &ticket, g_wlo, g_whi, g_wwant, &wsize); });
         } else {
             launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
             scan(nz.data(), n, act_at.data());
@@ -161,8 +161,8 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             fill(tile_pos.begin(), tile_pos.end(), ~0ull);
             const u64 full = (pieces_max * 32 + WBLOCK - 1) / WBLOCK;
             const u32 wblocks = WTICKET ? min<u64>(full, g_wblocks) : full;
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, g_wlo, g_whi, g_wwant, pieces_max, &ticket, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, g_wlo, g_whi, g_wwant, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, &wsize, pieces_max, &ticket, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, &wsize, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
             // With tickets: every piece taken once, then one ticket per warp that found none
             // left.
             const u64 total = act_start[n];
@@ -170,6 +170,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             while (wp / 2 >= g_wlo && total / wp < g_wwant) wp >>= 1;
             const u64 np = total == 0 ? 1 : (total + wp - 1) / wp;
             if (WTICKET && ticket != np + (u64)wblocks * (WBLOCK / 32)) { printf("%s step %u: %u tickets for %llu pieces\n", name, step, ticket, (unsigned long long)np); bad++; }
+            if (wsize != wp) { printf("%s step %u: pieces of %u, want %llu\n", name, step, wsize, (unsigned long long)wp); bad++; }
             g_steps.push_back(wp);
         } else {
         launch(2, 256, [&] { K<W, SIGNED>::part(n, TILE, act_start.data(), act_row.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), descs.data()); });

@@ -1525,7 +1525,8 @@ fn run_chunk<T: SetElem>(
     let tile_excl = ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?;
     // Matches of each tile before `gather` puts them in place (a step makes at most `cap`).
     let scratch = ws.dev("scratch", cap * esz)?;
-    let misc = ws.dev("misc", 64)?; // err u32 @4, scratch top u64 @16, wmerge's ticket u32 @24
+    // err u32 @4, scratch top u64 @16, wmerge's ticket u32 @24 and piece size u32 @28
+    let misc = ws.dev("misc", 64)?;
     let roff = [ws.dev("roff0", (n + 1) * 8)?, ws.dev("roff1", (n + 1) * 8)?];
     let res = if k > 2 {
         [ws.dev("res0", cap * esz)?, ws.dev("res1", cap * esz)?]
@@ -1660,6 +1661,7 @@ fn run_chunk<T: SetElem>(
     let err = misc + 4;
     let scratch_top = misc + 16;
     let ticket = misc + 24;
+    let wsize = misc + 28;
     let scratch_cap = cap as u64;
     let k32 = k as u32;
     let n32 = n as u32;
@@ -1739,6 +1741,10 @@ fn run_chunk<T: SetElem>(
                     arg(&step_flags),
                     arg(&err),
                     arg(&ticket),
+                    arg(&wp.lo),
+                    arg(&wp.hi),
+                    arg(&wwant),
+                    arg(&wsize),
                 ]);
             }
             g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
@@ -1788,9 +1794,7 @@ fn run_chunk<T: SetElem>(
                     WBLOCK,
                     &mut [
                         arg(&n32),
-                        arg(&wp.lo),
-                        arg(&wp.hi),
-                        arg(&wwant),
+                        arg(&wsize),
                         arg(&pieces_max),
                         arg(&ticket),
                         arg(&act_start),
@@ -1815,9 +1819,7 @@ fn run_chunk<T: SetElem>(
                     WBLOCK,
                     &mut [
                         arg(&n32),
-                        arg(&wp.lo),
-                        arg(&wp.hi),
-                        arg(&wwant),
+                        arg(&wsize),
                         arg(&pieces_max),
                         arg(&act_start),
                         arg(&tile_cnt),
