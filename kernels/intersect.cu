@@ -365,6 +365,17 @@ __device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 id
     return excl;
 }
 
+// With programmatic dependent launch (the host's `DFSETS_GPU_PDL=1`, an experiment on Hopper:
+// no gain measured, kernels/NOTES.md), wmerge and wplace are launched before the kernel before
+// them has ended and wait here for it (all its writes visible) before reading anything it
+// wrote: only the launch's own latency overlaps. Without the launch attribute this is a no-op.
+// (Devices before Hopper and the emulator have no such instruction.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_DEP_WAIT() ((void)0)
+#endif
+
 // A step's piece size: `hi` A positions, halved (never below `lo`) until the step's `total` A
 // positions make at least `want` pieces. Chosen on the device from the step's own total (a
 // later step's A, the previous step's matches, is known only there): large pieces spread each
@@ -1020,6 +1031,7 @@ __device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max, u32* ticket
                             const u64* a_pos, const u64* a_len, const u64* b_pos,
                             const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,
                             u8* flags, W* scratch, u64* offs, u32* err) {
+    GRID_DEP_WAIT();
     const u32 lane = threadIdx.x & 31;
     const u64 total = act_start[n];
     const u32 wp = *wsize;
@@ -1056,6 +1068,7 @@ template <typename W>
 __device__ void wplace_impl(u32 n, const u32* wsize, u64 pieces_max,
                             const u64* act_start, const u64* pcount, const u64* prows,
                             u64* pstate, u32 epoch, const W* scratch, W* dst, u64* offs) {
+    GRID_DEP_WAIT();
     const u32 lane = threadIdx.x & 31;
     const u64 total = act_start[n];
     // (piece 0 of a call without work: every offset is 0 already)
