@@ -389,10 +389,13 @@ __device__ __forceinline__ u32 wpiece_of(u64 total, u32 lo, u32 hi, u64 want) {
 
 // plan and the scan of its path lengths in one launch (for wmerge's steps, whose rows are not
 // compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
-// 256 threads, a row each; `state` one word per block. `flags` (step 1 only, else null): every
+// PSCAN threads (the host's), a row each; `state` one word per block. `flags` (step 1 only, else null): every
 // row's flag cleared, and the kernels' error word, so that the host need not clear them first.
 // `ticket` (wmerge's next piece, taken by its warps) is cleared at every step, and the step's
 // piece size (`wpiece_of`, from the total) written to `wsize` for wmerge and wplace.
+#ifndef PSCAN
+#define PSCAN 256
+#endif
 template <typename O>
 __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, const i64* bases,
                                const u8* valid, u64 valid_off, const u64* prev_off,
@@ -428,10 +431,10 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
     PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err, u32 *ticket,     \
         u32 wlo, u32 whi, u64 wwant, u32 *wsize
 #define PLAN_SCAN_PASS act_start, state, epoch, flags, err, ticket, wlo, whi, wwant, wsize
-extern "C" __global__ void plan_scan_o32(PLAN_SCAN_ARGS) {
+extern "C" __global__ void __launch_bounds__(PSCAN) plan_scan_o32(PLAN_SCAN_ARGS) {
     plan_scan_impl<int>(n, PLAN_PASS, PLAN_SCAN_PASS);
 }
-extern "C" __global__ void plan_scan_o64(PLAN_SCAN_ARGS) {
+extern "C" __global__ void __launch_bounds__(PSCAN) plan_scan_o64(PLAN_SCAN_ARGS) {
     plan_scan_impl<i64>(n, PLAN_PASS, PLAN_SCAN_PASS);
 }
 

@@ -13,11 +13,13 @@ out="$dir/intersect-check"
 # Both merge block sizes the host can choose (DFSETS_GPU_MERGE_THREADS); the second run also
 # gives wmerge blocks of 2,048 threads (64 warps), so that a piece's look-back passes more than
 # 32 pieces still without their inclusive counts (the device's 8 warps per block never need
-# the emulator to interleave that many).
+# the emulator to interleave that many), and plan_scan blocks of 64 threads instead of the
+# device's 1,024, so that its look-back passes many blocks.
 for threads in 256 128; do
     wblock=$([ "$threads" = 256 ] && echo 256 || echo 2048)
-    echo "merge blocks of $threads threads, wmerge blocks of $wblock"
-    g++ -std=c++20 -O1 -w -pthread -DTHREADS=$threads -DWBLOCK=$wblock -o "$out" intersect_check.cpp
+    pscan=$([ "$threads" = 256 ] && echo 1024 || echo 64)
+    echo "merge blocks of $threads threads, wmerge blocks of $wblock, plan_scan blocks of $pscan"
+    g++ -std=c++20 -O1 -w -pthread -DTHREADS=$threads -DWBLOCK=$wblock -DPSCAN=$pscan -o "$out" intersect_check.cpp
     "$out"
 done
 # wmerge with its warps taking pieces by ticket (DFSETS_GPU_WTICKET=1 on the host): the wmerge

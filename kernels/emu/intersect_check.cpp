@@ -137,11 +137,14 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
         // As the host: the warp step's plan and scan in one launch (rows not compacted; the
         // flags cleared by it at step 1, poisoned here first).
         if (warp) {
-            if (step == 1) { fill(flags.begin(), flags.end(), (u8)7); err = 5; }
+            if (step == 1) { fill(flags.begin(), flags.end(), (u8)7); err = 5; fill(sel.begin(), sel.end(), 99u); }
+            // The rows' plans poisoned too: wmerge reads only what plan_scan wrote (it writes
+            // no plen, nz or row_cnt).
+            for (auto* v : {&a_pos, &a_len, &b_pos, &b_len}) fill(v->begin(), v->end(), 0x5a5a5a5a5a5aull);
             const u32 ep = ++g_epoch;
             u8* fl = step == 1 ? flags.data() : nullptr;
             u64* rs = g_row_states.data();
-            launch((n + 255) / 256, 256, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, &ticket, g_wlo, g_whi, g_wwant, &wsize); });
+            launch((n + PSCAN - 1) / PSCAN, PSCAN, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, &ticket, g_wlo, g_whi, g_wwant, &wsize); });
         } else {
             launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
             scan(nz.data(), n, act_at.data());

@@ -51,6 +51,10 @@ const SCAN_SEG: u64 = 4096;
 const SCAN_THREADS: u32 = 1024;
 /// Threads of the per-row kernels.
 const ROW_THREADS: u32 = 256;
+/// `wplace` blocks per multiprocessor at most (it strides over the step's pieces): the
+/// launch never holds blocks that find no piece (`wmerge`'s launch has a warp for each piece
+/// the step can have, most of them past the step's last piece).
+const WPLACE_BLOCKS_PER_SM: u32 = 8;
 /// The smallest input (bytes of values) a launch group is cut down to when memory runs out.
 const MIN_BUDGET: usize = 16 << 20;
 /// Alignment of the sections of the staging and device buffers.
@@ -387,6 +391,8 @@ pub(super) struct Workspace {
     pub(super) pin_out: Option<Pinned>,
     /// A second upload buffer (the BM25 batch's blocks, laid out after its queries).
     pub(super) pin_items: Option<Pinned>,
+    /// The word a gated call's stream waits on (`DFSETS_GPU_GATE`, an experiment).
+    pin_gate: Option<Pinned>,
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
     /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
@@ -494,6 +500,7 @@ impl Workspace {
         self.pin_in = None;
         self.pin_out = None;
         self.pin_items = None;
+        self.pin_gate = None;
         self.columns.clear();
     }
 }
@@ -517,6 +524,16 @@ pub(super) struct Gpu {
     /// `wmerge` and `wplace` launched with programmatic dependent launch (an experiment:
     /// `DFSETS_GPU_PDL=1`; see `Gpu::launch_after`).
     pdl: bool,
+    /// Experiments only (kernels/NOTES.md, "Where the time outside the merge goes"):
+    /// `DFSETS_GPU_GATE=1` holds the stream at a call's kernel mark until the host has queued
+    /// every launch of the call (the kernels then run with no wait for the host between
+    /// them), `DFSETS_GPU_PLAN_TWICE=1` runs each `wmerge` step's plan_scan twice (the second
+    /// queued behind the first: its own time on the device).
+    gate: bool,
+    plan_twice: bool,
+    /// `wplace` blocks per multiprocessor at most (`WPLACE_BLOCKS_PER_SM`;
+    /// `DFSETS_GPU_WPLACE_PER_SM`, 0 = one warp per piece the step can have, as `wmerge`).
+    wplace_per_sm: u32,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -616,6 +633,8 @@ fn init() -> Result<Gpu, GpuError> {
         .filter(|b| (1..=8).contains(b))
         .unwrap_or(WMINB);
     defines.push(format!("-DWMINB={wminb}"));
+    // plan_scan's blocks are the per-row kernels' (`PSCAN`, its launch bounds).
+    defines.push(format!("-DPSCAN={ROW_THREADS}"));
     let wticket = std::env::var_os("DFSETS_GPU_WTICKET").is_some_and(|v| v == "1");
     if wticket {
         defines.push("-DWTICKET=1".to_string());
@@ -709,6 +728,9 @@ fn init() -> Result<Gpu, GpuError> {
         wminb,
         wticket,
         pdl: std::env::var_os("DFSETS_GPU_PDL").is_some_and(|v| v == "1"),
+        wplace_per_sm: env_u32("DFSETS_GPU_WPLACE_PER_SM").unwrap_or(WPLACE_BLOCKS_PER_SM),
+        gate: std::env::var_os("DFSETS_GPU_GATE").is_some_and(|v| v == "1"),
+        plan_twice: std::env::var_os("DFSETS_GPU_PLAN_TWICE").is_some_and(|v| v == "1"),
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -1446,6 +1468,44 @@ fn intersect_in<T: SetElem>(
 
 /// One launch group: rows `r0..r1`, appended to `out`.
 #[allow(clippy::too_many_arguments)]
+/// A stream held at a point until the host opens it (`DFSETS_GPU_GATE`, an experiment): the
+/// stream waits for a page-locked word to turn 1, which happens when the gate is dropped, on
+/// every path out of the call (an error included), so the stream is never left waiting.
+struct Gate(*mut u32);
+
+impl Gate {
+    fn close(word: &mut Pinned, stream: sys::CUstream) -> Result<Gate, GpuError> {
+        let at = word.as_mut_slice().as_mut_ptr().cast::<u32>();
+        // SAFETY: the pinned buffer holds at least 4 bytes (256-byte aligned), owned by the
+        // workspace for the whole call; the device reads the word through its mapping (the
+        // device address of page-locked memory, unified addressing).
+        unsafe {
+            std::ptr::write_volatile(at, 0);
+            let mut dev: sys::CUdeviceptr = 0;
+            sys::cuMemHostGetDevicePointer_v2(&mut dev, at.cast(), 0)
+                .result()
+                .map_err(drv("gate mapping"))?;
+            sys::cuStreamWaitValue32_v2(
+                stream,
+                dev,
+                1,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+            .result()
+            .map_err(drv("gate wait"))?;
+        }
+        Ok(Gate(at))
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // SAFETY: the word outlives the gate (the workspace's, under its lock for the call).
+        unsafe { std::ptr::write_volatile(self.0, 1) };
+    }
+}
+
 fn run_chunk<T: SetElem>(
     g: &Gpu,
     ws: &mut Workspace,
@@ -1685,6 +1745,14 @@ fn run_chunk<T: SetElem>(
         }
     }
     let stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
+    let gate = if g.gate {
+        Some(Gate::close(
+            Workspace::pinned(&mut ws.pin_gate, 4)?,
+            g.stream.cu_stream(),
+        )?)
+    } else {
+        None
+    };
     g.record(&e1)?;
 
     let kern = &g.kernels;
@@ -1807,6 +1875,12 @@ fn run_chunk<T: SetElem>(
                 ]);
             }
             g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
+            if warp && g.plan_twice {
+                // The same plan again under an epoch of its own (it writes what it wrote).
+                let again = ws.epoch(cs)?;
+                args[20] = arg(&again);
+                g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
+            }
             if !warp {
                 g.scan(ws, nz, n64, act_at)?;
                 g.launch(
@@ -1834,7 +1908,7 @@ fn run_chunk<T: SetElem>(
         if warp {
             // A warp for each piece the step can have; with tickets, the blocks that fit the
             // device at once (fewer when the call has fewer pieces). `wplace` strides over the
-            // pieces with the same blocks.
+            // pieces with at most `wplace_per_sm` blocks per multiprocessor.
             let wblocks = (pieces_max * 32).div_ceil(u64::from(WBLOCK));
             let wblocks = if g.wticket {
                 wblocks.min(u64::from(g.info.multiprocessors) * u64::from(g.wminb))
@@ -1844,6 +1918,10 @@ fn run_chunk<T: SetElem>(
             let wblocks = u32::try_from(wblocks).map_err(|_| {
                 GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
             })?;
+            let wplace_blocks = match g.wplace_per_sm {
+                0 => wblocks,
+                per_sm => wblocks.min(g.info.multiprocessors.saturating_mul(per_sm).max(1)),
+            };
             // SAFETY: as above; `tile_cnt` (the pieces' counts), `tile_pos` (the rows each
             // owns) and `piece_states` hold `pieces_max` entries (the kernels check that the
             // step's pieces fit); a piece writes its matches into the scratch at its own A
@@ -1879,7 +1957,7 @@ fn run_chunk<T: SetElem>(
                 )?;
                 g.launch_after(
                     &kern.wplace[usize::from(esz == 8)],
-                    wblocks,
+                    wplace_blocks,
                     WBLOCK,
                     &mut [
                         arg(&n32),
@@ -1971,6 +2049,7 @@ fn run_chunk<T: SetElem>(
         }
     }
     g.record(&e2)?;
+    drop(gate);
 
     // The result size and the kernels' error word, then the results in one copy.
     let mut head = [0u64; 2];
