@@ -13,8 +13,9 @@ out="$dir/intersect-check"
 # Both merge block sizes the host can choose (DFSETS_GPU_MERGE_THREADS); the second run also
 # gives wmerge blocks of 2,048 threads (64 warps), so that a piece's look-back passes more than
 # 32 pieces still without their inclusive counts (the device's 8 warps per block never need
-# the emulator to interleave that many), and plan_scan blocks of 64 threads instead of the
-# device's 1,024, so that its look-back passes many blocks.
+# the emulator to interleave that many). plan_scan (256 threads a block on the device) runs
+# in blocks of 1,024 in the first pass and of 64 in the second, so that its look-back passes
+# many blocks.
 for threads in 256 128; do
     wblock=$([ "$threads" = 256 ] && echo 256 || echo 2048)
     pscan=$([ "$threads" = 256 ] && echo 1024 || echo 64)

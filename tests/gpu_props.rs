@@ -856,8 +856,14 @@ fn bench_known_order() {
         let input: u64 = first.timings.input_values;
         let mut kernel = vec![Vec::new(); modes.len()];
         let mut merge = vec![Vec::new(); modes.len()];
+        let mut marked = vec![Vec::new(); modes.len()];
         let mut reference: Option<gpu::GpuOutput<u32>> = None;
-        for _ in 0..7 {
+        // Rounds alternate without and with the merge kernels' own marks (events around
+        // them, queued between the kernels): the kernels' time from the first, their
+        // breakdown from the second.
+        for round in 0..14 {
+            let marks = round % 2 == 1;
+            gpu::set_merge_marks(marks);
             for (i, &m) in modes.iter().enumerate() {
                 gpu::set_known_order(m);
                 let o =
@@ -871,8 +877,12 @@ fn bench_known_order() {
                         assert_eq!(o.flagged, r.flagged, "{name} {m:?}: flags");
                     }
                 }
-                kernel[i].push(o.timings.kernel_ms);
-                merge[i].push(o.timings.merge_ms);
+                if marks {
+                    merge[i].push(o.timings.merge_ms);
+                    marked[i].push(o.timings.kernel_ms);
+                } else {
+                    kernel[i].push(o.timings.kernel_ms);
+                }
             }
         }
         let results = reference
@@ -881,19 +891,20 @@ fn bench_known_order() {
         let bytes = (input + results) as f64 * 4.0;
         let cells: Vec<String> = modes
             .iter()
-            .zip(kernel.into_iter().zip(merge))
-            .map(|(m, (v, w))| {
+            .zip(kernel.into_iter().zip(merge.into_iter().zip(marked)))
+            .map(|(m, (v, (w, x)))| {
                 let ms = median(v);
                 let gbps = bytes / (ms * 1e-3) / 1e9;
                 format!(
-                    "{m:?} {ms:.3} ms ({:.0}%; merge {:.3})",
+                    "{m:?} {ms:.3} ms ({:.0}%; merge {:.3} of {:.3} with marks)",
                     100.0 * gbps / ceil.d2d_gbps,
-                    median(w)
+                    median(w),
+                    median(x)
                 )
             })
             .collect();
         let line = format!(
-            "{name:10}: {input} input values, {results} results; resident kernels (input + results bytes against the D2D copy {:.0} GB/s; the merge kernels alone): {}",
+            "{name:10}: {input} input values, {results} results; resident kernels (input + results bytes against the D2D copy {:.0} GB/s; the merge kernels alone, from rounds with their marks): {}",
             ceil.d2d_gbps,
             cells.join(", ")
         );
@@ -901,6 +912,7 @@ fn bench_known_order() {
         report.push(line);
     }
     gpu::set_known_order(before);
+    gpu::set_merge_marks(false);
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
         let _ = std::fs::write(format!("{path}.known_order"), report.join("\n") + "\n");
     }

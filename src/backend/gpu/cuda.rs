@@ -391,8 +391,6 @@ pub(super) struct Workspace {
     pub(super) pin_out: Option<Pinned>,
     /// A second upload buffer (the BM25 batch's blocks, laid out after its queries).
     pub(super) pin_items: Option<Pinned>,
-    /// The word a gated call's stream waits on (`DFSETS_GPU_GATE`, an experiment).
-    pin_gate: Option<Pinned>,
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
     /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
@@ -500,7 +498,6 @@ impl Workspace {
         self.pin_in = None;
         self.pin_out = None;
         self.pin_items = None;
-        self.pin_gate = None;
         self.columns.clear();
     }
 }
@@ -524,13 +521,6 @@ pub(super) struct Gpu {
     /// `wmerge` and `wplace` launched with programmatic dependent launch (an experiment:
     /// `DFSETS_GPU_PDL=1`; see `Gpu::launch_after`).
     pdl: bool,
-    /// Experiments only (kernels/NOTES.md, "Where the time outside the merge goes"):
-    /// `DFSETS_GPU_GATE=1` holds the stream at a call's kernel mark until the host has queued
-    /// every launch of the call (the kernels then run with no wait for the host between
-    /// them), `DFSETS_GPU_PLAN_TWICE=1` runs each `wmerge` step's plan_scan twice (the second
-    /// queued behind the first: its own time on the device).
-    gate: bool,
-    plan_twice: bool,
     /// `wplace` blocks per multiprocessor at most (`WPLACE_BLOCKS_PER_SM`;
     /// `DFSETS_GPU_WPLACE_PER_SM`, 0 = one warp per piece the step can have, as `wmerge`).
     wplace_per_sm: u32,
@@ -729,8 +719,6 @@ fn init() -> Result<Gpu, GpuError> {
         wticket,
         pdl: std::env::var_os("DFSETS_GPU_PDL").is_some_and(|v| v == "1"),
         wplace_per_sm: env_u32("DFSETS_GPU_WPLACE_PER_SM").unwrap_or(WPLACE_BLOCKS_PER_SM),
-        gate: std::env::var_os("DFSETS_GPU_GATE").is_some_and(|v| v == "1"),
-        plan_twice: std::env::var_os("DFSETS_GPU_PLAN_TWICE").is_some_and(|v| v == "1"),
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -1468,44 +1456,6 @@ fn intersect_in<T: SetElem>(
 
 /// One launch group: rows `r0..r1`, appended to `out`.
 #[allow(clippy::too_many_arguments)]
-/// A stream held at a point until the host opens it (`DFSETS_GPU_GATE`, an experiment): the
-/// stream waits for a page-locked word to turn 1, which happens when the gate is dropped, on
-/// every path out of the call (an error included), so the stream is never left waiting.
-struct Gate(*mut u32);
-
-impl Gate {
-    fn close(word: &mut Pinned, stream: sys::CUstream) -> Result<Gate, GpuError> {
-        let at = word.as_mut_slice().as_mut_ptr().cast::<u32>();
-        // SAFETY: the pinned buffer holds at least 4 bytes (256-byte aligned), owned by the
-        // workspace for the whole call; the device reads the word through its mapping (the
-        // device address of page-locked memory, unified addressing).
-        unsafe {
-            std::ptr::write_volatile(at, 0);
-            let mut dev: sys::CUdeviceptr = 0;
-            sys::cuMemHostGetDevicePointer_v2(&mut dev, at.cast(), 0)
-                .result()
-                .map_err(drv("gate mapping"))?;
-            sys::cuStreamWaitValue32_v2(
-                stream,
-                dev,
-                1,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-            .result()
-            .map_err(drv("gate wait"))?;
-        }
-        Ok(Gate(at))
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        // SAFETY: the word outlives the gate (the workspace's, under its lock for the call).
-        unsafe { std::ptr::write_volatile(self.0, 1) };
-    }
-}
-
 fn run_chunk<T: SetElem>(
     g: &Gpu,
     ws: &mut Workspace,
@@ -1664,10 +1614,22 @@ fn run_chunk<T: SetElem>(
     let small_at = off_at.first().copied().unwrap_or(in_bytes);
     let (e0, e1, e2, e3, e4) = (g.event()?, g.event()?, g.event()?, g.event()?, g.event()?);
     // Around each step's merge kernels (partition and merge, or `wmerge` and `wplace`), for the
-    // benchmarks' breakdown; made here, so that nothing but launches sits between the kernels.
-    let merge_marks = (1..k)
-        .map(|_| Ok((g.event()?, g.event()?)))
-        .collect::<Result<Vec<_>, GpuError>>()?;
+    // benchmarks' breakdown when they ask for it (`set_merge_marks`: each mark is one more
+    // operation the host queues between the kernels, while the device may be waiting for the
+    // next launch); made here, so that nothing but launches sits between the kernels.
+    let merge_marks = if super::merge_marks() {
+        (1..k)
+            .map(|_| Ok((g.event()?, g.event()?)))
+            .collect::<Result<Vec<_>, GpuError>>()?
+    } else {
+        Vec::new()
+    };
+    let mark = |step: u32, end: bool| -> Result<(), GpuError> {
+        match merge_marks.get(step as usize - 1) {
+            Some((m0, m1)) => g.record(if end { m1 } else { m0 }),
+            None => Ok(()),
+        }
+    };
     let t_stage = Instant::now();
     {
         let pin = Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice();
@@ -1745,14 +1707,6 @@ fn run_chunk<T: SetElem>(
         }
     }
     let stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
-    let gate = if g.gate {
-        Some(Gate::close(
-            Workspace::pinned(&mut ws.pin_gate, 4)?,
-            g.stream.cu_stream(),
-        )?)
-    } else {
-        None
-    };
     g.record(&e1)?;
 
     let kern = &g.kernels;
@@ -1819,7 +1773,7 @@ fn run_chunk<T: SetElem>(
         // `wmerge`'s steps plan and scan in one launch (plan_scan: no compaction, the flags
         // cleared at step 1); each of its two look-backs gets an epoch of its own.
         if warp && g.pdl {
-            g.record(&merge_marks[step as usize - 1].0)?;
+            mark(step, false)?;
         }
         let plan = match (warp, osz == 4) {
             (true, true) => &kern.plan_scan_o32,
@@ -1875,12 +1829,6 @@ fn run_chunk<T: SetElem>(
                 ]);
             }
             g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
-            if warp && g.plan_twice {
-                // The same plan again under an epoch of its own (it writes what it wrote).
-                let again = ws.epoch(cs)?;
-                args[20] = arg(&again);
-                g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
-            }
             if !warp {
                 g.scan(ws, nz, n64, act_at)?;
                 g.launch(
@@ -1899,11 +1847,10 @@ fn run_chunk<T: SetElem>(
                 result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
             }
         }
-        let (m0, m1) = &merge_marks[step as usize - 1];
         // With programmatic launches nothing may sit between plan_scan, wmerge and wplace:
         // the step's mark goes before plan_scan (its merge time then includes plan_scan).
         if !(warp && g.pdl) {
-            g.record(m0)?;
+            mark(step, false)?;
         }
         if warp {
             // A warp for each piece the step can have; with tickets, the blocks that fit the
@@ -2022,7 +1969,7 @@ fn run_chunk<T: SetElem>(
                 )?;
             }
         }
-        g.record(m1)?;
+        mark(step, true)?;
         // `wplace` placed the step's values and finished its offsets.
         if warp {
             continue;
@@ -2049,7 +1996,6 @@ fn run_chunk<T: SetElem>(
         }
     }
     g.record(&e2)?;
-    drop(gate);
 
     // The result size and the kernels' error word, then the results in one copy.
     let mut head = [0u64; 2];

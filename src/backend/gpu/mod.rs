@@ -113,6 +113,23 @@ const WARP: u32 = 1 << 31;
 /// The largest search ratio kept (below `WARP`).
 const MAX_RATIO: u32 = WARP - 1;
 
+/// Whether list calls record events around each step's merge kernels (`Timings::merge_ms`).
+/// Off unless a benchmark turns it on: each event is one more operation queued between the
+/// kernels, and a call whose kernels are short waits for the host to queue them (kernels/NOTES.md,
+/// "The device waits for the host").
+static MERGE_MARKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the merge kernels' own timing (`Timings::merge_ms`) on or off for later calls of the
+/// process (benchmarks).
+pub fn set_merge_marks(on: bool) {
+    MERGE_MARKS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`set_merge_marks`] is on.
+pub fn merge_marks() -> bool {
+    MERGE_MARKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Sets the use of known row order for later calls of the process (benchmarks and tests).
 pub fn set_known_order(k: KnownOrder) {
     SEARCH_RATIO.store(encode_known_order(k), std::sync::atomic::Ordering::Relaxed);
@@ -474,7 +491,8 @@ pub struct Timings {
     pub h2d_ms: f64,
     /// All kernels.
     pub kernel_ms: f64,
-    /// Of `kernel_ms`, the merge kernels alone (partition and merge, or `wmerge` and `wplace`).
+    /// Of `kernel_ms`, the merge kernels alone (partition and merge, or `wmerge` and `wplace`);
+    /// measured only while [`set_merge_marks`] is on (0 otherwise).
     pub merge_ms: f64,
     /// Device-to-host copies of the results.
     pub d2h_ms: f64,
