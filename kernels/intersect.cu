@@ -365,17 +365,6 @@ __device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 id
     return excl;
 }
 
-// With programmatic dependent launch (the host's `DFSETS_GPU_PDL=1`, an experiment on Hopper:
-// no gain measured, kernels/NOTES.md), wmerge and wplace are launched before the kernel before
-// them has ended and wait here for it (all its writes visible) before reading anything it
-// wrote: only the launch's own latency overlaps. Without the launch attribute this is a no-op.
-// (Devices before Hopper and the emulator have no such instruction.)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#else
-#define GRID_DEP_WAIT() ((void)0)
-#endif
-
 // A step's piece size: `hi` A positions, halved (never below `lo`) until the step's `total` A
 // positions make at least `want` pieces. Chosen on the device from the step's own total (a
 // later step's A, the previous step's matches, is known only there): large pieces spread each
@@ -389,10 +378,10 @@ __device__ __forceinline__ u32 wpiece_of(u64 total, u32 lo, u32 hi, u64 want) {
 
 // plan and the scan of its path lengths in one launch (for wmerge's steps, whose rows are not
 // compacted): act_start[r] = the paths of rows before r, act_start[n] = all of them. Blocks of
-// PSCAN threads (the host's), a row each; `state` one word per block. `flags` (step 1 only, else null): every
-// row's flag cleared, and the kernels' error word, so that the host need not clear them first.
-// `ticket` (wmerge's next piece, taken by its warps) is cleared at every step, and the step's
-// piece size (`wpiece_of`, from the total) written to `wsize` for wmerge and wplace.
+// PSCAN threads (the host's), a row each; `state` one word per block. `flags` (step 1 only,
+// else null): every row's flag cleared, and the kernels' error word, so that the host need not
+// clear them first. The step's piece size (`wpiece_of`, from the total) is written to `wsize`
+// for wmerge and wplace.
 #ifndef PSCAN
 #define PSCAN 256
 #endif
@@ -402,7 +391,7 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
                                const u64* ord_ptrs, u32 ratio, u32* sel, u64* a_pos,
                                u64* a_len, u64* b_pos, u64* b_len, u64* plen, u64* nz,
                                u64* row_cnt, u64* act_start, u64* state, u32 epoch, u8* flags,
-                               u32* err, u32* ticket, u32 wlo, u32 whi, u64 wwant, u32* wsize) {
+                               u32* err, u32 wlo, u32 whi, u64 wwant, u32* wsize) {
     __shared__ u64 sums[32];
     __shared__ u64 prefix;
     const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -412,7 +401,6 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
         if (flags != nullptr) flags[r] = 0;
     }
     if (flags != nullptr && r == 0) *err = 0;
-    if (r == 0) *ticket = 0;
     u64 total;
     const u64 ex = block_scan_u64(len, sums, &total);
     if (threadIdx.x < 32) {
@@ -428,9 +416,9 @@ __device__ void plan_scan_impl(u32 n, u32 k, u32 step, const u64* off_ptrs, cons
 }
 
 #define PLAN_SCAN_ARGS                                                                     \
-    PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err, u32 *ticket,     \
+    PLAN_ARGS, u64 *act_start, u64 *state, u32 epoch, u8 *flags, u32 *err,                  \
         u32 wlo, u32 whi, u64 wwant, u32 *wsize
-#define PLAN_SCAN_PASS act_start, state, epoch, flags, err, ticket, wlo, whi, wwant, wsize
+#define PLAN_SCAN_PASS act_start, state, epoch, flags, err, wlo, whi, wwant, wsize
 extern "C" __global__ void __launch_bounds__(PSCAN) plan_scan_o32(PLAN_SCAN_ARGS) {
     plan_scan_impl<int>(n, PLAN_PASS, PLAN_SCAN_PASS);
 }
@@ -851,7 +839,7 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // of the rows' A lists concatenated (plan gives every row with work a path of |A| positions;
 // the host does not compact the rows first: `act_start` is the scan over every row, a row
 // without work an empty range that the walk steps over). The piece size is the step's own
-// (`wpiece_of`, from its A total), and the warps take pieces by a ticket.
+// (`wpiece_of`, from its A total).
 // A piece may hold the end of one row, whole short rows and the start of another. For each of
 // its row segments (a segment starting inside a row first finds where its first A element
 // would sit in B, by a 32-way search) the warp walks A and B in windows of 32 elements, one
@@ -1022,19 +1010,13 @@ __device__ __forceinline__ void wmerge_piece(u64 p, u64 g0, u32 wp, u64 total, u
     }
 }
 
-// A warp per piece (the launch has a warp for each piece the step can have), or with
-// WTICKET the warps take pieces by a ticket (cleared by plan_scan), so that a launch of the
-// warps that fit the device at once covers any number of pieces.
-#ifndef WTICKET
-#define WTICKET 0
-#endif
+// A warp per piece (the launch has a warp for each piece the step can have).
 template <typename W, bool SIGNED>
-__device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max, u32* ticket,
+__device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max,
                             const u64* act_start, const W* a_vals, const W* b_vals,
                             const u64* a_pos, const u64* a_len, const u64* b_pos,
                             const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,
                             u8* flags, W* scratch, u64* offs, u32* err) {
-    GRID_DEP_WAIT();
     const u32 lane = threadIdx.x & 31;
     const u64 total = act_start[n];
     const u32 wp = *wsize;
@@ -1042,22 +1024,12 @@ __device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max, u32* ticket
         if (lane == 0) atomicExch(err, 1u);
         return;
     }
-#if WTICKET
-    for (;;) {
-        u32 t = 0;
-        if (lane == 0) t = atomicAdd(ticket, 1u);
-        const u64 p = __shfl_sync(FULL, t, 0);
-#else
-    {
-        const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-#endif
-        const u64 g0 = p * wp;
-        // Past the last piece (piece 0 always runs).
-        if (g0 >= total && p > 0) return;
-        wmerge_piece<W, SIGNED>(p, g0, wp, total, lane, n, act_start, a_vals, b_vals, a_pos,
-                                a_len, b_pos, b_len, pcount, prows, scratch_cap, flags, scratch,
-                                offs, err);
-    }
+    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 g0 = p * wp;
+    // Past the last piece (piece 0 always runs).
+    if (g0 >= total && p > 0) return;
+    wmerge_piece<W, SIGNED>(p, g0, wp, total, lane, n, act_start, a_vals, b_vals, a_pos, a_len,
+                            b_pos, b_len, pcount, prows, scratch_cap, flags, scratch, offs, err);
 }
 
 // wplace, after wmerge: the same pieces (the same size, from the same total), each warp taking
@@ -1071,7 +1043,6 @@ template <typename W>
 __device__ void wplace_impl(u32 n, const u32* wsize, u64 pieces_max,
                             const u64* act_start, const u64* pcount, const u64* prows,
                             u64* pstate, u32 epoch, const W* scratch, W* dst, u64* offs) {
-    GRID_DEP_WAIT();
     const u32 lane = threadIdx.x & 31;
     const u64 total = act_start[n];
     // (piece 0 of a call without work: every offset is 0 already)
@@ -1095,11 +1066,11 @@ __device__ void wplace_impl(u32 n, const u32* wsize, u64 pieces_max,
 
 #define INSTANTIATE_WMERGE(NAME, W, SIGNED)                                                   \
     extern "C" __global__ void __launch_bounds__(WBLOCK, WMINB) wmerge_##NAME(                \
-        u32 n, const u32* wsize, u64 pieces_max, u32* ticket, const u64* act_start,           \
+        u32 n, const u32* wsize, u64 pieces_max, const u64* act_start,                        \
         const W* a_vals, const W* b_vals, const u64* a_pos, const u64* a_len,                 \
         const u64* b_pos, const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,         \
         u8* flags, W* scratch, u64* offs, u32* err) {                                         \
-        wmerge_impl<W, SIGNED>(n, wsize, pieces_max, ticket, act_start, a_vals,               \
+        wmerge_impl<W, SIGNED>(n, wsize, pieces_max, act_start, a_vals,                       \
                                b_vals, a_pos, a_len, b_pos, b_len, pcount, prows,             \
                                scratch_cap, flags, scratch, offs, err);                       \
     }

@@ -23,11 +23,6 @@ for threads in 256 128; do
     g++ -std=c++20 -O1 -w -pthread -DTHREADS=$threads -DWBLOCK=$wblock -DPSCAN=$pscan -o "$out" intersect_check.cpp
     "$out"
 done
-# wmerge with its warps taking pieces by ticket (DFSETS_GPU_WTICKET=1 on the host): the wmerge
-# suites alone, a few blocks covering every piece.
-echo "wmerge by ticket, blocks of 256"
-g++ -std=c++20 -O1 -w -pthread -DWBLOCK=256 -DWTICKET=1 -o "$out" intersect_check.cpp
-"$out" warp
 # Small OR tiles, so that a query's sweep spans several; pruned OR raising its threshold
 # from 16 candidates on, so that lists are put aside (and stopped) in the middle.
 echo "bm25 top-k, tiles of 256 ordinals, thresholds raised from 16 candidates"

@@ -52,9 +52,9 @@ template <> struct K<u64, false> {
 // resident column has them; ratio: plan's search ratio (0: no row searches B); warp: the step
 // runs wmerge, as the host does when every list is known (ratio's bit 31 for plan).
 // wmerge's pieces, as the host's `WPieces`: `hi` A positions halved (down to `lo`) until a step
-// has `want` pieces; lo == hi fixes the size. And its blocks (at most g_wblocks: the warps take
-// pieces by ticket, WTICKET, so a few blocks cover every piece, each warp several; else a warp
-// per piece the step can have, as the host launches it).
+// has `want` pieces; lo == hi fixes the size. wmerge's blocks: a warp per piece the step can
+// have, as the host launches it; wplace's: at most g_wblocks (the host caps them per
+// multiprocessor), so that its warps stride over several pieces each.
 static u32 g_wlo = 256, g_whi = 256;
 static u64 g_wwant = 1;
 static u32 g_wblocks = 3;
@@ -124,7 +124,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
     vector<W> scratch(cap + 1), res0(cap + 1), res1(cap + 1), outv(cap + 1);
     vector<u64> roff0(n + 1), roff1(n + 1), outoff(n + 1);
     vector<u8> flags(n);
-    u64 scratch_top = 0; u32 err = 0, ticket = 77, wsize = 5;
+    u64 scratch_top = 0; u32 err = 0, wsize = 5;
     W* res[2] = {res0.data(), res1.data()};
     u64* roff[2] = {roff0.data(), roff1.data()};
     for (u32 step = 1; step < k; step++) {
@@ -144,7 +144,7 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             const u32 ep = ++g_epoch;
             u8* fl = step == 1 ? flags.data() : nullptr;
             u64* rs = g_row_states.data();
-            launch((n + PSCAN - 1) / PSCAN, PSCAN, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, &ticket, g_wlo, g_whi, g_wwant, &wsize); });
+            launch((n + PSCAN - 1) / PSCAN, PSCAN, [&] { plan_scan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data(), act_start.data(), rs, ep, fl, &err, g_wlo, g_whi, g_wwant, &wsize); });
         } else {
             launch((n + 255) / 256, 256, [&] { plan_o32(n, k, step, ptrs.data(), bases.data(), vbits.data(), 0, prev_off, ords.data(), plan_ratio, sel.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), plen.data(), nz.data(), row_cnt.data()); });
             scan(nz.data(), n, act_at.data());
@@ -163,16 +163,13 @@ int run_case(const vector<vector<vector<W>>>& rows, const vector<bool>& valid, b
             fill(tile_cnt.begin(), tile_cnt.end(), ~0ull);
             fill(tile_pos.begin(), tile_pos.end(), ~0ull);
             const u64 full = (pieces_max * 32 + WBLOCK - 1) / WBLOCK;
-            const u32 wblocks = WTICKET ? min<u64>(full, g_wblocks) : full;
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, &wsize, pieces_max, &ticket, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
-            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, &wsize, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
-            // With tickets: every piece taken once, then one ticket per warp that found none
-            // left.
+            const u32 wblocks = full, pblocks = min<u64>(full, g_wblocks);
+            launch(wblocks, WBLOCK, [&] { K<W, SIGNED>::wmerge(n, &wsize, pieces_max, act_start.data(), a_vals, in.data(), a_pos.data(), a_len.data(), b_pos.data(), b_len.data(), tile_cnt.data(), tile_pos.data(), (u64)cap, flags.data(), scr, this_off, &err); });
+            launch(pblocks, WBLOCK, [&] { K<W, SIGNED>::place(n, &wsize, pieces_max, act_start.data(), tile_cnt.data(), tile_pos.data(), ps, ep, (const W*)scr, dst, this_off); });
             const u64 total = act_start[n];
             u64 wp = g_whi;
             while (wp / 2 >= g_wlo && total / wp < g_wwant) wp >>= 1;
             const u64 np = total == 0 ? 1 : (total + wp - 1) / wp;
-            if (WTICKET && ticket != np + (u64)wblocks * (WBLOCK / 32)) { printf("%s step %u: %u tickets for %llu pieces\n", name, step, ticket, (unsigned long long)np); bad++; }
             if (wsize != wp) { printf("%s step %u: pieces of %u, want %llu\n", name, step, wsize, (unsigned long long)wp); bad++; }
             g_steps.push_back(wp);
         } else {
@@ -347,7 +344,7 @@ int warp_edges() {
 int main(int argc, char** argv) {
     setvbuf(stdout, nullptr, _IOLBF, 0);  // a crash keeps the lines before it
     int bad = 0;
-    // "warp": the wmerge suites alone (the build with WTICKET runs only those).
+    // "warp": the wmerge suites alone.
     const bool warp_only = argc > 1 && string(argv[1]) == "warp";
     if (!warp_only) {
     // Staged lists (no row-order flags), then lists with flags (as resident columns), rows
@@ -374,7 +371,8 @@ int main(int argc, char** argv) {
     bad += suite<u32, false>(22, 2, false, 3, 2, "u32 k2 warp, pieces of 1000, ratio ignored", true);
     // Each step's own size (the host's rule): 2,048 halved until 40 pieces (the last steps of
     // k = 3 and 4, over fewer A positions, take smaller pieces), a size not a power of two
-    // halved down to its floor (1,000, 500, 250, 125; not 62), and one block (a warp takes up to a fifth of the pieces).
+    // halved down to its floor (1,000, 500, 250, 125; not 62), and wplace in one block (a warp
+    // places up to a fifth of the pieces).
     g_wlo = 32, g_whi = 2048, g_wwant = 40;
     bad += suite<u32, false>(23, 3, false, 7, 0, "u32 k3 warp, pieces per step", true);
     bad += suite<u32, false>(24, 4, true, 15, 0, "u32 k4 warp counts, pieces per step", true);

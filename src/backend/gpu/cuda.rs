@@ -513,14 +513,6 @@ pub(super) struct Gpu {
     merge_items: u32,
     /// How a `wmerge` step sizes its pieces.
     wpieces: WPieces,
-    /// `wmerge` blocks per multiprocessor (`WMINB`, as compiled).
-    wminb: u32,
-    /// `wmerge`'s warps take pieces by ticket, from a launch of the blocks that fit the device
-    /// at once (`WTICKET`, an experiment: `DFSETS_GPU_WTICKET=1`); else a warp per piece.
-    wticket: bool,
-    /// `wmerge` and `wplace` launched with programmatic dependent launch (an experiment:
-    /// `DFSETS_GPU_PDL=1`; see `Gpu::launch_after`).
-    pdl: bool,
     /// `wplace` blocks per multiprocessor at most (`WPLACE_BLOCKS_PER_SM`;
     /// `DFSETS_GPU_WPLACE_PER_SM`, 0 = one warp per piece the step can have, as `wmerge`).
     wplace_per_sm: u32,
@@ -625,10 +617,6 @@ fn init() -> Result<Gpu, GpuError> {
     defines.push(format!("-DWMINB={wminb}"));
     // plan_scan's blocks are the per-row kernels' (`PSCAN`, its launch bounds).
     defines.push(format!("-DPSCAN={ROW_THREADS}"));
-    let wticket = std::env::var_os("DFSETS_GPU_WTICKET").is_some_and(|v| v == "1");
-    if wticket {
-        defines.push("-DWTICKET=1".to_string());
-    }
     // Experiments only: `DFSETS_GPU_INTERSECT_SOURCE` names another intersect.cu (same kernel
     // signatures) to compile instead of the embedded one, so that kernel variants are measured
     // side by side by one binary; `DFSETS_GPU_LINEINFO=1` adds line info for the profiler.
@@ -715,9 +703,6 @@ fn init() -> Result<Gpu, GpuError> {
         merge_threads,
         merge_items,
         wpieces,
-        wminb,
-        wticket,
-        pdl: std::env::var_os("DFSETS_GPU_PDL").is_some_and(|v| v == "1"),
         wplace_per_sm: env_u32("DFSETS_GPU_WPLACE_PER_SM").unwrap_or(WPLACE_BLOCKS_PER_SM),
         workspace: Mutex::new(Workspace {
             budget,
@@ -780,58 +765,6 @@ impl Gpu {
                 params,
             )
         }
-        .map_err(drv("kernel launch"))
-    }
-
-    /// [`Gpu::launch`] for a kernel that directly follows another on the stream and waits for
-    /// it itself (`GRID_DEP_WAIT` in kernels/intersect.cu): with `pdl`, launched with
-    /// programmatic stream serialization, so that its launch overlaps the end of the kernel
-    /// before it.
-    ///
-    /// # Safety
-    /// As [`Gpu::launch`]; the kernel must wait for the kernel before it before reading what
-    /// that kernel writes.
-    unsafe fn launch_after(
-        &self,
-        f: &CudaFunction,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<(), GpuError> {
-        if !self.pdl {
-            // SAFETY: forwarded to the caller's contract.
-            return unsafe { self.launch(f, grid, block, params) };
-        }
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue {
-                programmaticStreamSerializationAllowed: 1,
-            },
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.max(1),
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: `config` and `attr` live across the call; the parameters as the caller
-        // promises.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
         .map_err(drv("kernel launch"))
     }
 
@@ -1591,7 +1524,7 @@ fn run_chunk<T: SetElem>(
     let tile_excl = ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?;
     // Matches of each tile before `gather` puts them in place (a step makes at most `cap`).
     let scratch = ws.dev("scratch", cap * esz)?;
-    // err u32 @4, scratch top u64 @16, wmerge's ticket u32 @24 and piece size u32 @28
+    // err u32 @4, scratch top u64 @16, wmerge's piece size u32 @28
     let misc = ws.dev("misc", 64)?;
     let roff = [ws.dev("roff0", (n + 1) * 8)?, ws.dev("roff1", (n + 1) * 8)?];
     let res = if k > 2 {
@@ -1738,7 +1671,6 @@ fn run_chunk<T: SetElem>(
     let flags = d_out + flags_at as u64;
     let err = misc + 4;
     let scratch_top = misc + 16;
-    let ticket = misc + 24;
     let wsize = misc + 28;
     let scratch_cap = cap as u64;
     let k32 = k as u32;
@@ -1772,9 +1704,6 @@ fn run_chunk<T: SetElem>(
         let scratch_ptr = if dst_vals == 0 { 0u64 } else { scratch };
         // `wmerge`'s steps plan and scan in one launch (plan_scan: no compaction, the flags
         // cleared at step 1); each of its two look-backs gets an epoch of its own.
-        if warp && g.pdl {
-            mark(step, false)?;
-        }
         let plan = match (warp, osz == 4) {
             (true, true) => &kern.plan_scan_o32,
             (true, false) => &kern.plan_scan_o64,
@@ -1821,7 +1750,6 @@ fn run_chunk<T: SetElem>(
                     arg(&row_epoch),
                     arg(&step_flags),
                     arg(&err),
-                    arg(&ticket),
                     arg(&wp.lo),
                     arg(&wp.hi),
                     arg(&wwant),
@@ -1847,21 +1775,11 @@ fn run_chunk<T: SetElem>(
                 result::memset_d8_async(scratch_top, 0, 8, cs).map_err(drv("memset"))?;
             }
         }
-        // With programmatic launches nothing may sit between plan_scan, wmerge and wplace:
-        // the step's mark goes before plan_scan (its merge time then includes plan_scan).
-        if !(warp && g.pdl) {
-            mark(step, false)?;
-        }
+        mark(step, false)?;
         if warp {
-            // A warp for each piece the step can have; with tickets, the blocks that fit the
-            // device at once (fewer when the call has fewer pieces). `wplace` strides over the
-            // pieces with at most `wplace_per_sm` blocks per multiprocessor.
+            // A warp for each piece the step can have. `wplace` strides over the pieces with
+            // at most `wplace_per_sm` blocks per multiprocessor.
             let wblocks = (pieces_max * 32).div_ceil(u64::from(WBLOCK));
-            let wblocks = if g.wticket {
-                wblocks.min(u64::from(g.info.multiprocessors) * u64::from(g.wminb))
-            } else {
-                wblocks
-            };
             let wblocks = u32::try_from(wblocks).map_err(|_| {
                 GpuError::Unsupported(format!("{pieces_max} pieces in one launch group"))
             })?;
@@ -1874,10 +1792,9 @@ fn run_chunk<T: SetElem>(
             // step's pieces fit); a piece writes its matches into the scratch at its own A
             // positions (fewer than `cap`, checked by the kernel), `wplace` copies them to
             // `dst_vals` (at most `cap` in all), and the row offsets go to `this_off` (n + 1
-            // entries, as `act_start`); the ticket is a word of `misc`.
-            // (wmerge and wplace each wait for the kernel before them: `GRID_DEP_WAIT`.)
+            // entries, as `act_start`).
             unsafe {
-                g.launch_after(
+                g.launch(
                     &kern.wmerge[variant],
                     wblocks,
                     WBLOCK,
@@ -1885,7 +1802,6 @@ fn run_chunk<T: SetElem>(
                         arg(&n32),
                         arg(&wsize),
                         arg(&pieces_max),
-                        arg(&ticket),
                         arg(&act_start),
                         arg(&a_vals),
                         arg(&in_vals),
@@ -1902,7 +1818,7 @@ fn run_chunk<T: SetElem>(
                         arg(&err),
                     ],
                 )?;
-                g.launch_after(
+                g.launch(
                     &kern.wplace[usize::from(esz == 8)],
                     wplace_blocks,
                     WBLOCK,
