@@ -6,7 +6,7 @@
 # (carry/new: scripts/gpu/build.sh with TESTS="gpu_props gpu_sql"; carry/old: gpu_props built
 # from the commit before, TESTS=gpu_props.)
 # Order: the base binary, this build's defaults, each entry of WP_ENVS (known-order.sh's
-# KO_ENVS: "WTICKET=1", "WPIECE_PER_SM=96,WPIECE_MAX=4096", ...), then the base and the
+# KO_ENVS: "WPLACE_PER_SM=0", "WPIECE_PER_SM=96,WPIECE_MAX=4096", ...), then the base and the
 # defaults again, so that a drift of the host shows up in both. Each run in its own process,
 # `DFSETS_BENCH_KO_MODES=warp` (this build: `wmerge` and the tile kernel at ratio 4 alone).
 # Then (AUTO_MAX_ROWS, below) `bench_auto_rows`, and run.sh with the benchmarks skipped:
@@ -24,7 +24,7 @@ export DFSETS_BENCH_KO_MODES=warp
 ko() { OUT="$out/ko" bash scripts/gpu/known-order.sh | tee -a "$out/summary.txt"; }
 base=${KO_BASE:-}
 KO_BASE=$base KO_ENVS=- ko
-KO_BASE= KO_ENVS="${WP_ENVS:-WTICKET=1}" ko
+KO_BASE= KO_ENVS="${WP_ENVS:--}" ko
 KO_BASE=$base KO_ENVS=- ko
 # AUTO_MAX_ROWS=1000000: then `bench_auto_rows` of this build up to that many rows (auto
 # against cpu and gpu through SQL; its lines go to the summary too).
