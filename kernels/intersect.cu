@@ -946,15 +946,25 @@ __device__ __forceinline__ bool wpieces_over(u64 total, u32 wp, u64 pieces_max) 
     return total > pieces_max * wp;
 }
 
-// One piece of a wmerge step: positions [g0, g0 + wp) of the step's `total`.
+// A warp per piece (the launch has a warp for each piece the step can have).
 template <typename W, bool SIGNED>
-__device__ __forceinline__ void wmerge_piece(u64 p, u64 g0, u32 wp, u64 total, u32 lane, u32 n,
-                                             const u64* act_start, const W* a_vals,
-                                             const W* b_vals, const u64* a_pos,
-                                             const u64* a_len, const u64* b_pos,
-                                             const u64* b_len, u64* pcount, u64* prows,
-                                             u64 scratch_cap, u8* flags, W* scratch, u64* offs,
-                                             u32* err) {
+__device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max,
+                            const u64* act_start, const W* a_vals, const W* b_vals,
+                            const u64* a_pos, const u64* a_len, const u64* b_pos,
+                            const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,
+                            u8* flags, W* scratch, u64* offs, u32* err) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 total = act_start[n];
+    const u32 wp = *wsize;
+    if (wpieces_over(total, wp, pieces_max)) {  // never on the host's sizes; no results
+        if (lane == 0) atomicExch(err, 1u);
+        return;
+    }
+    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 g0 = p * wp;
+    // Past the last piece (piece 0 always runs).
+    if (g0 >= total && p > 0) return;
+    // The piece: positions [g0, g0 + wp) of the step's `total`.
     const u64 g1 = (g0 + wp < total) ? g0 + wp : total;
     if (scratch != nullptr && g1 > scratch_cap) {  // never on the host's sizes; no results
         if (lane == 0) {
@@ -1008,28 +1018,6 @@ __device__ __forceinline__ void wmerge_piece(u64 p, u64 g0, u32 wp, u64 total, u
         pcount[p] = out;
         prows[p] = (u64)own0 | ((u64)(g1 == total ? n + 1 : j) << 32);
     }
-}
-
-// A warp per piece (the launch has a warp for each piece the step can have).
-template <typename W, bool SIGNED>
-__device__ void wmerge_impl(u32 n, const u32* wsize, u64 pieces_max,
-                            const u64* act_start, const W* a_vals, const W* b_vals,
-                            const u64* a_pos, const u64* a_len, const u64* b_pos,
-                            const u64* b_len, u64* pcount, u64* prows, u64 scratch_cap,
-                            u8* flags, W* scratch, u64* offs, u32* err) {
-    const u32 lane = threadIdx.x & 31;
-    const u64 total = act_start[n];
-    const u32 wp = *wsize;
-    if (wpieces_over(total, wp, pieces_max)) {  // never on the host's sizes; no results
-        if (lane == 0) atomicExch(err, 1u);
-        return;
-    }
-    const u64 p = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const u64 g0 = p * wp;
-    // Past the last piece (piece 0 always runs).
-    if (g0 >= total && p > 0) return;
-    wmerge_piece<W, SIGNED>(p, g0, wp, total, lane, n, act_start, a_vals, b_vals, a_pos, a_len,
-                            b_pos, b_len, pcount, prows, scratch_cap, flags, scratch, offs, err);
 }
 
 // wplace, after wmerge: the same pieces (the same size, from the same total), each warp taking

@@ -595,6 +595,69 @@ fn warp_calls_across_the_epoch_wrap() {
     gpu::set_known_order(before);
 }
 
+/// A `wmerge` call whose kernels (k, element and offset types) were launched before goes out as
+/// one launch of the workspace's kernel graph for them, each node's grid and arguments set to
+/// the call's own: calls over other columns, row counts, slices and modes (values, then counts:
+/// each `resident_call` makes both) give the staged call's results, k = 3 gets a graph of its
+/// own, and k = 2 after it finds its graph again. With `DFSETS_GPU_GRAPH=0` no call uses one.
+#[test]
+fn warp_calls_through_the_kernel_graph() {
+    if !gpu_or_skip("warp_calls_through_the_kernel_graph") {
+        return;
+    }
+    let graphs = std::env::var("DFSETS_GPU_GRAPH").map_or(true, |v| v.trim() != "0");
+    let mut rng = Rng(53);
+    let a = Column::from_rows(&order_rows(&mut rng, 20_000, 50.0, 2_000.0, u64::MAX));
+    let b = Column::from_rows(&order_rows(&mut rng, 20_000, 1.0, 300.0, u64::MAX));
+    // k = 3 over columns of their own (a slice of less than half a column is kept as its
+    // values alone, its row order unknown: no `wmerge`).
+    let c = Column::from_rows(&order_rows(&mut rng, 7_000, 10.0, 900.0, u64::MAX));
+    let d = Column::from_rows(&order_rows(&mut rng, 7_000, 50.0, 2_000.0, u64::MAX));
+    let e = Column::from_rows(&order_rows(&mut rng, 7_000, 1.0, 300.0, u64::MAX));
+    let before = gpu::known_order();
+    gpu::set_known_order(gpu::KnownOrder::Warp);
+    // Copied to the device (and their row order found) first, so that every call below runs
+    // `wmerge`.
+    for col in [&a, &b, &c, &d, &e] {
+        let kept = [col.host(true), col.host(true)];
+        gpu::intersect(&kept, None, Mode::Values, Some(0), false).expect("upload");
+    }
+    let (a_s, b_s) = (a.sliced(5, 12_000), b.sliced(3_000, 12_000));
+    let calls: [(&[&Column], &str); 8] = [
+        (&[&a, &b], "a, b"),
+        (&[&b, &a], "b, a"),
+        (&[&a_s, &b_s], "sliced"),
+        (&[&a, &a], "a, a"),
+        (&[&d, &e, &c], "k = 3"),
+        (&[&c, &e, &d], "k = 3 again"),
+        (&[&b, &a], "k = 2 after k = 3"),
+        (&[&a, &b], "k = 2 again"),
+    ];
+    let mut ks_met = Vec::new();
+    let mut through_graph = 0;
+    for (cols, what) in calls {
+        let t = resident_call(cols, 0, what);
+        println!(
+            "{what}: {} of {} launch groups through a graph (graphs off: {:?})",
+            t.graph_launches,
+            t.chunks,
+            gpu::kernel_graphs_off()
+        );
+        assert_eq!(gpu::kernel_graphs_off(), None, "{what}");
+        // A k met in this loop before has been launched at least twice (values and counts):
+        // its graph is built. (The first call of each k may or may not find one, after the
+        // other tests of this process.)
+        if ks_met.contains(&cols.len()) {
+            let expect = if graphs { t.chunks } else { 0 };
+            assert_eq!(t.graph_launches, expect, "graph launches: {what}");
+        }
+        through_graph += t.graph_launches;
+        ks_met.push(cols.len());
+    }
+    assert_eq!(through_graph > 0, graphs);
+    gpu::set_known_order(before);
+}
+
 /// Resident columns carry the order of their rows, found on the device when copied there:
 /// rows known increasing skip the order check, and short rows against long known-increasing
 /// ones search the long row in device memory. Every use of it (ignored, check only, searching
@@ -855,6 +918,7 @@ fn bench_known_order() {
         );
         let input: u64 = first.timings.input_values;
         let mut kernel = vec![Vec::new(); modes.len()];
+        let mut span = vec![Vec::new(); modes.len()];
         let mut merge = vec![Vec::new(); modes.len()];
         let mut marked = vec![Vec::new(); modes.len()];
         let mut reference: Option<gpu::GpuOutput<u32>> = None;
@@ -882,6 +946,7 @@ fn bench_known_order() {
                     marked[i].push(o.timings.kernel_ms);
                 } else {
                     kernel[i].push(o.timings.kernel_ms);
+                    span[i].push(o.timings.kernel_span_ms);
                 }
             }
         }
@@ -891,13 +956,25 @@ fn bench_known_order() {
         let bytes = (input + results) as f64 * 4.0;
         let cells: Vec<String> = modes
             .iter()
-            .zip(kernel.into_iter().zip(merge.into_iter().zip(marked)))
-            .map(|(m, (v, (w, x)))| {
+            .zip(
+                kernel
+                    .into_iter()
+                    .zip(span)
+                    .zip(merge.into_iter().zip(marked)),
+            )
+            .map(|(m, ((v, sp), (w, x)))| {
                 let ms = median(v);
-                let gbps = bytes / (ms * 1e-3) / 1e9;
+                let pct = |ms: f64| 100.0 * bytes / (ms * 1e-3) / 1e9 / ceil.d2d_gbps;
+                // The graph's own span (0 when the calls were launched one by one).
+                let sp = median(sp);
+                let span = if sp > 0.0 {
+                    format!("; graph span {sp:.3} ms ({:.0}%)", pct(sp))
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{m:?} {ms:.3} ms ({:.0}%; merge {:.3} of {:.3} with marks)",
-                    100.0 * gbps / ceil.d2d_gbps,
+                    "{m:?} {ms:.3} ms ({:.0}%{span}; merge {:.3} of {:.3} with marks)",
+                    pct(ms),
                     median(w),
                     median(x)
                 )
@@ -1187,6 +1264,12 @@ fn sql_count(
         let (ms, sum, plan) = runtime.block_on(async {
             let set = format!("SET sets.backend = '{backend}'");
             ctx.sql(&set).await.unwrap().collect().await.unwrap();
+            // DFSETS_BENCH_SPLIT=N: `sets.parallel_min_values` (measurements of where a
+            // batch's split across threads pays on the GPU machine's host).
+            if let Ok(n) = std::env::var("DFSETS_BENCH_SPLIT") {
+                let set = format!("SET sets.parallel_min_values = {}", n.trim());
+                ctx.sql(&set).await.unwrap().collect().await.unwrap();
+            }
             let query = "SELECT list_intersect_count(a, b) AS c FROM t";
             // The choice (the plan's, the same every run), from the first run's EXPLAIN.
             let plan = if times.is_empty() {

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::columns::{self, Admitted, ColumnCache, Placement};
 use super::fault::{self, Fault};
+use super::graph::{Launch, LaunchGraph, Word};
 use super::{
     Ceilings, DeviceInfo, GpuError, GpuOutput, HostList, HostOffsets, Mode, RowValidity, Timings,
 };
@@ -397,6 +398,11 @@ pub(super) struct Workspace {
     columns: ColumnCache<ResidentCol>,
     /// The last epoch given to a launch with look-back states (see [`Workspace::epoch`]).
     epoch: u32,
+    /// `wmerge` calls' launches in one submission (see [`LaunchGraph`]).
+    graph: LaunchGraph,
+    /// The events a graph records before its first kernel and after its last (made once;
+    /// after `graph`, so that they outlive its graphs).
+    span: Option<(CudaEvent, CudaEvent)>,
 }
 
 /// Epochs fit the top 24 bits of a look-back state word (`st_word` in kernels/intersect.cu).
@@ -516,6 +522,9 @@ pub(super) struct Gpu {
     /// `wplace` blocks per multiprocessor at most (`WPLACE_BLOCKS_PER_SM`;
     /// `DFSETS_GPU_WPLACE_PER_SM`, 0 = one warp per piece the step can have, as `wmerge`).
     wplace_per_sm: u32,
+    /// A `wmerge` call's launches go through the workspace's kernel graph (`graph.rs`) unless
+    /// `DFSETS_GPU_GRAPH=0` (measurements).
+    graphs: bool,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -704,6 +713,7 @@ fn init() -> Result<Gpu, GpuError> {
         merge_items,
         wpieces,
         wplace_per_sm: env_u32("DFSETS_GPU_WPLACE_PER_SM").unwrap_or(WPLACE_BLOCKS_PER_SM),
+        graphs: env_u32("DFSETS_GPU_GRAPH") != Some(0),
         workspace: Mutex::new(Workspace {
             budget,
             ..Default::default()
@@ -763,6 +773,27 @@ impl Gpu {
                 0,
                 self.stream.cu_stream(),
                 params,
+            )
+        }
+        .map_err(drv("kernel launch"))
+    }
+
+    /// Launch `l` on the stream.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`]: `l`'s arguments match its kernel's parameter list, and every device
+    /// pointer among them is valid for the accesses the kernel makes.
+    pub(super) unsafe fn launch_words(&self, l: &Launch) -> Result<(), GpuError> {
+        let mut addrs = l.addrs();
+        // SAFETY: forwarded to the caller's contract; `addrs` point at `l`'s words.
+        unsafe {
+            result::launch_kernel(
+                l.f,
+                (l.grid.max(1), 1, 1),
+                (l.block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut addrs,
             )
         }
         .map_err(drv("kernel launch"))
@@ -1219,6 +1250,15 @@ pub fn set_next_epoch(next: u32) {
     }
 }
 
+/// Why kernel graphs (one submission for a `wmerge` call's launches) were turned off in this
+/// process: the graph call that failed; `None` while they are on (or before the device is set
+/// up). Tests and diagnostics.
+pub fn kernel_graphs_off() -> Option<String> {
+    let g = gpu().ok()?;
+    let ws = g.workspace.lock().unwrap_or_else(|e| e.into_inner());
+    ws.graph.off.clone()
+}
+
 /// Input value bytes one launch group of [`intersect`] takes at most (a batch past it is
 /// split), `None` before the device is set up.
 pub fn launch_group_bytes() -> Option<usize> {
@@ -1640,7 +1680,13 @@ fn run_chunk<T: SetElem>(
         }
     }
     let stage_ms = t_stage.elapsed().as_secs_f64() * 1e3;
-    g.record(&e1)?;
+    // `wmerge`'s launches are queued after the loop below in one submission (the workspace's
+    // kernel graph), unless merge marks must sit between them (then each goes out at once).
+    // The kernels' window opens then, once the graph's parameters are set (`submit`).
+    let one_submission = warp && merge_marks.is_empty();
+    if !one_submission {
+        g.record(&e1)?;
+    }
 
     let kern = &g.kernels;
     let cs = g.stream.cu_stream();
@@ -1682,6 +1728,17 @@ fn run_chunk<T: SetElem>(
     let merge_blocks = u32::try_from(tiles_max)
         .map_err(|_| GpuError::Unsupported(format!("{tiles_max} tiles in one launch group")))?;
     let gather_blocks = (tiles_max * 32).div_ceil(u64::from(GATHER_THREADS)) as u32;
+    let mut queued: Vec<Launch> = Vec::new();
+    let mut queue = |l: Launch| -> Result<(), GpuError> {
+        if one_submission {
+            queued.push(l);
+            Ok(())
+        } else {
+            // SAFETY: each launch is made below for its kernel's signature in
+            // kernels/intersect.cu, from buffers sized for its accesses (see there).
+            unsafe { g.launch_words(&l) }
+        }
+    };
     for step in 1..k as u32 {
         let last = step as usize == k - 1;
         let prev_off = roff[(step as usize + 1) % 2];
@@ -1716,48 +1773,59 @@ fn run_chunk<T: SetElem>(
             (0, 0)
         };
         let step_flags = if step == 1 { flags } else { 0u64 };
-        // SAFETY: parameters match the kernels' signatures in kernels/intersect.cu; every
-        // pointer is a buffer above sized for the accesses the kernel makes (n rows, n + 1
-        // offsets, tiles_max tiles (+ 1 for the scan of their counts), cap result values in
-        // the scratch and the destination, one look-back state per plan block), and the
-        // values each list's offsets address lie within its section of the input region (or
-        // its resident copy).
-        unsafe {
-            let mut args = vec![
-                arg(&n32),
-                arg(&k32),
-                arg(&step),
-                arg(&ptrs),
-                arg(&bases),
-                arg(&valid_ptr),
-                arg(&valid_bit),
-                arg(&prev_off),
-                arg(&ords),
-                arg(&ratio),
-                arg(&sel),
-                arg(&a_pos),
-                arg(&a_len),
-                arg(&b_pos),
-                arg(&b_len),
-                arg(&plen),
-                arg(&nz),
-                arg(&row_cnt),
-            ];
-            if warp {
-                args.extend([
-                    arg(&act_start),
-                    arg(&row_states),
-                    arg(&row_epoch),
-                    arg(&step_flags),
-                    arg(&err),
-                    arg(&wp.lo),
-                    arg(&wp.hi),
-                    arg(&wwant),
-                    arg(&wsize),
-                ]);
-            }
-            g.launch(plan, row_blocks, ROW_THREADS, &mut args)?;
-            if !warp {
+        // The rows' plan: plan_scan (`wmerge`) or plan, scans and compaction (tiles).
+        let plan_args: Vec<Word> = vec![
+            n32.into(),
+            k32.into(),
+            step.into(),
+            ptrs.into(),
+            bases.into(),
+            valid_ptr.into(),
+            valid_bit.into(),
+            prev_off.into(),
+            ords.into(),
+            ratio.into(),
+            sel.into(),
+            a_pos.into(),
+            a_len.into(),
+            b_pos.into(),
+            b_len.into(),
+            plen.into(),
+            nz.into(),
+            row_cnt.into(),
+        ];
+        if warp {
+            let mut args = plan_args;
+            args.extend::<[Word; 9]>([
+                act_start.into(),
+                row_states.into(),
+                row_epoch.into(),
+                step_flags.into(),
+                err.into(),
+                wp.lo.into(),
+                wp.hi.into(),
+                wwant.into(),
+                wsize.into(),
+            ]);
+            queue(Launch {
+                f: plan.cu_function(),
+                grid: row_blocks,
+                block: ROW_THREADS,
+                args,
+            })?;
+        } else {
+            // SAFETY: parameters match the kernels' signatures in kernels/intersect.cu; every
+            // pointer is a buffer above sized for the accesses the kernel makes (n rows, n + 1
+            // offsets, tiles_max tiles (+ 1 for the scan of their counts), cap result values
+            // in the scratch and the destination), and the values each list's offsets address
+            // lie within its section of the input region (or its resident copy).
+            unsafe {
+                g.launch_words(&Launch {
+                    f: plan.cu_function(),
+                    grid: row_blocks,
+                    block: ROW_THREADS,
+                    args: plan_args,
+                })?;
                 g.scan(ws, nz, n64, act_at)?;
                 g.launch(
                     &kern.compact_rows,
@@ -1787,56 +1855,54 @@ fn run_chunk<T: SetElem>(
                 0 => wblocks,
                 per_sm => wblocks.min(g.info.multiprocessors.saturating_mul(per_sm).max(1)),
             };
-            // SAFETY: as above; `tile_cnt` (the pieces' counts), `tile_pos` (the rows each
-            // owns) and `piece_states` hold `pieces_max` entries (the kernels check that the
-            // step's pieces fit); a piece writes its matches into the scratch at its own A
-            // positions (fewer than `cap`, checked by the kernel), `wplace` copies them to
-            // `dst_vals` (at most `cap` in all), and the row offsets go to `this_off` (n + 1
-            // entries, as `act_start`).
-            unsafe {
-                g.launch(
-                    &kern.wmerge[variant],
-                    wblocks,
-                    WBLOCK,
-                    &mut [
-                        arg(&n32),
-                        arg(&wsize),
-                        arg(&pieces_max),
-                        arg(&act_start),
-                        arg(&a_vals),
-                        arg(&in_vals),
-                        arg(&a_pos),
-                        arg(&a_len),
-                        arg(&b_pos),
-                        arg(&b_len),
-                        arg(&tile_cnt),
-                        arg(&tile_pos),
-                        arg(&scratch_cap),
-                        arg(&flags),
-                        arg(&scratch_ptr),
-                        arg(&this_off),
-                        arg(&err),
-                    ],
-                )?;
-                g.launch(
-                    &kern.wplace[usize::from(esz == 8)],
-                    wplace_blocks,
-                    WBLOCK,
-                    &mut [
-                        arg(&n32),
-                        arg(&wsize),
-                        arg(&pieces_max),
-                        arg(&act_start),
-                        arg(&tile_cnt),
-                        arg(&tile_pos),
-                        arg(&piece_states),
-                        arg(&piece_epoch),
-                        arg(&scratch_ptr),
-                        arg(&dst_vals),
-                        arg(&this_off),
-                    ],
-                )?;
-            }
+            // `tile_cnt` (the pieces' counts), `tile_pos` (the rows each owns) and
+            // `piece_states` hold `pieces_max` entries (the kernels check that the step's
+            // pieces fit); a piece writes its matches into the scratch at its own A positions
+            // (fewer than `cap`, checked by the kernel), `wplace` copies them to `dst_vals`
+            // (at most `cap` in all), and the row offsets go to `this_off` (n + 1 entries, as
+            // `act_start`).
+            queue(Launch {
+                f: kern.wmerge[variant].cu_function(),
+                grid: wblocks,
+                block: WBLOCK,
+                args: vec![
+                    n32.into(),
+                    wsize.into(),
+                    pieces_max.into(),
+                    act_start.into(),
+                    a_vals.into(),
+                    in_vals.into(),
+                    a_pos.into(),
+                    a_len.into(),
+                    b_pos.into(),
+                    b_len.into(),
+                    tile_cnt.into(),
+                    tile_pos.into(),
+                    scratch_cap.into(),
+                    flags.into(),
+                    scratch_ptr.into(),
+                    this_off.into(),
+                    err.into(),
+                ],
+            })?;
+            queue(Launch {
+                f: kern.wplace[usize::from(esz == 8)].cu_function(),
+                grid: wplace_blocks,
+                block: WBLOCK,
+                args: vec![
+                    n32.into(),
+                    wsize.into(),
+                    pieces_max.into(),
+                    act_start.into(),
+                    tile_cnt.into(),
+                    tile_pos.into(),
+                    piece_states.into(),
+                    piece_epoch.into(),
+                    scratch_ptr.into(),
+                    dst_vals.into(),
+                    this_off.into(),
+                ],
+            })?;
         } else {
             // SAFETY: as above.
             unsafe {
@@ -1909,6 +1975,30 @@ fn run_chunk<T: SetElem>(
                 )?;
             }
             g.scan(ws, row_cnt, n64, this_off)?;
+        }
+    }
+    let mut spanned = false;
+    if one_submission {
+        if ws.span.is_none() {
+            ws.span = Some((g.event()?, g.event()?));
+        }
+        let Workspace { graph, span, .. } = &mut *ws;
+        let span = span.as_ref().expect("made above");
+        let span_raw = (span.0.cu_event(), span.1.cu_event());
+        // SAFETY: as each launch's note in the loop; the span's events live in the workspace
+        // after its graphs.
+        if unsafe {
+            graph.submit(
+                &queued,
+                cs,
+                g.graphs,
+                span_raw,
+                || g.record(&e1),
+                |l| g.launch_words(l),
+            )?
+        } {
+            out.timings.graph_launches += 1;
+            spanned = true;
         }
     }
     g.record(&e2)?;
@@ -2023,6 +2113,9 @@ fn run_chunk<T: SetElem>(
     t.stage_ms += stage_ms;
     t.h2d_ms += ms(&e0, &e1)?;
     t.kernel_ms += ms(&e1, &e2)?;
+    if let (true, Some((s0, s1))) = (spanned, &ws.span) {
+        t.kernel_span_ms += ms(s0, s1)?;
+    }
     for (a, b) in &merge_marks {
         t.merge_ms += ms(a, b)?;
     }

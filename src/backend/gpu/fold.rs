@@ -259,6 +259,7 @@ fn add_timings(sum: &mut Timings, t: &Timings) {
     sum.stage_ms += t.stage_ms;
     sum.h2d_ms += t.h2d_ms;
     sum.kernel_ms += t.kernel_ms;
+    sum.kernel_span_ms += t.kernel_span_ms;
     sum.merge_ms += t.merge_ms;
     sum.d2h_ms += t.d2h_ms;
     sum.unstage_ms += t.unstage_ms;
@@ -268,6 +269,7 @@ fn add_timings(sum: &mut Timings, t: &Timings) {
     sum.input_values += t.input_values;
     sum.chunks += t.chunks;
     sum.columns_reused += t.columns_reused;
+    sum.graph_launches += t.graph_launches;
     sum.columns_uploaded += t.columns_uploaded;
 }
 

@@ -39,12 +39,15 @@ mod bm25;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
 mod simjoin;
 #[cfg(feature = "cuda")]
 pub use bm25::{bm25_evict, bm25_topk};
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    device, intersect, intersect_resident, launch_group_bytes, measure_ceilings, set_next_epoch,
+    device, intersect, intersect_resident, kernel_graphs_off, launch_group_bytes, measure_ceilings,
+    set_next_epoch,
 };
 #[cfg(feature = "cuda")]
 pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
@@ -54,7 +57,8 @@ mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
     DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, intersect_resident,
-    launch_group_bytes, measure_ceilings, set_next_epoch, submit_pairs, upload_sets, verify_pairs,
+    kernel_graphs_off, launch_group_bytes, measure_ceilings, set_next_epoch, submit_pairs,
+    upload_sets, verify_pairs,
 };
 
 /// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each
@@ -491,6 +495,10 @@ pub struct Timings {
     pub h2d_ms: f64,
     /// All kernels.
     pub kernel_ms: f64,
+    /// Of `kernel_ms`, the kernels' own span on the device when they went out as one graph
+    /// (`graph_launches`): from the graph's event before its first kernel to the one after
+    /// its last, without the wait for the host's submission (0 otherwise).
+    pub kernel_span_ms: f64,
     /// Of `kernel_ms`, the merge kernels alone (partition and merge, or `wmerge` and `wplace`);
     /// measured only while [`set_merge_marks`] is on (0 otherwise).
     pub merge_ms: f64,
@@ -510,6 +518,9 @@ pub struct Timings {
     pub chunks: u32,
     /// List arguments read from copies already on the device (no copy).
     pub columns_reused: u32,
+    /// Launch groups whose kernels went out in one submission (a kernel graph, re-launched
+    /// with the group's parameters; see `DFSETS_GPU_GRAPH`).
+    pub graph_launches: u32,
     /// List arguments copied whole to the device and kept there for later calls (their
     /// bytes are in `h2d_bytes`).
     pub columns_uploaded: u32,

@@ -42,6 +42,11 @@ pub fn intersect_resident<T: SetElem>(
 #[doc(hidden)]
 pub fn set_next_epoch(_next: u32) {}
 
+/// Kernel graphs: none without the `cuda` feature, so never turned off.
+pub fn kernel_graphs_off() -> Option<String> {
+    None
+}
+
 /// Input bytes per launch group: none without the `cuda` feature.
 pub fn launch_group_bytes() -> Option<usize> {
     None
