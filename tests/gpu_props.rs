@@ -1258,60 +1258,75 @@ fn sql_count(
     let mut times = Vec::new();
     let (mut total, mut chosen) = (None, String::new());
     while times.len() < 3 || (times.len() < 25 && times.iter().sum::<f64>() < 500.0) {
-        let ctx = datafusion_sets::new_context();
-        let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
-        ctx.register_table("t", Arc::new(table)).expect("register");
-        let (ms, sum, plan) = runtime.block_on(async {
-            let set = format!("SET sets.backend = '{backend}'");
-            ctx.sql(&set).await.unwrap().collect().await.unwrap();
-            // DFSETS_BENCH_SPLIT=N: `sets.parallel_min_values` (measurements of where a
-            // batch's split across threads pays on the GPU machine's host).
-            if let Ok(n) = std::env::var("DFSETS_BENCH_SPLIT") {
-                let set = format!("SET sets.parallel_min_values = {}", n.trim());
-                ctx.sql(&set).await.unwrap().collect().await.unwrap();
-            }
-            let query = "SELECT list_intersect_count(a, b) AS c FROM t";
-            // The choice (the plan's, the same every run), from the first run's EXPLAIN.
-            let plan = if times.is_empty() {
-                let plan = ctx.sql(&format!("EXPLAIN {query}")).await.unwrap();
-                let plan = plan.collect().await.unwrap();
-                datafusion::arrow::util::pretty::pretty_format_batches(&plan)
-                    .unwrap()
-                    .to_string()
-            } else {
-                String::new()
-            };
-            let t = Instant::now();
-            let out = ctx.sql(query).await.unwrap().collect().await.unwrap();
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            let sum: u64 = out
-                .iter()
-                .map(|b| {
-                    let c = cast(b.column(0), &DataType::UInt64).unwrap();
-                    c.as_any()
-                        .downcast_ref::<datafusion::arrow::array::UInt64Array>()
-                        .unwrap()
-                        .values()
-                        .iter()
-                        .sum::<u64>()
-                })
-                .sum();
-            (ms, sum, plan)
-        });
+        let (ms, sum, line) = sql_count_once(runtime, schema, batches, backend, times.is_empty());
         assert_eq!(
             *total.get_or_insert(sum),
             sum,
             "{backend}: same answer every run"
         );
         times.push(ms);
-        if let Some(line) = plan.lines().find_map(|l| {
-            l.find("list_intersect_count=")
-                .map(|i| l[i..].trim_end_matches(['|', ' ']).to_string())
-        }) {
+        if !line.is_empty() {
             chosen = line;
         }
     }
     (times, total.unwrap_or(0), chosen)
+}
+
+/// One run of `SELECT list_intersect_count(a, b) FROM t` over a memory table of `batches`
+/// with `sets.backend = backend`, in a fresh session: its time (ms), the sum of the counts,
+/// and (`explain`: from an `EXPLAIN` first, not timed) the plan's backend line.
+fn sql_count_once(
+    runtime: &tokio::runtime::Runtime,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    backend: &str,
+    explain: bool,
+) -> (f64, u64, String) {
+    let ctx = datafusion_sets::new_context();
+    let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
+    ctx.register_table("t", Arc::new(table)).expect("register");
+    runtime.block_on(async {
+        let set = format!("SET sets.backend = '{backend}'");
+        ctx.sql(&set).await.unwrap().collect().await.unwrap();
+        // DFSETS_BENCH_SPLIT=N: `sets.parallel_min_values` (measurements of where a batch's
+        // split across threads pays on the GPU machine's host).
+        if let Ok(n) = std::env::var("DFSETS_BENCH_SPLIT") {
+            let set = format!("SET sets.parallel_min_values = {}", n.trim());
+            ctx.sql(&set).await.unwrap().collect().await.unwrap();
+        }
+        let query = "SELECT list_intersect_count(a, b) AS c FROM t";
+        let chosen = if explain {
+            let plan = ctx.sql(&format!("EXPLAIN {query}")).await.unwrap();
+            let plan = plan.collect().await.unwrap();
+            let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+                .unwrap()
+                .to_string();
+            plan.lines()
+                .find_map(|l| {
+                    l.find("list_intersect_count=")
+                        .map(|i| l[i..].trim_end_matches(['|', ' ']).to_string())
+                })
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let t = Instant::now();
+        let out = ctx.sql(query).await.unwrap().collect().await.unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let sum: u64 = out
+            .iter()
+            .map(|b| {
+                let c = cast(b.column(0), &DataType::UInt64).unwrap();
+                c.as_any()
+                    .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                    .unwrap()
+                    .values()
+                    .iter()
+                    .sum::<u64>()
+            })
+            .sum();
+        (ms, sum, chosen)
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -1321,7 +1336,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// `sets.backend = 'auto'` against `'cpu'` and `'gpu'` through SQL, by row count (rows of two
 /// sorted `list<uint32>`, lengths log-uniform in 10..100, a memory table in batches of 8192
-/// rows): the "auto never more than 5% slower than the better of the two".
+/// rows): the "auto never more than 5% slower than the better of the two". Each row
+/// count in rounds of one run per backend (see the loop); "auto / better" from the medians,
+/// and paired (auto over the faster backend's run of the same round, median over rounds).
 #[test]
 #[ignore = "benchmark: run on the GPU machine (scripts/gpu/run.sh)"]
 fn bench_auto_rows() {
@@ -1367,21 +1384,51 @@ fn bench_auto_rows() {
                 .expect("batch")
             })
             .collect();
-        // cpu and auto alternate (twice each, around gpu), so drifts of the machine fall on
-        // both alike.
-        let (mut cpu_t, c_total, _) = sql_count(&runtime, &schema, &batches, "cpu");
-        let (mut auto_t, a_total, chosen) = sql_count(&runtime, &schema, &batches, "auto");
-        let (gpu_t, g_total, _) = sql_count(&runtime, &schema, &batches, "gpu");
-        auto_t.extend(sql_count(&runtime, &schema, &batches, "auto").0);
-        cpu_t.extend(sql_count(&runtime, &schema, &batches, "cpu").0);
-        let (cpu, gpu_ms, auto) = (median(cpu_t), median(gpu_t), median(auto_t));
+        // Rounds of one run of each backend, in each of the six orders in turn, so that a
+        // drift of the machine falls on all three alike and each follows each other as often
+        // (a query right after a GPU one may pay for it): at least 6 rounds, then as many as
+        // fit 1.5 s (up to 30). Medians of each, and the paired ratios: the median over the
+        // rounds of auto's time over the other's in the same round.
+        let names = ["cpu", "gpu", "auto"];
+        let mut times: [Vec<f64>; 3] = Default::default();
+        let (mut totals, mut chosen) = ([None; 3], String::new());
+        let mut spent = 0.0;
+        const ORDERS: [[usize; 3]; 6] = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
+        while times[0].len() < 6 || (times[0].len() < 30 && spent < 1500.0) {
+            let round = times[0].len();
+            for b in ORDERS[round % 6] {
+                let explain = round == 0 && b == 2;
+                let (ms, sum, line) =
+                    sql_count_once(&runtime, &schema, &batches, names[b], explain);
+                assert_eq!(*totals[b].get_or_insert(sum), sum, "{}", names[b]);
+                if explain {
+                    chosen = line;
+                }
+                times[b].push(ms);
+                spent += ms;
+            }
+        }
         assert!(
-            c_total == g_total && c_total == a_total,
+            totals[0] == totals[1] && totals[0] == totals[2],
             "{rows} rows: answers differ"
         );
+        let paired =
+            |x: usize| median(times[2].iter().zip(&times[x]).map(|(a, o)| a / o).collect());
+        let (vs_cpu, vs_gpu) = (paired(0), paired(1));
+        let rounds = times[0].len();
+        let [cpu, gpu_ms, auto] = times.map(median);
+        let better = if cpu <= gpu_ms { vs_cpu } else { vs_gpu };
         let line = format!(
-            "rows {rows:>9}: cpu {cpu:9.2}  gpu {gpu_ms:9.2}  auto {auto:9.2}  auto / better {:.2}  ({chosen})",
-            auto / cpu.min(gpu_ms)
+            "rows {rows:>9}: cpu {cpu:9.2}  gpu {gpu_ms:9.2}  auto {auto:9.2}  auto / better {:.2}  paired: auto / cpu {vs_cpu:.2}, auto / gpu {vs_gpu:.2}, auto / better {better:.2} ({} rounds)  ({chosen})",
+            auto / cpu.min(gpu_ms),
+            rounds
         );
         println!("{line}");
         report.push(line);
