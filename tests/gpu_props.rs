@@ -1272,6 +1272,22 @@ fn sql_count(
     (times, total.unwrap_or(0), chosen)
 }
 
+/// A fresh session with `batches` as table `t` (a memory table of one partition) and
+/// `sets.backend = backend`.
+fn table_session(
+    runtime: &tokio::runtime::Runtime,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    backend: &str,
+) -> datafusion::prelude::SessionContext {
+    let ctx = datafusion_sets::new_context();
+    let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
+    ctx.register_table("t", Arc::new(table)).expect("register");
+    let set = format!("SET sets.backend = '{backend}'");
+    runtime.block_on(async { ctx.sql(&set).await.unwrap().collect().await.unwrap() });
+    ctx
+}
+
 /// One run of `SELECT list_intersect_count(a, b) FROM t` over a memory table of `batches`
 /// with `sets.backend = backend`, in a fresh session: its time (ms), the sum of the counts,
 /// and (`explain`: from an `EXPLAIN` first, not timed) the plan's backend line.
@@ -1282,12 +1298,8 @@ fn sql_count_once(
     backend: &str,
     explain: bool,
 ) -> (f64, u64, String) {
-    let ctx = datafusion_sets::new_context();
-    let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
-    ctx.register_table("t", Arc::new(table)).expect("register");
+    let ctx = table_session(runtime, schema, batches, backend);
     runtime.block_on(async {
-        let set = format!("SET sets.backend = '{backend}'");
-        ctx.sql(&set).await.unwrap().collect().await.unwrap();
         // DFSETS_BENCH_SPLIT=N: `sets.parallel_min_values` (measurements of where a batch's
         // split across threads pays on the GPU machine's host).
         if let Ok(n) = std::env::var("DFSETS_BENCH_SPLIT") {
@@ -1631,12 +1643,8 @@ fn sql_agg(
     backend: &str,
     runs: usize,
 ) -> (Vec<f64>, Vec<GroupResult>) {
-    let ctx = datafusion_sets::new_context();
-    let table = MemTable::try_new(Arc::clone(schema), vec![batches.to_vec()]).expect("table");
-    ctx.register_table("t", Arc::new(table)).expect("register");
+    let ctx = table_session(runtime, schema, batches, backend);
     runtime.block_on(async {
-        let set = format!("SET sets.backend = '{backend}'");
-        ctx.sql(&set).await.unwrap().collect().await.unwrap();
         let query = "SELECT g, list_intersect_agg(l) AS r FROM t GROUP BY g";
         let mut times = Vec::new();
         let mut answer = Vec::new();

@@ -2,9 +2,11 @@
 //! sequence of kernels and re-launched with each call's parameters.
 //!
 //! A two-list `wmerge` call is three launches (plan_scan, `wmerge`, `wplace`) of ~0.4 ms in
-//! all on an H200, and the device waited ~25 µs of it for the host to queue them (measured:
-//! kernels/NOTES.md, "The device waits for the host"). A graph puts the whole sequence on the
-//! stream with one `cuGraphLaunch`; the device runs its nodes back to back.
+//! all on an H200, and the device waited ~25 µs of it for the host to prepare and queue them
+//! (kernels/NOTES.md, "The device waits for the host"). A graph puts the whole sequence on the
+//! stream with one `cuGraphLaunch`, once the host has prepared it; the device runs its nodes
+//! back to back (measured: a few µs less than the same launches one by one; "One submission
+//! per call").
 //!
 //! Graphs are kept per workspace, one per kernel sequence (function and block size of each
 //! launch, in order: a call's k and its element and offset types pick it), a few at most. A
@@ -13,7 +15,7 @@
 //! change every time), then one launch. A sequence seen for the first time is launched one by
 //! one and remembered; its graph is built when a later call repeats it, so a sequence seen
 //! once costs no graph. A failing graph call turns graphs off for the workspace (the kernels
-//! are then launched one by one; nothing of the call was queued yet).
+//! are then launched one by one: none of the call's kernels was queued yet).
 
 use std::ffi::c_void;
 use std::ptr;

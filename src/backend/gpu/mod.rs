@@ -493,7 +493,8 @@ pub struct Timings {
     pub stage_ms: f64,
     /// Host-to-device copies.
     pub h2d_ms: f64,
-    /// All kernels.
+    /// All kernels: from an event queued after the inputs' copies (for a `wmerge` call: right
+    /// before its launch, after the host prepared it) to one after the last kernel.
     pub kernel_ms: f64,
     /// Of `kernel_ms`, the kernels' own span on the device when they went out as one graph
     /// (`graph_launches`): from the graph's event before its first kernel to the one after
