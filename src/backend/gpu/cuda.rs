@@ -1538,17 +1538,22 @@ fn run_chunk<T: SetElem>(
     let b_len = ws.dev("b_len", n * 8)?;
     let plen = ws.dev("plen", n * 8)?;
     let nz = ws.dev("nz", n * 8)?;
-    let act_at = ws.dev("act_at", (n + 1) * 8)?;
-    let act_row = ws.dev("act_row", n * 4)?;
-    let act_len = ws.dev("act_len", n * 8)?;
     let act_start = ws.dev("act_start", (n + 1) * 8)?;
     let row_cnt = ws.dev("row_cnt", n * 8)?;
-    // `wmerge` has no tile descriptors; its steps' look-back states (per block of plan_scan,
-    // per piece of wplace) instead.
-    let descs = if warp {
-        0
+    // The tile path's compaction of the rows with work (`wmerge`'s plan_scan places every row
+    // itself), its tile descriptors and the scan of the tiles' counts; `wmerge` has none of
+    // them (0: never passed to a kernel it launches), its steps' look-back states (per block
+    // of plan_scan, per piece of wplace) instead.
+    let (act_at, act_row, act_len, descs, tile_excl) = if warp {
+        (0, 0, 0, 0, 0)
     } else {
-        ws.dev("descs", tiles_max as usize * DESC_BYTES)?
+        (
+            ws.dev("act_at", (n + 1) * 8)?,
+            ws.dev("act_row", n * 4)?,
+            ws.dev("act_len", n * 8)?,
+            ws.dev("descs", tiles_max as usize * DESC_BYTES)?,
+            ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?,
+        )
     };
     let (row_states, piece_states) = if warp {
         let cs = g.stream.cu_stream();
@@ -1561,7 +1566,6 @@ fn run_chunk<T: SetElem>(
     };
     let tile_cnt = ws.dev("tile_cnt", tiles_max as usize * 8)?;
     let tile_pos = ws.dev("tile_pos", tiles_max as usize * 8)?;
-    let tile_excl = ws.dev("tile_excl", (tiles_max as usize + 1) * 8)?;
     // Matches of each tile before `gather` puts them in place (a step makes at most `cap`).
     let scratch = ws.dev("scratch", cap * esz)?;
     // err u32 @4, scratch top u64 @16, wmerge's piece size u32 @28
