@@ -765,17 +765,7 @@ impl Gpu {
         params: &mut [*mut c_void],
     ) -> Result<(), GpuError> {
         // SAFETY: forwarded to the caller's contract.
-        unsafe {
-            result::launch_kernel(
-                f.cu_function(),
-                (grid.max(1), 1, 1),
-                (block, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                params,
-            )
-        }
-        .map_err(drv("kernel launch"))
+        unsafe { self.launch_raw(f.cu_function(), grid, block, params) }
     }
 
     /// Launch `l` on the stream.
@@ -784,16 +774,28 @@ impl Gpu {
     /// As [`Gpu::launch`]: `l`'s arguments match its kernel's parameter list, and every device
     /// pointer among them is valid for the accesses the kernel makes.
     pub(super) unsafe fn launch_words(&self, l: &Launch) -> Result<(), GpuError> {
-        let mut addrs = l.addrs();
-        // SAFETY: forwarded to the caller's contract; `addrs` point at `l`'s words.
+        // SAFETY: forwarded to the caller's contract; the addresses point at `l`'s words.
+        unsafe { self.launch_raw(l.f, l.grid, l.block, &mut l.addrs()) }
+    }
+
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_raw(
+        &self,
+        f: sys::CUfunction,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller's contract.
         unsafe {
             result::launch_kernel(
-                l.f,
-                (l.grid.max(1), 1, 1),
-                (l.block, 1, 1),
+                f,
+                (grid.max(1), 1, 1),
+                (block, 1, 1),
                 0,
                 self.stream.cu_stream(),
-                &mut addrs,
+                params,
             )
         }
         .map_err(drv("kernel launch"))
