@@ -554,10 +554,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
 }
 
 // One block per split query: split_q[b]'s answer is the k best of the pieces
-// split_p[b] .. split_p[b + 1] (at most CAP / k of them, checked by the host), unless it is an
+// split_lo[b] .. split_hi[b] (at most CAP / k of them, checked by the host), unless it is an
 // AND-then-OR query whose AND found k matches (its AND_ONLY item has written that answer).
+// (A host-staged batch passes its piece offsets as split_lo and, one further, split_hi.)
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
-    u32 n_split, const u32* __restrict__ split_q, const u32* __restrict__ split_p,
+    u32 n_split, const u32* __restrict__ split_q, const u32* __restrict__ split_lo,
+    const u32* __restrict__ split_hi,
     const unsigned char* __restrict__ q_mode, const u32* __restrict__ and_count, u32 k,
     const u32* __restrict__ piece_count, const u32* __restrict__ piece_ord,
     const double* __restrict__ piece_score, const u32* __restrict__ ord_doc,
@@ -567,8 +569,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
     if (blockIdx.x >= n_split) return;
     const u32 q = split_q[blockIdx.x];
     if (q_mode[q] == 2 && and_count[q] >= k) return;
-    const u32 p0 = split_p[blockIdx.x];
-    const u32 np = split_p[blockIdx.x + 1] - p0;
+    const u32 p0 = split_lo[blockIdx.x];
+    const u32 np = split_hi[blockIdx.x] - p0;
     if (tid == 0) sh.ncand = 0;
     __syncthreads();
     for (u32 i = tid; i < np * k; i += THREADS) {
@@ -585,4 +587,167 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
     const u32 n = sh.ncand;
     write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
     if (tid == 0) out_count[q] = n;
+}
+
+// ---------------------------------------------------------------------------------------
+// The batch planned on the device (the whole index resident): the host uploads only each
+// query's term ids (CSR) and mode; `bm25_plan` looks the lists up in the resident table of
+// every term's ListRef (`refs`), takes the query's floor from the terms' own floors, plans
+// the query as the host's `plan` does (src/backend/gpu/bm25.rs: the same work, lead list and
+// count of pieces) and writes its items; `bm25_order` puts the items longest first (buckets
+// of work, descending). Then `bm25_topk` and `bm25_merge` run as for a host-staged batch.
+
+#define WORK_BUCKETS 256
+// counters[]: items, pieces, split queries, term ids beyond the index (an error).
+#define C_ITEMS 0
+#define C_PIECES 1
+#define C_SPLITS 2
+#define C_BAD 3
+
+// Buckets of work, four per power of two (the host's `work_bucket`).
+__device__ __forceinline__ u32 work_bucket(u64 work) {
+    if (work < 4) return (u32)work;
+    const u32 lz = 63u - (u32)__clzll((long long)work);
+    const u32 frac = (u32)((work >> (lz - 2)) & 3u);
+    return 4u * (lz - 1u) + frac;
+}
+
+// One thread per query. `term_floor` is null when k has no floors. `most` is the most pieces
+// of one query (min(CAP / k, 64)), `piece` the work a piece should hold (0: never split).
+// Pieces come from a budget of `max_pieces` slots; a query that does not find room in it is
+// ranked whole (exact either way). Splits: split_lo[s] .. split_hi[s] are split_q[s]'s
+// piece slots.
+extern "C" __global__ void bm25_plan(
+    u32 nq, const u32* __restrict__ q_off, const u32* __restrict__ q_terms,
+    const unsigned char* __restrict__ q_mode, u32 n_terms, const ListRef* __restrict__ refs,
+    const double* __restrict__ term_floor, double static_max, u32 k, u64 piece, u32 most,
+    u32 max_pieces, ListRef* __restrict__ lists, double* __restrict__ q_floor,
+    Item* __restrict__ items, unsigned char* __restrict__ keys, u32* __restrict__ split_q,
+    u32* __restrict__ split_lo, u32* __restrict__ split_hi, u32* __restrict__ counters) {
+    const u32 q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= nq) return;
+    const u32 first = q_off[q];
+    const u32 m = q_off[q + 1] - first;
+    const u32 mode = q_mode[q];
+    const double neg_inf = -__longlong_as_double(0x7ff0000000000000ULL);
+    double floor = neg_inf;
+    for (u32 j = 0; j < m; j++) {
+        const u32 t = q_terms[first + j];
+        if (t >= n_terms) {
+            atomicAdd(&counters[C_BAD], 1u);
+            return;
+        }
+        lists[first + j] = refs[t];
+        if (term_floor != nullptr && mode != 0) floor = fmax(floor, term_floor[t]);
+    }
+    // `Scored::floor_of_terms`: the largest own floor, if positive. AND never reads it.
+    if (!(floor > 0.0) || mode == 0) floor = neg_inf;
+    q_floor[q] = floor;
+    // `plan`: the work (candidates times the lists each is searched in) and the lead list.
+    const u64 searched = m > 1 ? m - 1 : 1;
+    u64 work = 0;
+    u32 lead = 0;
+    bool can_split = true;
+    if (mode == 0) {
+        u64 shortest = ~0ull;
+        for (u32 j = 0; j < m; j++) {
+            if ((u64)lists[first + j].len < shortest) {
+                shortest = lists[first + j].len;
+                lead = j;
+            }
+        }
+        work = m == 0 ? 0 : shortest * searched;
+    } else if (floor == neg_inf) {
+        // The sweep, never split.
+        for (u32 j = 0; j < m; j++) work += lists[first + j].len;
+        can_split = false;
+    } else {
+        u64 essential = m >= 64 ? ~0ull : (1ull << m) - 1;
+        const double cut = floor - 1e-12 * fabs(floor);
+        double sum = static_max;
+        while (essential != 0) {
+            u32 best = 64;
+            for (u32 j = 0; j < m; j++) {
+                if ((essential >> j & 1) &&
+                    (best == 64 || (double)lists[first + j].max < (double)lists[first + best].max)) {
+                    best = j;
+                }
+            }
+            const double mx = (double)lists[first + best].max;
+            if (sum + mx > cut) break;
+            sum += mx;
+            essential &= ~(1ull << best);
+        }
+        if (essential == 0) {
+            can_split = false;  // nothing can reach the floor
+        } else {
+            u64 lens = 0, longest = 0;
+            for (u32 j = 0; j < m; j++) {
+                if (essential >> j & 1) {
+                    const u64 l = lists[first + j].len;
+                    lens += l;
+                    if (l >= longest) {  // the last longest, as the host's max_by_key
+                        longest = l;
+                        lead = j;
+                    }
+                }
+            }
+            work = lens * searched;
+        }
+    }
+    u32 pieces = 1;
+    if (can_split && piece != 0 && most >= 2) {
+        const u64 p = (work + piece - 1) / piece;
+        pieces = p < 1 ? 1u : (p > most ? most : (u32)p);
+    }
+    u32 base = 0;
+    if (pieces > 1) {
+        base = atomicAdd(&counters[C_PIECES], pieces);
+        if (base + pieces > max_pieces) pieces = 1;  // no room left: ranked whole
+    }
+    if (pieces == 1) {
+        const u32 at = atomicAdd(&counters[C_ITEMS], 1u);
+        items[at] = Item{q, 0, 1, WHOLE << 30};
+        keys[at] = (unsigned char)work_bucket(work);
+        return;
+    }
+    const bool and_or = mode == 2;
+    const unsigned char key = (unsigned char)work_bucket(work / pieces);
+    u32 at = atomicAdd(&counters[C_ITEMS], pieces + (and_or ? 1u : 0u));
+    if (and_or) {
+        items[at] = Item{q, 0, 1, AND_ONLY << 30};
+        keys[at++] = key;
+    }
+    for (u32 j = 0; j < pieces; j++) {
+        items[at + j] = Item{q, j, lead << 16 | pieces, (PIECE << 30) | (base + j)};
+        keys[at + j] = key;
+    }
+    const u32 s = atomicAdd(&counters[C_SPLITS], 1u);
+    split_q[s] = q;
+    split_lo[s] = base;
+    split_hi[s] = base + pieces;
+}
+
+// One block: order[] lists the items longest first (descending buckets of work; within a
+// bucket in any order: the order only schedules, every answer is exact).
+extern "C" __global__ void __launch_bounds__(1024) bm25_order(
+    const u32* __restrict__ counters, const unsigned char* __restrict__ keys,
+    u32* __restrict__ order) {
+    __shared__ u32 at[WORK_BUCKETS];
+    const u32 tid = threadIdx.x;
+    const u32 n = counters[C_ITEMS];
+    for (u32 b = tid; b < WORK_BUCKETS; b += blockDim.x) at[b] = 0;
+    __syncthreads();
+    for (u32 i = tid; i < n; i += blockDim.x) atomicAdd(&at[keys[i]], 1u);
+    __syncthreads();
+    if (tid == 0) {
+        u32 sum = 0;
+        for (u32 b = WORK_BUCKETS; b-- > 0;) {
+            const u32 c = at[b];
+            at[b] = sum;
+            sum += c;
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < n; i += blockDim.x) order[atomicAdd(&at[keys[i]], 1u)] = i;
 }

@@ -2,7 +2,7 @@
 # Runs kernels/intersect.cu's list-intersection kernels on the CPU (kernels/emu/emu.h: each
 # CUDA thread a fiber on one OS thread, barriers for __syncthreads and shuffles) against a reference, on random
 # batches: tiny, empty, NULL, unsorted and tile-spanning rows, k = 2..4, u32 / i32 / u64,
-# values and counts; then kernels/bm25.cu's top-k kernels (kernels/emu/bm25_check.cpp: random
+# values and counts; then kernels/bm25.cu's kernels (kernels/emu/bm25_check.cpp: random
 # corpora and query batches, whole and split into pieces, against a reference scorer). Needs
 # only g++ (C++20); no GPU, no CUDA. Takes under a minute.
 set -euo pipefail

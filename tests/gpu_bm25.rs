@@ -150,8 +150,14 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         (20000, 300, false),
         (5000, 60, true),
     ];
-    let (mut on_gpu, mut pieces, mut and_pieces) = (0, 0, 0);
-    for (round, &(docs, vocab, with_static)) in shapes.iter().enumerate() {
+    let (mut on_gpu, mut pieces, mut and_pieces) = (0, [0, 0], [0, 0]);
+    // Each shape planned on the device, then on the host (other corpora: the rng goes on).
+    let rounds = shapes
+        .iter()
+        .enumerate()
+        .flat_map(|s| [(s, true), (s, false)]);
+    for ((round, &(docs, vocab, with_static)), device_plan) in rounds {
+        gpu::set_bm25_device_plan(device_plan);
         let index = corpus(&mut rng, docs, vocab, with_static);
         let params = Bm25Params {
             k1: [1.2, 0.9, 2.0, 1.2, 0.0][round],
@@ -162,7 +168,9 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         let qs = queries(&mut rng, &index, 400, vocab);
         for k in [1, 10, 100] {
             for mode in [Mode::And, Mode::Or, Mode::AndOr] {
-                let what = format!("round {round} ({docs} docs, static {with_static})");
+                let what = format!(
+                    "round {round} ({docs} docs, static {with_static}, device plan {device_plan})"
+                );
                 let stats = check(&index, &scored, &qs, k, mode, None, &what);
                 assert!(stats.gpu_error.is_none(), "{what}: {:?}", stats.gpu_error);
                 // Every query with a known term and at most 64 terms ran on the device.
@@ -177,9 +185,9 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
                 assert_eq!(stats.on_gpu, expect, "{what} k {k} {mode:?}");
                 on_gpu += stats.on_gpu;
                 let p = stats.timings.as_ref().map_or(0, |t| t.pieces);
-                pieces += p;
+                pieces[device_plan as usize] += p;
                 if mode == Mode::And {
-                    and_pieces += p;
+                    and_pieces[device_plan as usize] += p;
                 }
             }
         }
@@ -191,12 +199,22 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|p| (1..=64).contains(&p));
-    assert!(!small_pieces || pieces > 1000, "only {pieces} pieces");
-    assert!(
-        !small_pieces || and_pieces > 100,
-        "only {and_pieces} AND pieces"
+    gpu::set_bm25_device_plan(true);
+    for path in 0..2 {
+        assert!(
+            !small_pieces || pieces[path] > 1000,
+            "only {:?} pieces (host plan, device plan)",
+            pieces
+        );
+        assert!(
+            !small_pieces || and_pieces[path] > 100,
+            "only {and_pieces:?} AND pieces (host plan, device plan)"
+        );
+    }
+    eprintln!(
+        "{on_gpu} queries on the GPU, {pieces:?} pieces of split queries ({and_pieces:?} AND) \
+         planned on the host / on the device"
     );
-    eprintln!("{on_gpu} queries on the GPU, {pieces} pieces of split queries ({and_pieces} AND)");
     // k above the device's limit: the CPU, same answers.
     let index = corpus(&mut rng, 2000, 50, false);
     let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
@@ -455,8 +473,9 @@ fn bench_gpu_bm25() {
     let mut report = format!(
         "gcide: {} docs, {} terms, {} postings; {} queries ({} term ids; tokenize + lookup on rayon: {tok_ms:.2} ms); index built in {:.1?}; \
          CPU backend on {threads} rayon threads; device {}\n\
-         | mode | k | CPU ms (median of 7) | GPU ms (median of 7) | speed-up | GPU kernel / H2D / D2H / host stage ms | cold GPU call ms (index upload) |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+         GPU = planned on the device (the default); host-planned = the same batch staged and planned on the host (`set_bm25_device_plan(false)`), alternated in the same rounds\n\
+         | mode | k | CPU ms (median of 7) | GPU ms (median of 7) | speed-up | host-planned GPU ms | speed-up | GPU kernel / H2D / D2H / host stage ms | cold GPU call ms (index upload) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         index.n_docs(),
         index.terms(),
         index.docs().len(),
@@ -471,8 +490,9 @@ fn bench_gpu_bm25() {
          on the device after the CPU's share; kernel = the device's launches; cpu = the CPU's \
          share; unpack = results into the output layout; launch = queueing copies and launches; \
          inside = the whole of bm25_topk\n\
-         | mode | k | call | inside | lookup | fill | sort | launch | wait (kernel) | cpu | unpack | on GPU |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         plan = (device-planned) from the copy up to the device's item counts read back, part of launch\n\
+         | mode | k | call | inside | lookup | fill | sort | launch | plan | wait (kernel) | cpu | unpack | on GPU |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let rank =
         |k, mode, backend| rank_terms(&index, &scored, &qs, k, mode, backend, None, &mut |_| true);
@@ -488,24 +508,36 @@ fn bench_gpu_bm25() {
             assert!(same, "GPU != CPU on gcide, {mode:?} k {k}");
             let mut cpu = Vec::new();
             let mut gpu_ms = Vec::new();
+            let mut host_ms = Vec::new();
             let mut tims: Vec<gpu::Bm25Timings> = Vec::new();
-            for _ in 0..7 {
+            for round in 0..7 {
                 let t0 = Instant::now();
                 let r = rank(k, mode, BackendChoice::Cpu);
                 cpu.push(t0.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(r);
-                let t0 = Instant::now();
-                let (r, s) = rank(k, mode, BackendChoice::Gpu);
-                gpu_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-                assert!(r == want);
-                tims.push(s.timings.unwrap_or_default());
-                assert_eq!(s.on_gpu + s.on_cpu, qs.len());
+                // The two GPU paths in turn, each first in every other round.
+                for device_plan in [round % 2 == 0, round % 2 == 1] {
+                    gpu::set_bm25_device_plan(device_plan);
+                    let t0 = Instant::now();
+                    let (r, s) = rank(k, mode, BackendChoice::Gpu);
+                    let ms = t0.elapsed().as_secs_f64() * 1e3;
+                    assert!(r == want, "device plan {device_plan}");
+                    assert_eq!(s.on_gpu + s.on_cpu, qs.len());
+                    if device_plan {
+                        gpu_ms.push(ms);
+                        tims.push(s.timings.unwrap_or_default());
+                    } else {
+                        host_ms.push(ms);
+                    }
+                }
+                gpu::set_bm25_device_plan(true);
             }
-            let (c, g) = (median(cpu), median(gpu_ms));
+            let (c, g, h) = (median(cpu), median(gpu_ms), median(host_ms));
             let med = |f: fn(&gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
             let line = format!(
-                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces) | {cold:.1} ({:.1} MB) |\n",
+                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {h:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces) | {cold:.1} ({:.1} MB) |\n",
                 c / g,
+                c / h,
                 med(|t| t.kernel_ms),
                 med(|t| t.h2d_ms),
                 med(|t| t.d2h_ms),
@@ -517,12 +549,13 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
                 med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
                 med(|t| t.sort_ms),
                 med(|t| t.launch_ms),
+                med(|t| t.plan_ms),
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),
                 med(|t| t.cpu_ms),

@@ -170,7 +170,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     });
     if (!split_q.empty()) {
         launch(split_q.size(), THREADS, [&] {
-            bm25_merge(split_q.size(), split_q.data(), split_p.data(), q_mode.data(), and_count.data(), k,
+            bm25_merge(split_q.size(), split_q.data(), split_p.data(), split_p.data() + 1, q_mode.data(), and_count.data(), k,
                        piece_count.data(), piece_ord.data(), piece_score.data(), ord_doc.data(),
                        out_count.data(), out_doc.data(), out_score.data());
         });
@@ -194,13 +194,138 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     return bad;
 }
 
+// The batch planned on the device (bm25_plan, bm25_order), then ranked as above: every term's
+// ListRef in a table, per-term floors (or none), small pieces so that queries split, and
+// sometimes a piece budget too small for all of them (those queries are ranked whole).
+static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned nq) {
+    Corpus c = corpus(rng, 700 + rng() % 600, 40, with_static);
+    std::vector<u32> post_ord;
+    std::vector<double> post_imp;
+    std::vector<ListRef> refs;
+    std::vector<double> term_floor;
+    for (size_t t = 0; t < c.ord.size(); t++) {
+        double mx = 0.0;
+        for (double w : c.imp[t]) mx = std::max(mx, w);
+        refs.push_back(ListRef{post_ord.size(), (u32)c.ord[t].size(), max_up(mx)});
+        post_ord.insert(post_ord.end(), c.ord[t].begin(), c.ord[t].end());
+        post_imp.insert(post_imp.end(), c.imp[t].begin(), c.imp[t].end());
+        // The term's own floor (`Scored::term_floor`): its k-th best impact + static.
+        std::vector<double> v;
+        for (size_t i = 0; i < c.ord[t].size(); i++) v.push_back(c.imp[t][i] + (c.stat.empty() ? 0.0 : c.stat[c.ord[t][i]]));
+        double f = -INFINITY;
+        if (k <= 32 && v.size() >= k) {
+            std::nth_element(v.begin(), v.begin() + (k - 1), v.end(), std::greater<double>());
+            f = v[k - 1];
+        }
+        term_floor.push_back(f);
+    }
+    std::vector<u32> ord_doc(c.docs);
+    for (u32 d = 0; d < c.docs; d++) ord_doc[d] = 5 * d + 3;
+    double static_max = 0.0;
+    for (double s : c.stat) static_max = std::max(static_max, s);
+    std::vector<std::vector<u32>> qs;
+    std::vector<u32> q_off{0}, q_terms;
+    std::vector<unsigned char> q_mode;
+    for (unsigned q = 0; q < nq; q++) {
+        std::vector<u32> ts;
+        unsigned m = 1 + rng() % 5;
+        while (ts.size() < m) {
+            u32 t = rng() % 4 == 0 ? rng() % 3 : rng() % c.ord.size();
+            if (!c.ord[t].empty() && std::find(ts.begin(), ts.end(), t) == ts.end()) ts.push_back(t);
+        }
+        std::sort(ts.begin(), ts.end());
+        qs.push_back(ts);
+        q_mode.push_back(rng() % 3);
+        q_terms.insert(q_terms.end(), ts.begin(), ts.end());
+        q_off.push_back(q_terms.size());
+    }
+    const bool floors = rng() % 4 != 0;
+    const u64 piece = 1 + rng() % 200;
+    const u32 most = std::min<u32>(CAP / k, 64);
+    const u32 max_pieces = rng() % 3 == 0 ? 7 : 64 * nq;
+    const size_t cap_items = nq + max_pieces + max_pieces;
+    std::vector<ListRef> lists(q_terms.size());
+    std::vector<double> q_floor(nq);
+    std::vector<Item> items(cap_items);
+    std::vector<unsigned char> keys(cap_items);
+    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(4, 0), order(cap_items);
+    launch((nq + 63) / 64, 64, [&] {
+        bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), refs.size(), refs.data(),
+                  floors ? term_floor.data() : nullptr, static_max, k, piece, most, max_pieces,
+                  lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
+                  split_lo.data(), split_hi.data(), counters.data());
+    });
+    launch(1, 1024, [&] { bm25_order(counters.data(), keys.data(), order.data()); });
+    const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
+    int bad = counters[C_BAD] != 0;
+    // Every item once, longest first.
+    std::vector<u32> seen(order.begin(), order.begin() + n_items);
+    std::sort(seen.begin(), seen.end());
+    for (u32 i = 0; i < n_items; i++) bad += seen[i] != i;
+    for (u32 i = 1; i < n_items; i++) bad += keys[order[i - 1]] < keys[order[i]];
+    u32 pieces = 0;
+    for (u32 s = 0; s < n_split; s++) pieces += split_hi[s] - split_lo[s];
+    std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
+    std::vector<double> out_score(nq * k);
+    std::vector<u32> piece_count(max_pieces + 1), piece_ord((max_pieces + 1) * (size_t)k);
+    std::vector<double> piece_score((max_pieces + 1) * (size_t)k);
+    const double* stat = c.stat.empty() ? nullptr : c.stat.data();
+    launch(n_items, THREADS, [&] {
+        bm25_topk(n_items, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+                  post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
+                  out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
+                  piece_ord.data(), piece_score.data(), and_count.data());
+    });
+    if (n_split > 0) {
+        launch(n_split, THREADS, [&] {
+            bm25_merge(n_split, split_q.data(), split_lo.data(), split_hi.data(), q_mode.data(),
+                       and_count.data(), k, piece_count.data(), piece_ord.data(), piece_score.data(),
+                       ord_doc.data(), out_count.data(), out_doc.data(), out_score.data());
+        });
+    }
+    for (u32 q = 0; q < nq; q++) {
+        std::vector<Hit> want = reference(c, qs[q], q_mode[q], k);
+        bool ok = out_count[q] == want.size();
+        for (u32 i = 0; ok && i < want.size(); i++) {
+            ok = out_doc[q * k + i] == ord_doc[want[i].o] && out_score[q * k + i] == want[i].s;
+        }
+        if (!ok) {
+            if (bad < 3) {
+                std::printf("  query %u mode %d terms %zu: got %u hits, want %zu\n", q, q_mode[q], qs[q].size(),
+                            out_count[q], want.size());
+            }
+            bad++;
+        }
+    }
+    std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u splits=%u pieces=%u bad=%d\n",
+                with_static, k, nq, floors, piece, max_pieces, n_items, n_split, pieces, bad);
+    return bad;
+}
+
 int main() {
     std::mt19937_64 rng(20261125);
     int bad = 0;
     for (u32 k : {1u, 10u, 32u, 100u}) {
         for (int st = 0; st < 2; st++) {
             for (int split = 0; split < 2; split++) bad += suite(rng, st, split, k, 24);
+            for (int rep = 0; rep < 2; rep++) bad += device_suite(rng, st, k, 24);
         }
+    }
+    {
+        // A term id beyond the table: counted as an error, nothing looked up.
+        std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(4, 0), sq(1), sl(1), sh(1);
+        std::vector<unsigned char> q_mode{1}, keys(4);
+        std::vector<ListRef> refs(40, ListRef{0, 1, 1.0f}), lists(2);
+        std::vector<double> q_floor(1);
+        std::vector<Item> items(4);
+        launch(1, 32, [&] {
+            bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 40, refs.data(), nullptr, 0.0, 10, 16, 64,
+                      2, lists.data(), q_floor.data(), items.data(), keys.data(), sq.data(), sl.data(), sh.data(),
+                      counters.data());
+        });
+        const bool ok = counters[C_BAD] == 1 && counters[C_ITEMS] == 0;
+        std::printf("device plan: a term beyond the index %s\n", ok ? "refused" : "NOT refused");
+        bad += !ok;
     }
     if (bad == 0) std::printf("OK\n");
     return bad == 0 ? 0 : 1;

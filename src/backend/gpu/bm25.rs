@@ -35,6 +35,8 @@ use crate::search::rank::Ranked;
 use crate::search::scoring::{FLOOR_K, Scored};
 use crate::search::topk::{Hit, Mode};
 
+mod planned;
+
 const SOURCE: &str = include_str!("../../../kernels/bm25.cu");
 const THREADS: u32 = 256;
 /// Bytes of one `ListRef` of the kernel.
@@ -56,6 +58,8 @@ const PIECE: u32 = 2 << 30;
 struct Kernels {
     topk: CudaFunction,
     merge: CudaFunction,
+    plan: CudaFunction,
+    order: CudaFunction,
 }
 
 static KERNEL: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
@@ -73,6 +77,8 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
             Ok(Kernels {
                 topk: load("bm25_topk")?,
                 merge: load("bm25_merge")?,
+                plan: load("bm25_plan")?,
+                order: load("bm25_order")?,
             })
         })
         .as_ref()
@@ -227,6 +233,10 @@ struct Resident {
     imp: Option<DevBuf>,
     stat: Option<DevBuf>,
     doc: Option<DevBuf>,
+    /// The device's copy of `refs` (device-planned batches), uploaded once.
+    d_refs: Option<DevBuf>,
+    /// The device's copy of `floors` at one k.
+    d_floors: Option<(usize, DevBuf)>,
     bytes: usize,
 }
 
@@ -278,6 +288,8 @@ impl Resident {
             imp: None,
             stat: None,
             doc: None,
+            d_refs: None,
+            d_floors: None,
             bytes: 0,
         })
     }
@@ -335,6 +347,8 @@ impl Resident {
         self.imp = None;
         self.stat = None;
         self.doc = None;
+        self.d_refs = None;
+        self.d_floors = None;
         self.bytes = 0;
         let mut ord = Vec::new();
         let mut imp = Vec::new();
@@ -563,6 +577,12 @@ fn run(
     t.stage_ms = ms(t_stage);
 
     res.cache_floors(scored, k);
+    // The whole index resident: the device plans the batch (see `planned`).
+    let tables = if res.all && planned::enabled() {
+        Some(res.device_tables(k)?)
+    } else {
+        None
+    };
     let res = &*res;
     let ctx = Ctx {
         index,
@@ -577,9 +597,15 @@ fn run(
             .map(|(_, f)| f.as_slice()),
         piece: piece_work(),
     };
-    let part = stage(&ctx, ws, hold, t)?;
+    let part = match tables {
+        Some(_) => planned::stage(&ctx, ws, hold, t)?,
+        None => stage(&ctx, ws, hold, t)?,
+    };
     let t_launch = Instant::now();
-    let part = launch(g, f, &ctx, ws, part, t)?;
+    let part = match tables {
+        Some(tables) => planned::launch(g, f, &ctx, ws, part, tables, t)?,
+        None => launch(g, f, &ctx, ws, part, t)?,
+    };
     t.launch_ms = ms(t_launch);
     t.on_device = part.gq;
 
@@ -686,6 +712,8 @@ struct Staged {
     n_pieces: usize,
     out_bytes: usize,
     events: Option<&'static [CudaEvent; 4]>,
+    /// The device's planning buffers (a device-planned batch).
+    planned: Option<planned::PlannedLayout>,
 }
 
 /// Offsets of the regions in the batch's buffers: queries up (q_off | modes | lists | floors),
@@ -805,6 +833,7 @@ fn stage(
         n_pieces: 0,
         out_bytes: 0,
         events: None,
+        planned: None,
     };
     if gq == 0 {
         for (r, (s, q)) in part.slot.iter_mut().zip(part.cpu_q.iter_mut()).enumerate() {
@@ -1047,6 +1076,7 @@ fn launch(
     let p_floor = d_in + lay.floor as u64;
     let p_splitq = d_items + lay.splitq as u64;
     let p_splitp = d_items + lay.splitp as u64;
+    let p_splitp_hi = p_splitp + 4;
     let static_max = c.scored.static_max;
     let p_ord = Resident::ptr(&c.res.ord);
     let p_imp = Resident::ptr(&c.res.imp);
@@ -1109,6 +1139,7 @@ fn launch(
                     arg(&n_split32),
                     arg(&p_splitq),
                     arg(&p_splitp),
+                    arg(&p_splitp_hi),
                     arg(&p_mode),
                     arg(&p_and),
                     arg(&k32),

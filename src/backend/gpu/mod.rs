@@ -61,6 +61,31 @@ pub use stub::{
     upload_sets, verify_pairs,
 };
 
+/// Whether a BM25 batch with the whole index resident is planned on the device (the host
+/// writes only the term ids; see `bm25/planned.rs`) or staged and planned on the host: 0 unset
+/// (`DFSETS_BM25_DEVICE_PLAN`, default on), 1 on, 2 off.
+static BM25_DEVICE_PLAN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Plan BM25 batches on the device (`true`, the default) or on the host (benchmarks compare
+/// the two in one process).
+pub fn set_bm25_device_plan(on: bool) {
+    BM25_DEVICE_PLAN.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// See [`set_bm25_device_plan`].
+pub fn bm25_device_plan() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match BM25_DEVICE_PLAN.load(Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var("DFSETS_BM25_DEVICE_PLAN").map_or(true, |v| v.trim() != "0");
+            BM25_DEVICE_PLAN.store(if on { 1 } else { 2 }, Relaxed);
+            on
+        }
+    }
+}
+
 /// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each
 /// piece is copied while the host stages the next, so staging and the copy overlap. 0 stages
 /// the whole launch group first and copies it at once (what "from pinned memory" benchmarks
@@ -288,6 +313,10 @@ pub struct Bm25Timings {
     pub fill_ms: f64,
     /// Part of `stage_ms`: the blocks' items and their order (longest first).
     pub sort_ms: f64,
+    /// A device-planned batch: host time from queueing its copy up to reading the device's
+    /// counts of items (the copy, `bm25_plan`, `bm25_order` and one wait); part of
+    /// `launch_ms`.
+    pub plan_ms: f64,
     /// Host time queueing the copies and launches.
     pub launch_ms: f64,
     /// Host time blocked on the device (the synchronize, after the CPU's share).

@@ -1,0 +1,409 @@
+//! A batch planned on the device (the whole index resident): the host writes each query's
+//! term ids and mode (one pass, no lookups), and `bm25_plan` / `bm25_order` (kernels/bm25.cu)
+//! look the lists up, take the floors, plan the pieces and order the items on the device.
+//!
+//! The host-staged path (`stage` in the parent) reads each term's list reference and floor
+//! and plans every query on the host: ~0.3-0.5 ms of a 10,000-query batch on the H100 host
+//! (cache misses into the term table), longer than AND's kernels. Here the host's share is a
+//! copy of the term ids; after `bm25_order` the host reads the counts of items and split
+//! queries (one small copy down, one wait) and launches `bm25_topk` and `bm25_merge` with
+//! exactly those grids. `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`) keeps the host-staged
+//! path.
+
+use cudarc::driver::result;
+
+use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
+use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
+use super::{
+    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, Resident, Staged, THREADS, batch_events,
+    malformed,
+};
+use crate::search::topk::Mode;
+
+/// Whether batches go through this path when the whole index is resident
+/// ([`crate::backend::gpu::set_bm25_device_plan`]).
+pub(super) fn enabled() -> bool {
+    super::super::bm25_device_plan()
+}
+
+/// Threads per block of `bm25_plan` (one query each).
+const PLAN_THREADS: u32 = 128;
+/// Threads of `bm25_order`'s one block.
+const ORDER_THREADS: u32 = 1024;
+/// Bytes the pieces' answers may take on the device (the piece budget at large k).
+const PIECE_BYTES_MAX: usize = 64 << 20;
+
+/// What a device-planned batch adds to [`Staged`]: its query count, the terms it uploads,
+/// the budget of piece slots and where the device's planning buffers lie.
+#[derive(Clone, Copy, Default)]
+pub(super) struct PlannedLayout {
+    /// Upload: q_off (gq + 1) | terms | modes.
+    terms: usize,
+    modes: usize,
+    max_pieces: usize,
+    cap_items: usize,
+    /// Device planning buffer: lists | floors | items | keys | order | split_q | split_lo |
+    /// split_hi | counters.
+    lists: usize,
+    floors: usize,
+    items: usize,
+    keys: usize,
+    order: usize,
+    splitq: usize,
+    splitlo: usize,
+    splithi: usize,
+    counters: usize,
+    plan_bytes: usize,
+}
+
+impl Resident {
+    /// The device's copies of every term's list reference (once per residency) and of every
+    /// term's own floor at `k` (once per k; none when k has no floors).
+    pub(super) fn device_tables(&mut self, k: usize) -> Result<(u64, u64), GpuError> {
+        if self.d_refs.is_none() {
+            self.d_refs = Some(DevBuf::upload(
+                bytes_of(&self.refs),
+                "index allocation",
+                "index upload",
+            )?);
+        }
+        let floors = match &self.floors {
+            Some((fk, f)) if *fk == k => Some(f),
+            _ => None,
+        };
+        let p_floor = match floors {
+            None => 0,
+            Some(f) => {
+                if self.d_floors.as_ref().is_none_or(|(dk, _)| *dk != k) {
+                    self.d_floors = None;
+                    self.d_floors = Some((
+                        k,
+                        DevBuf::upload(bytes_of(f), "index allocation", "index upload")?,
+                    ));
+                }
+                self.d_floors.as_ref().map_or(0, |(_, b)| b.ptr)
+            }
+        };
+        Ok((Resident::ptr(&self.d_refs), p_floor))
+    }
+}
+
+/// Stage the batch for the device's planning: each query's place (a device slot, or the
+/// CPU's share: no terms, or more than [`BM25_MAX_TERMS`]), and the device queries' term ids
+/// and modes, written into the pinned upload buffer in one pass.
+pub(super) fn stage(
+    c: &Ctx<'_>,
+    ws: &mut Workspace,
+    hold: &mut dyn FnMut(usize) -> bool,
+    t: &mut Bm25Timings,
+) -> Result<Staged, GpuError> {
+    let ms = |since: std::time::Instant| since.elapsed().as_secs_f64() * 1e3;
+    let t0 = std::time::Instant::now();
+    let (k, batch) = (c.k, c.batch);
+    let nq = batch.len();
+    let takes = |i: usize| {
+        let n = batch.terms(i).len();
+        n > 0 && n <= BM25_MAX_TERMS
+    };
+    let (mut gq, mut n_terms) = (0usize, 0usize);
+    for i in 0..nq {
+        if takes(i) {
+            gq += 1;
+            n_terms += batch.terms(i).len();
+        }
+    }
+    t.lookup_ms += ms(t0);
+    let mut part = Staged {
+        gq,
+        slot: vec![0u32; nq],
+        cpu_q: Vec::with_capacity(nq - gq),
+        in_bytes: 0,
+        items_bytes: 0,
+        layout: Layout::default(),
+        n_items: 0,
+        n_split: 0,
+        n_pieces: 0,
+        out_bytes: 0,
+        events: None,
+        planned: None,
+    };
+    let t_fill = std::time::Instant::now();
+    let mut pl = PlannedLayout::default();
+    pl.terms = align((gq + 1) * 4);
+    pl.modes = pl.terms + align(n_terms * 4);
+    part.in_bytes = pl.modes + align(gq);
+    let mut lay = Layout {
+        cnt: 0,
+        doc: align(gq * 4),
+        ..Layout::default()
+    };
+    lay.score = lay.doc + align(gq * k * 4);
+    part.out_bytes = lay.score + gq * k * 8;
+    // Piece slots: twice the queries (at least 2,048), within PIECE_BYTES_MAX of answers.
+    pl.max_pieces = (2 * gq.max(1024)).min(PIECE_BYTES_MAX / (k * 12)).max(1);
+    pl.cap_items = gq + 2 * pl.max_pieces;
+    pl.lists = 0;
+    pl.floors = align(n_terms * 16);
+    pl.items = pl.floors + align(gq * 8);
+    pl.keys = pl.items + align(pl.cap_items * 16);
+    pl.order = pl.keys + align(pl.cap_items);
+    pl.splitq = pl.order + align(pl.cap_items * 4);
+    pl.splitlo = pl.splitq + align(gq * 4);
+    pl.splithi = pl.splitlo + align(gq * 4);
+    pl.counters = pl.splithi + align(gq * 4);
+    pl.plan_bytes = pl.counters + align(16);
+    lay.pord = align(pl.max_pieces * 4);
+    lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
+    lay.and = lay.pscore + align(pl.max_pieces * k * 8);
+    lay.piece_bytes = lay.and + align(gq * 4);
+    // The counters come back through the items' pinned buffer (16 bytes).
+    part.items_bytes = align(16);
+    if !hold(part.in_bytes + part.items_bytes + part.out_bytes) {
+        return Err(GpuError::MemoryLimit(format!(
+            "{} bytes of topk_bm25's GPU staging",
+            part.in_bytes + part.items_bytes + part.out_bytes
+        )));
+    }
+    let in_bytes = part.in_bytes;
+    let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
+    let (head, modes_b) = pin.split_at_mut(pl.modes);
+    let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
+    let qoff = &mut view_mut::<u32>(qoff_b)[..gq + 1];
+    let terms = &mut view_mut::<u32>(terms_b)[..n_terms];
+    let modes = &mut modes_b[..gq];
+    let index_terms = c.index.terms();
+    let (mut q, mut l) = (0usize, 0usize);
+    let mut beyond = false;
+    for (i, slot) in part.slot.iter_mut().enumerate() {
+        if !takes(i) {
+            *slot = ON_CPU | part.cpu_q.len() as u32;
+            part.cpu_q.push(i as u32);
+            beyond |= batch.terms(i).iter().any(|&t| t as usize >= index_terms);
+            continue;
+        }
+        *slot = q as u32;
+        qoff[q] = l as u32;
+        modes[q] = match batch.mode(i) {
+            Mode::And => 0,
+            Mode::Or => 1,
+            Mode::AndOr => 2,
+        };
+        let ts = batch.terms(i);
+        let dst = &mut terms[l..l + ts.len()];
+        dst.copy_from_slice(ts);
+        beyond |= ts.iter().fold(0u32, |m, &t| m.max(t)) as usize >= index_terms;
+        l += ts.len();
+        q += 1;
+    }
+    qoff[gq] = l as u32;
+    if beyond {
+        return Err(malformed());
+    }
+    part.layout = lay;
+    part.planned = Some(pl);
+    t.fill_ms += ms(t_fill);
+    t.stage_ms += ms(t0);
+    Ok(part)
+}
+
+/// Queue the batch: its copy up, the planning launches, a wait for the counts of items and
+/// split queries, then the ranking launches and the copy down (events as in the parent's
+/// `launch`).
+pub(super) fn launch(
+    g: &Gpu,
+    f: &Kernels,
+    c: &Ctx<'_>,
+    ws: &mut Workspace,
+    mut part: Staged,
+    tables: (u64, u64),
+    t: &mut Bm25Timings,
+) -> Result<Staged, GpuError> {
+    if part.gq == 0 {
+        return Ok(part);
+    }
+    let pl = part.planned.expect("a device-planned batch");
+    let lay = &part.layout;
+    let t_plan = std::time::Instant::now();
+    let d_in = ws.dev("bm25_in", part.in_bytes)?;
+    let d_plan = ws.dev("bm25_plan", pl.plan_bytes)?;
+    let d_out = ws.dev("bm25_out", part.out_bytes)?;
+    let d_piece = ws.dev("bm25_piece", lay.piece_bytes)?;
+    let cs = g.stream.cu_stream();
+    let events = batch_events(g)?;
+    let p_counters = d_plan + pl.counters as u64;
+    g.record(&events[0])?;
+    {
+        let pin = ws
+            .pin_in
+            .as_ref()
+            .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+        // SAFETY: `d_in` holds at least `in_bytes`; the pinned source, written by `stage`, is
+        // not touched again until the stream is synchronized. The counters lie in `d_plan`.
+        unsafe {
+            result::memset_d8_async(p_counters, 0, 16, cs).map_err(drv("memset"))?;
+            result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
+                .map_err(drv("host-to-device copy"))?;
+        }
+    }
+    g.record(&events[1])?;
+    let gq32 = part.gq as u32;
+    let k32 = c.k as u32;
+    let n_index_terms = c.index.terms() as u32;
+    let (p_refs, p_term_floor) = tables;
+    let p_qoff = d_in;
+    let p_terms = d_in + pl.terms as u64;
+    let p_mode = d_in + pl.modes as u64;
+    let p_lists = d_plan + pl.lists as u64;
+    let p_floor = d_plan + pl.floors as u64;
+    let p_items = d_plan + pl.items as u64;
+    let p_keys = d_plan + pl.keys as u64;
+    let p_order = d_plan + pl.order as u64;
+    let p_splitq = d_plan + pl.splitq as u64;
+    let p_splitlo = d_plan + pl.splitlo as u64;
+    let p_splithi = d_plan + pl.splithi as u64;
+    let static_max = c.scored.static_max;
+    let piece = c.piece;
+    let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
+    let max_pieces = pl.max_pieces as u32;
+    // SAFETY: the parameters match `bm25_plan` in kernels/bm25.cu: gq + 1 offsets over
+    // n_terms term ids (each checked against the index's term count on the device), gq
+    // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
+    // null); the planning buffer holds n_terms lists, gq floors, cap_items = gq + 2 *
+    // max_pieces items and keys (a query adds at most 1 + pieces items, pieces within the
+    // budget), gq splits and 4 counters (cleared above).
+    unsafe {
+        g.launch(
+            &f.plan,
+            gq32.div_ceil(PLAN_THREADS),
+            PLAN_THREADS,
+            &mut [
+                arg(&gq32),
+                arg(&p_qoff),
+                arg(&p_terms),
+                arg(&p_mode),
+                arg(&n_index_terms),
+                arg(&p_refs),
+                arg(&p_term_floor),
+                arg(&static_max),
+                arg(&k32),
+                arg(&piece),
+                arg(&most),
+                arg(&max_pieces),
+                arg(&p_lists),
+                arg(&p_floor),
+                arg(&p_items),
+                arg(&p_keys),
+                arg(&p_splitq),
+                arg(&p_splitlo),
+                arg(&p_splithi),
+                arg(&p_counters),
+            ],
+        )?;
+        g.launch(
+            &f.order,
+            1,
+            ORDER_THREADS,
+            &mut [arg(&p_counters), arg(&p_keys), arg(&p_order)],
+        )?;
+    }
+    let counts = {
+        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
+        // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read after the sync.
+        unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
+            .map_err(drv("device-to-host copy"))?;
+        g.sync()?;
+        let c = view::<u32>(pin);
+        [c[0], c[1], c[2], c[3]]
+    };
+    t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
+    if counts[3] != 0 {
+        return Err(malformed());
+    }
+    let (n_items32, n_split32) = (counts[0], counts[2]);
+    if n_items32 as usize > pl.cap_items || n_split32 > gq32 {
+        return Err(GpuError::Kernel(format!(
+            "bm25_plan wrote {n_items32} items and {n_split32} splits for {gq32} queries"
+        )));
+    }
+    part.n_items = n_items32 as usize;
+    part.n_split = n_split32 as usize;
+    part.n_pieces = (counts[1] as usize).min(pl.max_pieces);
+    t.pieces += part.n_pieces;
+    let p_ord = Resident::ptr(&c.res.ord);
+    let p_imp = Resident::ptr(&c.res.imp);
+    let p_stat = Resident::ptr(&c.res.stat);
+    let p_doc = Resident::ptr(&c.res.doc);
+    let p_cnt = d_out + lay.cnt as u64;
+    let p_docs = d_out + lay.doc as u64;
+    let p_scores = d_out + lay.score as u64;
+    let p_pcnt = d_piece;
+    let p_pord = d_piece + lay.pord as u64;
+    let p_pscore = d_piece + lay.pscore as u64;
+    let p_and = d_piece + lay.and as u64;
+    // SAFETY: as the parent's `launch`, with the items, order, lists and floors written by
+    // `bm25_plan` / `bm25_order` (n_items of them; piece slots below max_pieces, each split
+    // query's at most CAP / k) and the piece region sized for max_pieces.
+    unsafe {
+        g.launch(
+            &f.topk,
+            n_items32,
+            THREADS,
+            &mut [
+                arg(&n_items32),
+                arg(&p_order),
+                arg(&p_items),
+                arg(&p_qoff),
+                arg(&p_mode),
+                arg(&p_lists),
+                arg(&p_ord),
+                arg(&p_imp),
+                arg(&p_stat),
+                arg(&p_doc),
+                arg(&k32),
+                arg(&p_cnt),
+                arg(&p_docs),
+                arg(&p_scores),
+                arg(&p_floor),
+                arg(&static_max),
+                arg(&p_pcnt),
+                arg(&p_pord),
+                arg(&p_pscore),
+                arg(&p_and),
+            ],
+        )?;
+        if n_split32 > 0 {
+            g.launch(
+                &f.merge,
+                n_split32,
+                THREADS,
+                &mut [
+                    arg(&n_split32),
+                    arg(&p_splitq),
+                    arg(&p_splitlo),
+                    arg(&p_splithi),
+                    arg(&p_mode),
+                    arg(&p_and),
+                    arg(&k32),
+                    arg(&p_pcnt),
+                    arg(&p_pord),
+                    arg(&p_pscore),
+                    arg(&p_doc),
+                    arg(&p_cnt),
+                    arg(&p_docs),
+                    arg(&p_scores),
+                ],
+            )?;
+        }
+    }
+    g.record(&events[2])?;
+    let out_bytes = part.out_bytes;
+    let pin = &mut Workspace::pinned(&mut ws.pin_out, out_bytes)?.as_mut_slice()[..out_bytes];
+    // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
+    // stream is synchronized.
+    unsafe { result::memcpy_dtoh_async(pin, d_out, cs) }.map_err(drv("device-to-host copy"))?;
+    g.record(&events[3])?;
+    t.h2d_bytes += part.in_bytes as u64;
+    t.d2h_bytes += (out_bytes + 16) as u64;
+    part.events = Some(events);
+    Ok(part)
+}
