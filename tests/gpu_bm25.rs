@@ -336,6 +336,13 @@ fn resident_budget_keeps_answers_exact() {
             stats.on_gpu, stats.on_cpu, t.resident_bytes
         );
     }
+    // The whole index resident: planned on the device (also what the device script runs
+    // under compute-sanitizer), pieces of 16 or the default.
+    gpu::bm25_evict();
+    for mode in [Mode::Or, Mode::And, Mode::AndOr] {
+        let stats = check(&index, &scored, &qs, 10, mode, None, "whole index resident");
+        assert!(stats.on_gpu > 0 && stats.gpu_error.is_none(), "{stats:?}");
+    }
     gpu::bm25_evict();
     let stats = check(
         &index,
