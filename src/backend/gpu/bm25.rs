@@ -611,7 +611,25 @@ fn run(
 
     // The CPU's share while the device works.
     let t_cpu = Instant::now();
-    let cpu_hits: Vec<Vec<Hit>> = part.cpu_q.par_iter().map(|&i| cpu(i as usize)).collect();
+    // A query with no terms left (none known; or an unknown one under AND) matches nothing
+    // (`search::topk::top`): its answer is empty without asking the CPU (under AND on the
+    // benchmark's web queries, 4,586 of 10,000).
+    let rank_cpu = |i: u32| {
+        if batch.terms(i as usize).is_empty() {
+            Vec::new()
+        } else {
+            cpu(i as usize)
+        }
+    };
+    let cpu_hits: Vec<Vec<Hit>> = if part
+        .cpu_q
+        .iter()
+        .all(|&i| batch.terms(i as usize).is_empty())
+    {
+        vec![Vec::new(); part.cpu_q.len()]
+    } else {
+        part.cpu_q.par_iter().map(|&i| rank_cpu(i)).collect()
+    };
     t.cpu_ms = ms(t_cpu);
     let t_wait = Instant::now();
     g.sync()?;
@@ -1193,6 +1211,34 @@ fn unpack(
     if let Some(&c) = dev_cnt.iter().find(|&&c| c as usize > k) {
         return Err(GpuError::Kernel(format!("{c} hits for k = {k}")));
     }
+    // Up to `unpack_seq_max` hits: one pass on this thread, appending each query's hits
+    // (no zeroed buffers, no parallel tasks); more: counts first, filled in parallel.
+    let hits_at_most = part.gq * k + cpu_hits.iter().map(Vec::len).sum::<usize>();
+    if hits_at_most <= unpack_seq_max() {
+        let mut offsets = Vec::with_capacity(part.slot.len() + 1);
+        offsets.push(0);
+        let mut docs = Vec::with_capacity(hits_at_most);
+        let mut scores = Vec::with_capacity(hits_at_most);
+        for &s in &part.slot {
+            if s & ON_CPU != 0 {
+                for h in &cpu_hits[(s & !ON_CPU) as usize] {
+                    docs.push(h.doc);
+                    scores.push(h.score);
+                }
+            } else {
+                let at = s as usize * k;
+                let c = dev_cnt[s as usize] as usize;
+                docs.extend_from_slice(&dev_doc[at..at + c]);
+                scores.extend_from_slice(&dev_score[at..at + c]);
+            }
+            offsets.push(docs.len());
+        }
+        return Ok(Ranked {
+            offsets,
+            docs,
+            scores,
+        });
+    }
     let counts: Vec<usize> = part
         .slot
         .iter()
@@ -1223,6 +1269,14 @@ fn unpack(
         }
     }))
 }
+
+/// Most hits a batch's answers are unpacked on one thread (`DFSETS_BM25_UNPACK_SEQ_MAX`;
+/// default [`UNPACK_SEQ_MAX`]); more go through [`Ranked::build`]'s parallel fill.
+fn unpack_seq_max() -> usize {
+    static M: OnceLock<usize> = OnceLock::new();
+    *M.get_or_init(|| env_knob("DFSETS_BM25_UNPACK_SEQ_MAX", UNPACK_SEQ_MAX as u64) as usize)
+}
+const UNPACK_SEQ_MAX: usize = 262_144;
 
 /// Drop the resident index (tests; frees its device memory).
 pub fn bm25_evict() {

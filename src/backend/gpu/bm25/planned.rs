@@ -10,13 +10,16 @@
 //! exactly those grids. `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`) keeps the host-staged
 //! path.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use cudarc::driver::result;
+use rayon::prelude::*;
 
 use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
 use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
 use super::{
-    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, Resident, Staged, THREADS, batch_events,
-    malformed,
+    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, Resident, STAGE_GROUP, Staged, THREADS,
+    batch_events, malformed,
 };
 use crate::search::topk::Mode;
 
@@ -90,7 +93,8 @@ impl Resident {
 
 /// Stage the batch for the device's planning: each query's place (a device slot, or the
 /// CPU's share: no terms, or more than [`BM25_MAX_TERMS`]), and the device queries' term ids
-/// and modes, written into the pinned upload buffer in one pass.
+/// and modes, written into the pinned upload buffer (groups of queries counted, then written,
+/// in parallel).
 pub(super) fn stage(
     c: &Ctx<'_>,
     ws: &mut Workspace,
@@ -105,18 +109,31 @@ pub(super) fn stage(
         let n = batch.terms(i).len();
         n > 0 && n <= BM25_MAX_TERMS
     };
-    let (mut gq, mut n_terms) = (0usize, 0usize);
-    for i in 0..nq {
-        if takes(i) {
-            gq += 1;
-            n_terms += batch.terms(i).len();
-        }
-    }
+    // Groups of queries, counted then written in parallel (each query's terms lie in a heap
+    // allocation of its own: a pass on one thread waited on ~10,000 cache misses, 0.27 ms on
+    // the H200 host).
+    let n_groups = nq.div_ceil(STAGE_GROUP);
+    let group_of = |g: usize| g * STAGE_GROUP..((g + 1) * STAGE_GROUP).min(nq);
+    let groups: Vec<(usize, usize)> = (0..n_groups)
+        .into_par_iter()
+        .map(|g| {
+            let (mut q, mut l) = (0, 0);
+            for i in group_of(g) {
+                if takes(i) {
+                    q += 1;
+                    l += batch.terms(i).len();
+                }
+            }
+            (q, l)
+        })
+        .collect();
+    let gq: usize = groups.iter().map(|g| g.0).sum();
+    let n_terms: usize = groups.iter().map(|g| g.1).sum();
     t.lookup_ms += ms(t0);
     let mut part = Staged {
         gq,
         slot: vec![0u32; nq],
-        cpu_q: Vec::with_capacity(nq - gq),
+        cpu_q: vec![0u32; nq - gq],
         in_bytes: 0,
         items_bytes: 0,
         layout: Layout::default(),
@@ -172,31 +189,84 @@ pub(super) fn stage(
     let terms = &mut view_mut::<u32>(terms_b)[..n_terms];
     let modes = &mut modes_b[..gq];
     let index_terms = c.index.terms();
-    let (mut q, mut l) = (0usize, 0usize);
-    let mut beyond = false;
-    for (i, slot) in part.slot.iter_mut().enumerate() {
-        if !takes(i) {
-            *slot = ON_CPU | part.cpu_q.len() as u32;
-            part.cpu_q.push(i as u32);
-            beyond |= batch.terms(i).iter().any(|&t| t as usize >= index_terms);
-            continue;
-        }
-        *slot = q as u32;
-        qoff[q] = l as u32;
-        modes[q] = match batch.mode(i) {
-            Mode::And => 0,
-            Mode::Or => 1,
-            Mode::AndOr => 2,
-        };
-        let ts = batch.terms(i);
-        let dst = &mut terms[l..l + ts.len()];
-        dst.copy_from_slice(ts);
-        beyond |= ts.iter().fold(0u32, |m, &t| m.max(t)) as usize >= index_terms;
-        l += ts.len();
-        q += 1;
+    // Each group's share of every output.
+    struct Share<'a> {
+        first: usize,
+        q0: usize,
+        l0: usize,
+        c0: usize,
+        slot: &'a mut [u32],
+        qoff: &'a mut [u32],
+        modes: &'a mut [u8],
+        terms: &'a mut [u32],
+        cpu_q: &'a mut [u32],
     }
-    qoff[gq] = l as u32;
-    if beyond {
+    let mut shares = Vec::with_capacity(n_groups);
+    {
+        let (mut sl, mut qo, mut mo, mut te, mut cq) = (
+            part.slot.as_mut_slice(),
+            &mut qoff[..gq],
+            &mut *modes,
+            &mut *terms,
+            part.cpu_q.as_mut_slice(),
+        );
+        let (mut q0, mut l0, mut c0) = (0, 0, 0);
+        for (g, &(q, l)) in groups.iter().enumerate() {
+            let r = group_of(g);
+            let n = r.len();
+            let (a, b, d, e, f);
+            (a, sl) = std::mem::take(&mut sl).split_at_mut(n);
+            (b, qo) = std::mem::take(&mut qo).split_at_mut(q);
+            (d, mo) = std::mem::take(&mut mo).split_at_mut(q);
+            (e, te) = std::mem::take(&mut te).split_at_mut(l);
+            (f, cq) = std::mem::take(&mut cq).split_at_mut(n - q);
+            shares.push(Share {
+                first: r.start,
+                q0,
+                l0,
+                c0,
+                slot: a,
+                qoff: b,
+                modes: d,
+                terms: e,
+                cpu_q: f,
+            });
+            q0 += q;
+            l0 += l;
+            c0 += n - q;
+        }
+    }
+    let beyond = AtomicBool::new(false);
+    shares.par_iter_mut().for_each(|s| {
+        let (mut q, mut l, mut cq) = (0, 0, 0);
+        let mut out = false;
+        for (r, slot) in s.slot.iter_mut().enumerate() {
+            let i = s.first + r;
+            let ts = batch.terms(i);
+            out |= ts.iter().any(|&t| t as usize >= index_terms);
+            if !takes(i) {
+                *slot = ON_CPU | (s.c0 + cq) as u32;
+                s.cpu_q[cq] = i as u32;
+                cq += 1;
+                continue;
+            }
+            *slot = (s.q0 + q) as u32;
+            s.qoff[q] = (s.l0 + l) as u32;
+            s.modes[q] = match batch.mode(i) {
+                Mode::And => 0,
+                Mode::Or => 1,
+                Mode::AndOr => 2,
+            };
+            s.terms[l..l + ts.len()].copy_from_slice(ts);
+            l += ts.len();
+            q += 1;
+        }
+        if out {
+            beyond.store(true, Ordering::Relaxed);
+        }
+    });
+    qoff[gq] = n_terms as u32;
+    if beyond.into_inner() {
         return Err(malformed());
     }
     part.layout = lay;
