@@ -35,8 +35,8 @@
 //!    fit the budget sends the batch back to the CPU before any kernel runs.
 //!
 //! `topk_bm25` calls (evaluated by DataFusion's `AsyncFuncExec`) are bound the same way
-//! ([`choose_topk`]: steps 1, 3 and 4 above; under `auto` an AND call stays on the CPU and
-//! any other mode is decided per batch by its size, `search::rank::wants_gpu`), and their
+//! ([`choose_topk`]: steps 1, 3 and 4 above; under `auto` each batch is decided by its size
+//! and mode, `search::rank::wants_gpu`), and their
 //! `AsyncFuncExec` is wrapped in a [`SetsBackendExec`] too. That needs the session's catalog
 //! handle (a `topk_bm25` call is rebuilt around it), which the rule gets when the crate is
 //! installed (`with_sets`, `register`).
@@ -74,7 +74,7 @@ use crate::functions::list_intersect::ListIntersect;
 use crate::functions::list_intersect_agg::ListIntersectAgg;
 use crate::functions::list_intersect_count::ListIntersectCount;
 use crate::functions::topk_bm25::{SessionHandle, TopkBm25};
-use crate::search::rank::AUTO_MIN_QUERIES;
+use crate::search::rank::{AUTO_MIN_AND_QUERIES, AUTO_MIN_QUERIES};
 use crate::search::topk::Mode;
 use crate::search::topk_function::{TOPK_BM25, check_mode};
 
@@ -346,8 +346,10 @@ pub fn choose_topk(cfg: &SetsConfig, mode: Option<Mode>) -> BackendPlan {
     }
     if mode == Some(Mode::And) {
         return BackendPlan::new(
-            Cpu,
-            "auto: AND ranks on the CPU (block-max pruning; the GPU measured at most 1.4x faster)",
+            Auto,
+            format!(
+                "auto: AND batches of at least {AUTO_MIN_AND_QUERIES} queries on the GPU, smaller ones on the CPU"
+            ),
         );
     }
     BackendPlan::new(

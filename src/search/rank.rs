@@ -3,7 +3,8 @@
 //!
 //! A batch runs on the CPU (queries in parallel on rayon's pool) or, with
 //! `sets.backend = 'gpu'` (or `'auto'` with a usable GPU, an OR or AND-then-OR batch of at
-//! least [`AUTO_MIN_QUERIES`] queries; see [`wants_gpu`]), on the GPU
+//! least [`AUTO_MIN_QUERIES`] queries, an AND batch of at least [`AUTO_MIN_AND_QUERIES`]; see
+//! [`wants_gpu`]), on the GPU
 //! (`backend::gpu::bm25_topk`): the device ranks every query it can, the CPU the rest (terms
 //! not resident on the device, more than 64 terms, k above 768, or no GPU at all), while the
 //! device works, with identical results either way. Results come in one flat layout
@@ -36,16 +37,26 @@ const QUERIES_PER_TASK: usize = 64;
 /// process.
 pub const AUTO_MIN_QUERIES: usize = 100;
 
+/// With `sets.backend = 'auto'`, AND batches of at least this many queries go to the GPU.
+/// AND's block-max pruning ranks 10,000 queries in 1.4-2.0 ms on the device machine's 16
+/// cores; with the batch planned on the device (session 42, benches/RESULTS.md "topk_bm25
+/// planned on the device", H200, k 10, index resident) the GPU call measured CPU ÷ GPU 0.47 at
+/// 25 queries, 0.94-1.32 from 50 to 250, 1.35 at 500, 1.32 at 1,000, 1.63 at 2,000, 2.03 at
+/// 4,000 and 2.48 at 10,000. 1,000 keeps a margin over the noisy small sizes.
+pub const AUTO_MIN_AND_QUERIES: usize = 1000;
+
 /// Whether `backend` puts a batch of `n` queries in `mode` on the GPU.
 pub fn wants_gpu(backend: BackendChoice, mode: Mode, n: usize) -> bool {
     match backend {
         BackendChoice::Cpu => false,
         BackendChoice::Gpu => true,
-        // AND stays on the CPU: its block-max pruning ranks 10,000 queries in 1.1-2.0 ms on
-        // 16 cores; the GPU call measured 1.1-1.7x faster at 10,000 queries (k 10 and 100;
-        // under 1 ms saved, inside the CPU's run-to-run spread), about even at 250-4,000 and
-        // slower below 100 (0.6x at 25): not worth taking the device from list_intersect.
-        BackendChoice::Auto => mode != Mode::And && n >= AUTO_MIN_QUERIES && gpu::is_available(),
+        BackendChoice::Auto => {
+            let min = match mode {
+                Mode::And => AUTO_MIN_AND_QUERIES,
+                Mode::Or | Mode::AndOr => AUTO_MIN_QUERIES,
+            };
+            n >= min && gpu::is_available()
+        }
     }
 }
 
