@@ -468,13 +468,7 @@ __device__ __forceinline__ void write_answer(const Shared& sh, u32 n, u64 at,
 // Its results: out_count[q] hits at out_doc / out_score[q * k ..], best first; a piece's:
 // piece_count[s] hits at piece_ord / piece_score[s * k ..]; an AND_ONLY item also writes its
 // match count to and_count[q].
-// The AND module (the host compiles this file a second time with -DBM25_AND_ONLY, a small
-// TILE and MIN_BLOCKS 8 for batches whose queries are all AND): only the AND phase, so the
-// OR phases' registers and tile do not limit how many blocks share a multiprocessor.
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
-#endif
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_topk(
+extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     u32 n_items, const u32* __restrict__ order, const Item* __restrict__ items,
     const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
     const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
@@ -526,9 +520,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_topk(
         sh.floor = q_floor[q];
     }
     __syncthreads();
-#ifdef BM25_AND_ONLY
-    and_phase(sh, m, k, post_ord, post_imp, ord_static);
-#else
     if (kind == PIECE && mode != 0) {
         or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
     } else if (mode != 1) {
@@ -546,7 +537,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) bm25_topk(
     } else {
         or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
     }
-#endif
     __syncthreads();
     compact(sh, k);
     const u32 n = sh.ncand;

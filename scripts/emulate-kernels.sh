@@ -28,7 +28,3 @@ done
 echo "bm25 top-k, tiles of 256 ordinals, thresholds raised from 16 candidates"
 g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -o "$dir/bm25-check" bm25_check.cpp
 "$dir/bm25-check"
-# The AND module (the host's second compile of bm25.cu for batches of AND queries).
-echo "bm25 top-k, the AND module (AND queries only)"
-g++ -std=c++20 -O1 -w -pthread -DTILE=32 -DBM25_AND_ONLY -o "$dir/bm25-and-check" bm25_check.cpp
-"$dir/bm25-and-check"

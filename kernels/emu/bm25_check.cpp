@@ -17,13 +17,6 @@ inline double __longlong_as_double(long long x) {
     return d;
 }
 #include "../bm25.cu"
-// The AND module (-DBM25_AND_ONLY, as the host compiles it for batches of AND queries) is
-// given AND queries only.
-#ifdef BM25_AND_ONLY
-#define AND_ONLY_MODES 1
-#else
-#define AND_ONLY_MODES 0
-#endif
 
 struct Corpus {
     unsigned docs;
@@ -134,7 +127,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
         }
         std::sort(ts.begin(), ts.end());
         qs.push_back(ts);
-        q_mode.push_back(AND_ONLY_MODES ? 0 : rng() % 3);
+        q_mode.push_back(rng() % 3);
         for (u32 t : ts) {
             double mx = 0.0;
             for (double w : c.imp[t]) mx = std::max(mx, w);
@@ -242,7 +235,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
         }
         std::sort(ts.begin(), ts.end());
         qs.push_back(ts);
-        q_mode.push_back(AND_ONLY_MODES ? 0 : rng() % 3);
+        q_mode.push_back(rng() % 3);
         q_terms.insert(q_terms.end(), ts.begin(), ts.end());
         q_off.push_back(q_terms.size());
     }
@@ -334,6 +327,6 @@ int main() {
         std::printf("device plan: a term beyond the index %s\n", ok ? "refused" : "NOT refused");
         bad += !ok;
     }
-    if (bad == 0) std::printf(AND_ONLY_MODES ? "OK (AND module)\n" : "OK\n");
+    if (bad == 0) std::printf("OK\n");
     return bad == 0 ? 0 : 1;
 }

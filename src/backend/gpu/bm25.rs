@@ -85,37 +85,6 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
         .map_err(Clone::clone)
 }
 
-/// bm25.cu compiled for batches of AND queries (`BM25_AND_ONLY`: the AND phase alone, a tile
-/// of 32 ordinals, at least 8 blocks per multiprocessor), whose `bm25_topk` takes only AND
-/// queries: the OR phases' registers and 16 KiB tile do not limit how many of its blocks
-/// share a multiprocessor. Compiled on the first AND batch.
-fn and_kernel(g: &Gpu) -> Result<&'static CudaFunction, GpuError> {
-    static AND: OnceLock<Result<CudaFunction, GpuError>> = OnceLock::new();
-    AND.get_or_init(|| {
-        let (major, minor) = g.info.compute_capability;
-        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-        let source_override = source_from_env("DFSETS_BM25_SOURCE")?;
-        let source = source_override.as_deref().unwrap_or(SOURCE);
-        let options = vec![
-            "-DBM25_AND_ONLY".to_string(),
-            "-DTILE=32".to_string(),
-            "-DMIN_BLOCKS=8".to_string(),
-        ];
-        let module = compile_module(&g.ctx, arch, source, "bm25.cu", options)?;
-        module
-            .load_function("bm25_topk")
-            .map_err(drv("kernel lookup"))
-    })
-    .as_ref()
-    .map_err(Clone::clone)
-}
-
-/// Whether batches of AND queries use [`and_kernel`] (`DFSETS_BM25_AND_MODULE`, default 1).
-fn and_module() -> bool {
-    static M: OnceLock<bool> = OnceLock::new();
-    *M.get_or_init(|| env_knob("DFSETS_BM25_AND_MODULE", 1) != 0)
-}
-
 /// The work (candidates times lists searched, see [`plan`]) a piece of a split query should
 /// hold (`DFSETS_BM25_PIECE`, 0: never split; default [`DEFAULT_PIECE`]).
 fn piece_work() -> u64 {
@@ -627,12 +596,6 @@ fn run(
             .filter(|(fk, _)| *fk == k)
             .map(|(_, f)| f.as_slice()),
         piece: piece_work(),
-        // A batch of AND queries ranks through the AND module (see `and_kernel`).
-        topk: if batch.mode == Mode::And && and_module() {
-            and_kernel(g)?
-        } else {
-            &f.topk
-        },
     };
     let part = match tables {
         Some(_) => planned::stage(&ctx, ws, hold, t)?,
@@ -709,8 +672,6 @@ struct Ctx<'a> {
     /// Every term's own floor at k (`None`: k has no floors).
     floors: Option<&'a [f64]>,
     piece: u64,
-    /// The ranking kernel: `f.topk`, or the AND module's for a batch of AND queries.
-    topk: &'a CudaFunction,
 }
 
 impl Ctx<'_> {
@@ -1156,7 +1117,7 @@ fn launch(
     // scores.
     unsafe {
         g.launch(
-            c.topk,
+            &f.topk,
             n_items32,
             THREADS,
             &mut [

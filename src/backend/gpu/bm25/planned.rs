@@ -415,7 +415,7 @@ pub(super) fn launch(
     // query's at most CAP / k) and the piece region sized for max_pieces.
     unsafe {
         g.launch(
-            c.topk,
+            &f.topk,
             n_items32,
             THREADS,
             &mut [
