@@ -12,7 +12,8 @@
 // multiplications, so no contraction). Ties go to the smaller ordinal (= smaller doc id).
 //
 // AND: one thread per posting of the shortest list, a binary search in each other list
-// from its cursor (past the previous chunk of 256 postings), the sum in slot order in a
+// from its cursor (past the previous chunk of 256 postings; in a long range, within the
+// stride a shared fence of every stride-th posting points to), the sum in slot order in a
 // register.
 // OR: the ordinal space is swept in tiles of TILE ordinals starting at the smallest
 // unvisited posting (tiles skip empty stretches); each list's postings in the tile are added
@@ -127,6 +128,7 @@ struct Shared {
     u32 matches;
     u32 d0;
     u32 lead;
+    u32 fence[THREADS];  // AND: every stride-th ordinal of the list being searched
 };
 
 // Sort the candidate buffer (best first), keep the best k, set the threshold. Called by
@@ -215,6 +217,34 @@ __device__ __forceinline__ void advance(Shared& sh, u32 m, u32 skip) {
     if (tid < m && tid != skip) sh.cur[tid] = sh.nxt[tid];
 }
 
+// AND looks a chunk's candidates up in a long list through a fence: the block loads every
+// stride-th posting of the list's remaining range into shared memory (one load per thread,
+// side by side), each thread finds its candidate's stride there, then searches that stride
+// alone: ~log2(stride) dependent global loads instead of ~log2(range).
+#ifndef FENCE_MIN
+#define FENCE_MIN 1024
+#endif
+
+// First position in [lo, hi) of list `a` holding an ordinal >= ord, through the fence of
+// `lo`'s range (`stride` postings apart, `nf` of them) already in sh.fence.
+__device__ __forceinline__ u32 fenced(const Shared& sh, const u32* __restrict__ a, u32 lo,
+                                      u32 hi, u32 stride, u32 nf, u32 ord) {
+    // t: fence entries below ord (entry f is a[lo + f * stride]).
+    u32 f0 = 0, f1 = nf;
+    while (f0 < f1) {
+        const u32 mid = (f0 + f1) >> 1;
+        if (sh.fence[mid] < ord) {
+            f0 = mid + 1;
+        } else {
+            f1 = mid;
+        }
+    }
+    if (f0 == 0) return lo;
+    const u32 from = lo + (f0 - 1) * stride + 1;
+    const u32 to = f0 < nf ? lo + f0 * stride : hi;
+    return lower_bound(a, from, to, ord);
+}
+
 __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
                           const double* __restrict__ post_imp,
                           const double* __restrict__ ord_static) {
@@ -234,31 +264,43 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
         room(sh, k);
         const u32 i = base + tid;
         const bool last = i + 1 == (base + THREADS < n ? base + THREADS : n);
-        if (i < n) {
-            const u64 p = sh.ls[lead] + i;
-            const u32 ord = post_ord[p];
-            double s = 0.0;
-            bool ok = true;
-            for (u32 j = 0; j < m; j++) {
-                if (j == lead) {
-                    s += post_imp[p];
-                    continue;
-                }
-                bool hit;
-                const u32 pos = find(post_ord + sh.ls[j], sh.cur[j], sh.ll[j], ord, hit);
-                if (last) sh.nxt[j] = pos + hit;
-                if (hit) {
-                    s += post_imp[sh.ls[j] + pos];
-                } else {
-                    ok = false;
-                    if (!last) break;
-                }
+        const bool have = i < n;
+        const u64 p = sh.ls[lead] + i;
+        const u32 ord = have ? post_ord[p] : 0u;
+        double s = 0.0;
+        bool ok = have;
+        // Lists in slot order (the sum's order); block-uniform, for the fences' barriers.
+        for (u32 j = 0; j < m; j++) {
+            if (j == lead) {
+                if (ok) s += post_imp[p];
+                continue;
             }
-            if (ok) {
-                atomicAdd(&sh.matches, 1u);
-                if (ord_static) s += ord_static[ord];
-                offer(sh, s, ord);
+            const u32* a = post_ord + sh.ls[j];
+            const u32 lo = sh.cur[j], hi = sh.ll[j];
+            const u32 range = hi - lo;
+            const bool fence = range >= FENCE_MIN;
+            u32 stride = 0, nf = 0;
+            if (fence) {
+                stride = (range + THREADS - 1) / THREADS;
+                nf = (range + stride - 1) / stride;
+                __syncthreads();  // the previous list's fence is no longer read
+                if (tid < nf) sh.fence[tid] = a[lo + tid * stride];
+                __syncthreads();
             }
+            if (!(ok || last)) continue;
+            const u32 pos = fence ? fenced(sh, a, lo, hi, stride, nf, ord) : lower_bound(a, lo, hi, ord);
+            const bool hit = pos < hi && a[pos] == ord;
+            if (last) sh.nxt[j] = pos + hit;
+            if (ok && hit) {
+                s += post_imp[sh.ls[j] + pos];
+            } else {
+                ok = false;
+            }
+        }
+        if (ok) {
+            atomicAdd(&sh.matches, 1u);
+            if (ord_static) s += ord_static[ord];
+            offer(sh, s, ord);
         }
         __syncthreads();
         advance(sh, m, lead);

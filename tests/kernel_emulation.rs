@@ -29,21 +29,22 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
     // Intersection: both block sizes, twenty-seven suites each (six with no row order known,
     // six with known order and searches, fifteen through `wmerge`, three of them with a piece
     // size per step, the second time in blocks of 2,048 threads); BM25: sixteen suites (four
-    // k, with and without static scores, whole and split) and sixteen planned on the device;
-    // every one without a bad row.
-    assert_eq!(stdout.matches(" bad=").count(), 54 + 32, "{stdout}");
-    assert_eq!(stdout.matches(" bad=0\n").count(), 54 + 32, "{stdout}");
+    // k, with and without static scores, whole and split) and sixteen planned on the device,
+    // then all again with AND's fences on short lists; every one without a bad row.
+    assert_eq!(stdout.matches(" bad=").count(), 54 + 64, "{stdout}");
+    assert_eq!(stdout.matches(" bad=0\n").count(), 54 + 64, "{stdout}");
     assert_eq!(
         stdout.matches("device plan: static").count(),
-        16,
+        32,
         "{stdout}"
     );
-    assert!(
-        stdout.contains("a term beyond the index refused"),
+    assert_eq!(
+        stdout.matches("a term beyond the index refused").count(),
+        2,
         "{stdout}"
     );
     assert_eq!(stdout.matches(" warp").count(), 30, "{stdout}");
     assert_eq!(stdout.matches("pieces per step").count(), 6, "{stdout}");
-    assert_eq!(stdout.matches(" split=1 ").count(), 8, "{stdout}");
-    assert_eq!(stdout.matches("\nOK").count(), 3, "{stdout}");
+    assert_eq!(stdout.matches(" split=1 ").count(), 16, "{stdout}");
+    assert_eq!(stdout.matches("\nOK").count(), 4, "{stdout}");
 }
