@@ -98,6 +98,28 @@ static float max_up(double x) {
     return (double)f < x ? std::nextafter(f, INFINITY) : f;
 }
 
+// Queries whose answer differs from the reference's, added to `bad` (the first few printed).
+static int wrong_answers(const Corpus& c, const std::vector<std::vector<u32>>& qs,
+                         const std::vector<unsigned char>& q_mode, u32 k, const std::vector<u32>& ord_doc,
+                         const std::vector<u32>& out_count, const std::vector<u32>& out_doc,
+                         const std::vector<double>& out_score, int bad) {
+    for (u32 q = 0; q < qs.size(); q++) {
+        std::vector<Hit> want = reference(c, qs[q], q_mode[q], k);
+        bool ok = out_count[q] == want.size();
+        for (u32 i = 0; ok && i < want.size(); i++) {
+            ok = out_doc[q * k + i] == ord_doc[want[i].o] && out_score[q * k + i] == want[i].s;
+        }
+        if (!ok) {
+            if (bad < 3) {
+                std::printf("  query %u mode %d terms %zu: got %u hits, want %zu\n", q, q_mode[q], qs[q].size(),
+                            out_count[q], want.size());
+            }
+            bad++;
+        }
+    }
+    return bad;
+}
+
 static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsigned nq) {
     Corpus c = corpus(rng, 700 + rng() % 600, 40, with_static);
     std::vector<u32> post_ord;
@@ -175,21 +197,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
                        out_count.data(), out_doc.data(), out_score.data());
         });
     }
-    int bad = 0;
-    for (u32 q = 0; q < nq; q++) {
-        std::vector<Hit> want = reference(c, qs[q], q_mode[q], k);
-        bool ok = out_count[q] == want.size();
-        for (u32 i = 0; ok && i < want.size(); i++) {
-            ok = out_doc[q * k + i] == ord_doc[want[i].o] && out_score[q * k + i] == want[i].s;
-        }
-        if (!ok) {
-            if (bad < 3) {
-                std::printf("  query %u mode %d terms %zu: got %u hits, want %zu\n", q, q_mode[q], qs[q].size(),
-                            out_count[q], want.size());
-            }
-            bad++;
-        }
-    }
+    int bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, 0);
     std::printf("static=%d split=%d k=%u queries=%u pieces=%u bad=%d\n", with_static, split, k, nq, pieces, bad);
     return bad;
 }
@@ -283,20 +291,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
                        ord_doc.data(), out_count.data(), out_doc.data(), out_score.data());
         });
     }
-    for (u32 q = 0; q < nq; q++) {
-        std::vector<Hit> want = reference(c, qs[q], q_mode[q], k);
-        bool ok = out_count[q] == want.size();
-        for (u32 i = 0; ok && i < want.size(); i++) {
-            ok = out_doc[q * k + i] == ord_doc[want[i].o] && out_score[q * k + i] == want[i].s;
-        }
-        if (!ok) {
-            if (bad < 3) {
-                std::printf("  query %u mode %d terms %zu: got %u hits, want %zu\n", q, q_mode[q], qs[q].size(),
-                            out_count[q], want.size());
-            }
-            bad++;
-        }
-    }
+    bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, bad);
     std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u splits=%u pieces=%u bad=%d\n",
                 with_static, k, nq, floors, piece, max_pieces, n_items, n_split, pieces, bad);
     return bad;

@@ -1085,7 +1085,6 @@ fn launch(
     }
     record(&events[1])?;
     let (n_items32, n_split32) = (part.n_items as u32, part.n_split as u32);
-    let k32 = c.k as u32;
     let p_order = d_items + lay.order as u64;
     let p_items = d_items + lay.items as u64;
     let p_qoff = d_in + lay.qoff as u64;
@@ -1095,38 +1094,106 @@ fn launch(
     let p_splitq = d_items + lay.splitq as u64;
     let p_splitp = d_items + lay.splitp as u64;
     let p_splitp_hi = p_splitp + 4;
+    let rank = RankArgs {
+        n_items: n_items32,
+        order: p_order,
+        items: p_items,
+        q_off: p_qoff,
+        mode: p_mode,
+        lists: p_lists,
+        floor: p_floor,
+        n_split: n_split32,
+        split_q: p_splitq,
+        split_lo: p_splitp,
+        split_hi: p_splitp_hi,
+        out: d_out,
+        piece: d_piece,
+    };
+    // SAFETY: the part's input region holds n_items order entries and items (queries < gq,
+    // piece slots < n_pieces, a piece's lead list among its query's lists and its part below
+    // its count of parts), gq + 1 offsets, gq modes and the lists' references whose postings
+    // lie in the resident buffers (start + len within them, by construction), gq floors;
+    // split_q / split_p hold n_split queries and n_split + 1 piece offsets (each query's
+    // pieces at most CAP / k, by `plan`); `d_out` and `d_piece` are laid out by `lay` for gq
+    // queries and n_pieces pieces.
+    unsafe { launch_rank(g, f, c, lay, &rank)? };
+    record(&events[2])?;
+    let out_bytes = part.out_bytes;
+    let pin = &mut Workspace::pinned(&mut ws.pin_out, out_bytes)?.as_mut_slice()[..out_bytes];
+    // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
+    // stream is synchronized.
+    unsafe { result::memcpy_dtoh_async(pin, d_out, cs) }.map_err(drv("device-to-host copy"))?;
+    record(&events[3])?;
+    t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
+    t.d2h_bytes += out_bytes as u64;
+    part.events = Some(events);
+    Ok(part)
+}
+
+/// Where a batch's ranking launches read and write (device addresses): its items in launch
+/// order, its queries (CSR offsets, modes, list references, floors), its split queries with
+/// each one's piece slots `split_lo[s] .. split_hi[s]`, the answers (`out`, laid out by
+/// [`Layout`]: counts, doc ids, scores) and the pieces' answers (`piece`: counts, ordinals,
+/// scores, AND counts).
+struct RankArgs {
+    n_items: u32,
+    order: u64,
+    items: u64,
+    q_off: u64,
+    mode: u64,
+    lists: u64,
+    floor: u64,
+    n_split: u32,
+    split_q: u64,
+    split_lo: u64,
+    split_hi: u64,
+    out: u64,
+    piece: u64,
+}
+
+/// Queue `bm25_topk` over a batch's items (longest first), then `bm25_merge` over its split
+/// queries, on the stream.
+///
+/// # Safety
+/// Every address of `a` holds what `bm25_topk` and `bm25_merge` (kernels/bm25.cu) read and
+/// write for `a.n_items` items and `a.n_split` split queries: items naming queries with 1 to
+/// 64 lists whose postings lie in the resident buffers, piece slots within the piece region,
+/// at most CAP / k pieces per split query; `out` and `piece` laid out by `lay` for the batch.
+unsafe fn launch_rank(
+    g: &Gpu,
+    f: &Kernels,
+    c: &Ctx<'_>,
+    lay: &Layout,
+    a: &RankArgs,
+) -> Result<(), GpuError> {
+    let k32 = c.k as u32;
     let static_max = c.scored.static_max;
     let p_ord = Resident::ptr(&c.res.ord);
     let p_imp = Resident::ptr(&c.res.imp);
     let p_stat = Resident::ptr(&c.res.stat);
     let p_doc = Resident::ptr(&c.res.doc);
-    let p_cnt = d_out + lay.cnt as u64;
-    let p_docs = d_out + lay.doc as u64;
-    let p_scores = d_out + lay.score as u64;
-    let p_pcnt = d_piece;
-    let p_pord = d_piece + lay.pord as u64;
-    let p_pscore = d_piece + lay.pscore as u64;
-    let p_and = d_piece + lay.and as u64;
-    // SAFETY: the parameters match `bm25_topk` in kernels/bm25.cu; the part's input region
-    // holds n_items order entries and items (queries < gq, piece slots < n_pieces, a piece's
-    // lead list among its query's lists and its part below its count of parts), gq + 1
-    // offsets, gq modes and the lists' references whose postings lie in the resident
-    // buffers (start + len within them, by construction), gq floors; the output region
-    // holds gq counts and gq * k docs and scores; the piece region n_pieces counts,
-    // n_pieces * k ordinals and scores, gq AND counts; ord_static is null without static
-    // scores.
+    let p_cnt = a.out + lay.cnt as u64;
+    let p_docs = a.out + lay.doc as u64;
+    let p_scores = a.out + lay.score as u64;
+    let p_pcnt = a.piece;
+    let p_pord = a.piece + lay.pord as u64;
+    let p_pscore = a.piece + lay.pscore as u64;
+    let p_and = a.piece + lay.and as u64;
+    // SAFETY: the parameters match `bm25_topk` and `bm25_merge` in kernels/bm25.cu, in their
+    // order; what they point to is the caller's promise (above); ord_static is null without
+    // static scores; the merge reads what the first launch wrote, on the same stream.
     unsafe {
         g.launch(
             &f.topk,
-            n_items32,
+            a.n_items,
             THREADS,
             &mut [
-                arg(&n_items32),
-                arg(&p_order),
-                arg(&p_items),
-                arg(&p_qoff),
-                arg(&p_mode),
-                arg(&p_lists),
+                arg(&a.n_items),
+                arg(&a.order),
+                arg(&a.items),
+                arg(&a.q_off),
+                arg(&a.mode),
+                arg(&a.lists),
                 arg(&p_ord),
                 arg(&p_imp),
                 arg(&p_stat),
@@ -1135,7 +1202,7 @@ fn launch(
                 arg(&p_cnt),
                 arg(&p_docs),
                 arg(&p_scores),
-                arg(&p_floor),
+                arg(&a.floor),
                 arg(&static_max),
                 arg(&p_pcnt),
                 arg(&p_pord),
@@ -1143,22 +1210,17 @@ fn launch(
                 arg(&p_and),
             ],
         )?;
-    }
-    if part.n_split > 0 {
-        // SAFETY: the parameters match `bm25_merge`; split_q / split_p hold n_split queries
-        // and n_split + 1 piece offsets (each query's pieces at most CAP / k, by `plan`),
-        // written by the launch above on the same stream.
-        unsafe {
+        if a.n_split > 0 {
             g.launch(
                 &f.merge,
-                n_split32,
+                a.n_split,
                 THREADS,
                 &mut [
-                    arg(&n_split32),
-                    arg(&p_splitq),
-                    arg(&p_splitp),
-                    arg(&p_splitp_hi),
-                    arg(&p_mode),
+                    arg(&a.n_split),
+                    arg(&a.split_q),
+                    arg(&a.split_lo),
+                    arg(&a.split_hi),
+                    arg(&a.mode),
                     arg(&p_and),
                     arg(&k32),
                     arg(&p_pcnt),
@@ -1172,17 +1234,7 @@ fn launch(
             )?;
         }
     }
-    record(&events[2])?;
-    let out_bytes = part.out_bytes;
-    let pin = &mut Workspace::pinned(&mut ws.pin_out, out_bytes)?.as_mut_slice()[..out_bytes];
-    // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
-    // stream is synchronized.
-    unsafe { result::memcpy_dtoh_async(pin, d_out, cs) }.map_err(drv("device-to-host copy"))?;
-    record(&events[3])?;
-    t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
-    t.d2h_bytes += out_bytes as u64;
-    part.events = Some(events);
-    Ok(part)
+    Ok(())
 }
 
 /// The batch's answers in batch order (the device's, once its copy down has completed, and

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
 use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
 use super::{
-    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, Resident, STAGE_GROUP, Staged, THREADS,
-    batch_events, malformed,
+    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, STAGE_GROUP, Staged,
+    batch_events, launch_rank, malformed,
 };
 use crate::search::topk::Mode;
 
@@ -399,72 +399,26 @@ pub(super) fn launch(
     part.n_split = n_split32 as usize;
     part.n_pieces = (counts[1] as usize).min(pl.max_pieces);
     t.pieces += part.n_pieces;
-    let p_ord = Resident::ptr(&c.res.ord);
-    let p_imp = Resident::ptr(&c.res.imp);
-    let p_stat = Resident::ptr(&c.res.stat);
-    let p_doc = Resident::ptr(&c.res.doc);
-    let p_cnt = d_out + lay.cnt as u64;
-    let p_docs = d_out + lay.doc as u64;
-    let p_scores = d_out + lay.score as u64;
-    let p_pcnt = d_piece;
-    let p_pord = d_piece + lay.pord as u64;
-    let p_pscore = d_piece + lay.pscore as u64;
-    let p_and = d_piece + lay.and as u64;
-    // SAFETY: as the parent's `launch`, with the items, order, lists and floors written by
-    // `bm25_plan` / `bm25_order` (n_items of them; piece slots below max_pieces, each split
-    // query's at most CAP / k) and the piece region sized for max_pieces.
-    unsafe {
-        g.launch(
-            &f.topk,
-            n_items32,
-            THREADS,
-            &mut [
-                arg(&n_items32),
-                arg(&p_order),
-                arg(&p_items),
-                arg(&p_qoff),
-                arg(&p_mode),
-                arg(&p_lists),
-                arg(&p_ord),
-                arg(&p_imp),
-                arg(&p_stat),
-                arg(&p_doc),
-                arg(&k32),
-                arg(&p_cnt),
-                arg(&p_docs),
-                arg(&p_scores),
-                arg(&p_floor),
-                arg(&static_max),
-                arg(&p_pcnt),
-                arg(&p_pord),
-                arg(&p_pscore),
-                arg(&p_and),
-            ],
-        )?;
-        if n_split32 > 0 {
-            g.launch(
-                &f.merge,
-                n_split32,
-                THREADS,
-                &mut [
-                    arg(&n_split32),
-                    arg(&p_splitq),
-                    arg(&p_splitlo),
-                    arg(&p_splithi),
-                    arg(&p_mode),
-                    arg(&p_and),
-                    arg(&k32),
-                    arg(&p_pcnt),
-                    arg(&p_pord),
-                    arg(&p_pscore),
-                    arg(&p_doc),
-                    arg(&p_cnt),
-                    arg(&p_docs),
-                    arg(&p_scores),
-                ],
-            )?;
-        }
-    }
+    let rank = RankArgs {
+        n_items: n_items32,
+        order: p_order,
+        items: p_items,
+        q_off: p_qoff,
+        mode: p_mode,
+        lists: p_lists,
+        floor: p_floor,
+        n_split: n_split32,
+        split_q: p_splitq,
+        split_lo: p_splitlo,
+        split_hi: p_splithi,
+        out: d_out,
+        piece: d_piece,
+    };
+    // SAFETY: the items, order, lists and floors were written by `bm25_plan` / `bm25_order`
+    // (n_items of them, checked above against the buffer's capacity; queries of 1 to 64
+    // terms, by `stage`; piece slots below max_pieces, each split query's at most CAP / k);
+    // the piece region is sized for max_pieces, the output for gq queries.
+    unsafe { launch_rank(g, f, c, &part.layout, &rank)? };
     g.record(&events[2])?;
     let out_bytes = part.out_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_out, out_bytes)?.as_mut_slice()[..out_bytes];
