@@ -98,6 +98,18 @@ static float max_up(double x) {
     return (double)f < x ? std::nextafter(f, INFINITY) : f;
 }
 
+// 1-5 distinct non-empty terms, ascending; a quarter of them among the three common terms.
+static std::vector<u32> random_query(std::mt19937_64& rng, const Corpus& c) {
+    std::vector<u32> ts;
+    unsigned m = 1 + rng() % 5;
+    while (ts.size() < m) {
+        u32 t = rng() % 4 == 0 ? rng() % 3 : rng() % c.ord.size();
+        if (!c.ord[t].empty() && std::find(ts.begin(), ts.end(), t) == ts.end()) ts.push_back(t);
+    }
+    std::sort(ts.begin(), ts.end());
+    return ts;
+}
+
 // Queries whose answer differs from the reference's, added to `bad` (the first few printed).
 static int wrong_answers(const Corpus& c, const std::vector<std::vector<u32>>& qs,
                          const std::vector<unsigned char>& q_mode, u32 k, const std::vector<u32>& ord_doc,
@@ -141,13 +153,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     std::vector<ListRef> lists;
     std::vector<double> q_floor;
     for (unsigned q = 0; q < nq; q++) {
-        std::vector<u32> ts;
-        unsigned m = 1 + rng() % 5;
-        while (ts.size() < m) {
-            u32 t = rng() % 4 == 0 ? rng() % 3 : rng() % c.ord.size();
-            if (!c.ord[t].empty() && std::find(ts.begin(), ts.end(), t) == ts.end()) ts.push_back(t);
-        }
-        std::sort(ts.begin(), ts.end());
+        std::vector<u32> ts = random_query(rng, c);
         qs.push_back(ts);
         q_mode.push_back(rng() % 3);
         for (u32 t : ts) {
@@ -235,13 +241,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<u32> q_off{0}, q_terms;
     std::vector<unsigned char> q_mode;
     for (unsigned q = 0; q < nq; q++) {
-        std::vector<u32> ts;
-        unsigned m = 1 + rng() % 5;
-        while (ts.size() < m) {
-            u32 t = rng() % 4 == 0 ? rng() % 3 : rng() % c.ord.size();
-            if (!c.ord[t].empty() && std::find(ts.begin(), ts.end(), t) == ts.end()) ts.push_back(t);
-        }
-        std::sort(ts.begin(), ts.end());
+        std::vector<u32> ts = random_query(rng, c);
         qs.push_back(ts);
         q_mode.push_back(rng() % 3);
         q_terms.insert(q_terms.end(), ts.begin(), ts.end());

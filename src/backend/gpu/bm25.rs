@@ -734,6 +734,26 @@ struct Staged {
     planned: Option<planned::PlannedLayout>,
 }
 
+impl Staged {
+    /// A batch of `nq` queries, `gq` of them for the device, nothing placed or laid out yet.
+    fn new(nq: usize, gq: usize) -> Self {
+        Staged {
+            gq,
+            slot: vec![0u32; nq],
+            cpu_q: vec![0u32; nq - gq],
+            in_bytes: 0,
+            items_bytes: 0,
+            layout: Layout::default(),
+            n_items: 0,
+            n_split: 0,
+            n_pieces: 0,
+            out_bytes: 0,
+            events: None,
+            planned: None,
+        }
+    }
+}
+
 /// Offsets of the regions in the batch's buffers: queries up (q_off | modes | lists | floors),
 /// blocks up (order | items | split_q | split_p), results down (counts | docs | scores) and
 /// the pieces' answers on the device (counts | ordinals | scores | AND counts).
@@ -839,20 +859,7 @@ fn stage(
     let gq: usize = groups.iter().map(|g| g.0).sum();
     let n_lists: usize = groups.iter().map(|g| g.1).sum();
     t.lookup_ms += ms(t_look);
-    let mut part = Staged {
-        gq,
-        slot: vec![0u32; nq],
-        cpu_q: vec![0u32; nq - gq],
-        in_bytes: 0,
-        items_bytes: 0,
-        layout: Layout::default(),
-        n_items: 0,
-        n_split: 0,
-        n_pieces: 0,
-        out_bytes: 0,
-        events: None,
-        planned: None,
-    };
+    let mut part = Staged::new(nq, gq);
     if gq == 0 {
         for (r, (s, q)) in part.slot.iter_mut().zip(part.cpu_q.iter_mut()).enumerate() {
             *s = ON_CPU | r as u32;

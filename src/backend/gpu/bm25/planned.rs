@@ -130,20 +130,7 @@ pub(super) fn stage(
     let gq: usize = groups.iter().map(|g| g.0).sum();
     let n_terms: usize = groups.iter().map(|g| g.1).sum();
     t.lookup_ms += ms(t0);
-    let mut part = Staged {
-        gq,
-        slot: vec![0u32; nq],
-        cpu_q: vec![0u32; nq - gq],
-        in_bytes: 0,
-        items_bytes: 0,
-        layout: Layout::default(),
-        n_items: 0,
-        n_split: 0,
-        n_pieces: 0,
-        out_bytes: 0,
-        events: None,
-        planned: None,
-    };
+    let mut part = Staged::new(nq, gq);
     let t_fill = std::time::Instant::now();
     let mut pl = PlannedLayout::default();
     pl.terms = align((gq + 1) * 4);
