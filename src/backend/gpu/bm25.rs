@@ -1272,12 +1272,15 @@ fn unpack(
     }
     // Up to `unpack_seq_max` hits: one pass on this thread, appending each query's hits
     // (no zeroed buffers, no parallel tasks); more: counts first, filled in parallel.
-    let hits_at_most = part.gq * k + cpu_hits.iter().map(Vec::len).sum::<usize>();
-    if hits_at_most <= unpack_seq_max() {
+    // The exact count, so that the answers' vectors are no larger than they need be (gq * k
+    // only bounds it: an AND query often matches fewer than k documents).
+    let hits = dev_cnt.iter().map(|&c| c as usize).sum::<usize>()
+        + cpu_hits.iter().map(Vec::len).sum::<usize>();
+    if hits <= unpack_seq_max() {
         let mut offsets = Vec::with_capacity(part.slot.len() + 1);
         offsets.push(0);
-        let mut docs = Vec::with_capacity(hits_at_most);
-        let mut scores = Vec::with_capacity(hits_at_most);
+        let mut docs = Vec::with_capacity(hits);
+        let mut scores = Vec::with_capacity(hits);
         for &s in &part.slot {
             if s & ON_CPU != 0 {
                 for h in &cpu_hits[(s & !ON_CPU) as usize] {
