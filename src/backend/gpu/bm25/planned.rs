@@ -1,14 +1,14 @@
 //! A batch planned on the device (the whole index resident): the host writes each query's
-//! term ids and mode (one pass, no lookups), and `bm25_plan` / `bm25_order` (kernels/bm25.cu)
-//! look the lists up, take the floors, plan the pieces and order the items on the device.
+//! term ids and mode (no lookups), and `bm25_plan` / `bm25_order` (kernels/bm25.cu) look the
+//! lists up, take the floors, plan the pieces and order the items on the device.
 //!
 //! The host-staged path (`stage` in the parent) reads each term's list reference and floor
 //! and plans every query on the host: ~0.3-0.5 ms of a 10,000-query batch on the H100 host
 //! (cache misses into the term table), longer than AND's kernels. Here the host's share is a
 //! copy of the term ids; after `bm25_order` the host reads the counts of items and split
 //! queries (one small copy down, one wait) and launches `bm25_topk` and `bm25_merge` with
-//! exactly those grids. `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`) keeps the host-staged
-//! path.
+//! exactly those grids. `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`)
+//! keeps the host-staged path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -36,8 +36,8 @@ const ORDER_THREADS: u32 = 1024;
 /// Bytes the pieces' answers may take on the device (the piece budget at large k).
 const PIECE_BYTES_MAX: usize = 64 << 20;
 
-/// What a device-planned batch adds to [`Staged`]: its query count, the terms it uploads,
-/// the budget of piece slots and where the device's planning buffers lie.
+/// What a device-planned batch adds to [`Staged`]: where its upload and the device's planning
+/// buffers lie, and its budget of piece slots and items.
 #[derive(Clone, Copy, Default)]
 pub(super) struct PlannedLayout {
     /// Upload: q_off (gq + 1) | terms | modes.
