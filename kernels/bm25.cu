@@ -793,3 +793,81 @@ extern "C" __global__ void __launch_bounds__(1024) bm25_order(
     __syncthreads();
     for (u32 i = tid; i < n; i += blockDim.x) order[atomicAdd(&at[keys[i]], 1u)] = i;
 }
+
+// ---------------------------------------------------------------------------------------
+// The answers packed for the copy down: after `bm25_topk` / `bm25_merge`, query q's hits lie
+// at out_doc / out_score[q * k ..] (out_count[q] of them). The host reads them as one flat
+// list (its `Ranked`, the Arrow list's layout): `bm25_pack_offsets` writes each query's first
+// position, `bm25_pack` moves the hits there, so that the host copies two dense runs instead
+// of a short run per query (10,000 small copies out of memory the copy down has just written).
+
+#ifndef PACK_THREADS
+#define PACK_THREADS 1024
+#endif
+
+__device__ __forceinline__ u32 hits_of(const u32* __restrict__ count, u32 q, u32 k) {
+    return count[q] < k ? count[q] : k;
+}
+
+// One block of PACK_THREADS: off[q] = hits of the queries before q, off[n] = all hits. Each
+// thread sums a run of consecutive counts, the block scans the sums (warp shuffles, then the
+// warps' totals), and each thread writes its run's offsets. A count above k (never written
+// by the kernels above) is read as k, as `bm25_pack` copies at most k, and marked: off[0] is
+// then not 0, which the host refuses.
+extern "C" __global__ void __launch_bounds__(PACK_THREADS) bm25_pack_offsets(
+    u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off) {
+    __shared__ u32 warp_total[PACK_THREADS / 32];
+    __shared__ u32 above_k;
+    if (threadIdx.x == 0) above_k = 0;
+    __syncthreads();
+    const u32 tid = threadIdx.x;
+    const u32 lane = tid & 31, warp = tid >> 5, warps = PACK_THREADS / 32;
+    const u32 per = (n + PACK_THREADS - 1) / PACK_THREADS;
+    const u32 b = tid * per < n ? tid * per : n;
+    const u32 e = b + per < n ? b + per : n;
+    u32 sum = 0;
+    for (u32 i = b; i < e; i++) {
+        sum += hits_of(count, i, k);
+        if (count[i] > k) above_k = 1;
+    }
+    u32 x = sum;  // inclusive scan within the warp
+    for (u32 d = 1; d < 32; d <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+    }
+    if (lane == 31) warp_total[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = lane < warps ? warp_total[lane] : 0u;
+        for (u32 d = 1; d < 32; d <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, w, d);
+            if (lane >= d) w += y;
+        }
+        if (lane < warps) warp_total[lane] = w;  // inclusive over the warps
+    }
+    __syncthreads();
+    u32 at = x - sum + (warp > 0 ? warp_total[warp - 1] : 0u);
+    for (u32 i = b; i < e; i++) {
+        off[i] = at;
+        at += hits_of(count, i, k);
+    }
+    if (tid == PACK_THREADS - 1) off[n] = at;  // the last run ends the list (or is empty)
+    __syncthreads();
+    if (tid == 0 && above_k) off[0] = 0xffffffffu;
+}
+
+// A warp per query (8 a block): query q's hits to pk_doc / pk_score[off[q] ..].
+extern "C" __global__ void __launch_bounds__(256) bm25_pack(
+    u32 n, u32 k, const u32* __restrict__ count, const u32* __restrict__ off,
+    const u32* __restrict__ out_doc, const double* __restrict__ out_score,
+    u32* __restrict__ pk_doc, double* __restrict__ pk_score) {
+    const u32 q = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (q >= n) return;
+    const u32 c = hits_of(count, q, k);
+    const u32 o = q == 0 ? 0u : off[q];  // off[0] may hold the mark of a count above k
+    const u64 from = (u64)q * k;
+    for (u32 j = threadIdx.x & 31; j < c; j += 32) {
+        pk_doc[o + j] = out_doc[from + j];
+        pk_score[o + j] = out_score[from + j];
+    }
+}

@@ -19,7 +19,8 @@ use datafusion::arrow::datatypes::{DataType, UInt32Type};
 use datafusion_sets::backend::gpu;
 use datafusion_sets::config::BackendChoice;
 use datafusion_sets::search::index::{IndexBuilder, IndexedDoc, InvertedIndex};
-use datafusion_sets::search::rank::{QueryTerms, rank_terms};
+use datafusion_sets::search::queries::{Queries, QueryTerms};
+use datafusion_sets::search::rank::rank_terms;
 use datafusion_sets::search::scoring::{Bm25Params, Scored};
 use datafusion_sets::search::tokenize::{Tokenizer, TokenizerOptions};
 use datafusion_sets::search::topk::{Mode, exhaustive, query_terms, top};
@@ -105,10 +106,11 @@ fn check(
     budget: Option<usize>,
     what: &str,
 ) -> datafusion_sets::search::rank::RankStats {
+    let batch: Queries = qs.iter().collect();
     let (got, stats) = rank_terms(
         index,
         scored,
-        qs,
+        &batch,
         k,
         mode,
         BackendChoice::Gpu,
@@ -286,8 +288,9 @@ fn a_term_beyond_the_index_is_refused() {
         let stats = check(&index, &scored, &qs, 10, Mode::Or, budget, "before");
         assert!(stats.on_gpu > 0, "{stats:?}");
         qs[150].ids.push(terms_beyond);
+        let with_beyond: Queries = qs.iter().collect();
         let batch = gpu::Bm25Batch {
-            queries: &qs,
+            queries: &with_beyond,
             mode: Mode::Or,
         };
         let r = gpu::bm25_topk(&index, &scored, &batch, 10, budget, &on_cpu, &mut |_| true);
@@ -501,8 +504,12 @@ fn bench_gpu_bm25() {
          | mode | k | call | inside | lookup | fill | sort | launch | plan | wait (kernel) | cpu | unpack | on GPU |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    let rank =
-        |k, mode, backend| rank_terms(&index, &scored, &qs, k, mode, backend, None, &mut |_| true);
+    let batch: Queries = qs.iter().collect();
+    let rank = |k, mode, backend| {
+        rank_terms(&index, &scored, &batch, k, mode, backend, None, &mut |_| {
+            true
+        })
+    };
     for k in [10, 100] {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
             gpu::bm25_evict();
@@ -581,7 +588,7 @@ fn bench_gpu_bm25() {
     );
     for mode in [Mode::And, Mode::Or, Mode::AndOr] {
         for n in [25, 50, 100, 250, 500, 1000, 2000, 4000, 10_000] {
-            let sub = &qs[..n];
+            let sub = &batch.prefix(n);
             let mut cpu = Vec::new();
             let mut gpu_ms = Vec::new();
             for _ in 0..7 {

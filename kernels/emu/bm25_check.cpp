@@ -110,16 +110,67 @@ static std::vector<u32> random_query(std::mt19937_64& rng, const Corpus& c) {
     return ts;
 }
 
+// The answers packed for the copy down, as the host launches it.
+static void pack(u32 nq, u32 k, const std::vector<u32>& out_count, const std::vector<u32>& out_doc,
+                 const std::vector<double>& out_score, std::vector<u32>& off, std::vector<u32>& pk_doc,
+                 std::vector<double>& pk_score) {
+    launch(1, PACK_THREADS, [&] { bm25_pack_offsets(nq, k, out_count.data(), off.data()); });
+    launch((nq + 7) / 8, 256, [&] {
+        bm25_pack(nq, k, out_count.data(), off.data(), out_doc.data(), out_score.data(), pk_doc.data(),
+                  pk_score.data());
+    });
+}
+
+// Packing alone, for batches larger than the scan's block (runs of several counts a thread),
+// empty ones and counts above k (read as k): offsets and packed hits against a loop.
+static int pack_suite(std::mt19937_64& rng, u32 nq, u32 k) {
+    std::vector<u32> out_count(nq), out_doc((size_t)nq * k);
+    std::vector<double> out_score((size_t)nq * k);
+    const bool some_above = nq == 5 || nq == 3000;  // counts above k in some batches
+    for (u32 q = 0; q < nq; q++) out_count[q] = some_above && rng() % 7 == 0 ? k + 1 + rng() % 3 : rng() % (k + 1);
+    for (size_t i = 0; i < out_doc.size(); i++) {
+        out_doc[i] = rng();
+        out_score[i] = (double)(rng() % 1000) / 7.0;
+    }
+    std::vector<u32> off(nq + 1, 0xdeadbeef), pk_doc((size_t)nq * k + 1, 0xdeadbeef);
+    std::vector<double> pk_score((size_t)nq * k + 1, -1.0);
+    pack(nq, k, out_count, out_doc, out_score, off, pk_doc, pk_score);
+    int bad = 0;
+    u32 at = 0;
+    bool above = false;
+    for (u32 q = 0; q < nq; q++) above |= out_count[q] > k;
+    // A count above k is marked in off[0].
+    bad += nq > 0 && (off[0] == 0xffffffffu) != above;
+    if (above) off[0] = 0;
+    for (u32 q = 0; q < nq; q++) {
+        const u32 c = std::min(out_count[q], k);
+        bad += off[q] != at;
+        for (u32 j = 0; j < c && off[q] == at; j++) {
+            bad += pk_doc[at + j] != out_doc[(size_t)q * k + j] || pk_score[at + j] != out_score[(size_t)q * k + j];
+        }
+        at += c;
+    }
+    bad += off[nq] != at;
+    std::printf("pack: queries=%u k=%u hits=%u bad=%d\n", nq, k, at, bad);
+    return bad;
+}
+
 // Queries whose answer differs from the reference's, added to `bad` (the first few printed).
 static int wrong_answers(const Corpus& c, const std::vector<std::vector<u32>>& qs,
                          const std::vector<unsigned char>& q_mode, u32 k, const std::vector<u32>& ord_doc,
                          const std::vector<u32>& out_count, const std::vector<u32>& out_doc,
                          const std::vector<double>& out_score, int bad) {
-    for (u32 q = 0; q < qs.size(); q++) {
+    // What the host reads: the answers packed (bm25_pack_offsets, bm25_pack).
+    const u32 nq = qs.size();
+    std::vector<u32> off(nq + 1, 0xdeadbeef), pk_doc(nq * k + 1, 0xdeadbeef);
+    std::vector<double> pk_score(nq * k + 1, -1.0);
+    pack(nq, k, out_count, out_doc, out_score, off, pk_doc, pk_score);
+    for (u32 q = 0; q < nq; q++) {
         std::vector<Hit> want = reference(c, qs[q], q_mode[q], k);
-        bool ok = out_count[q] == want.size();
+        bool ok = out_count[q] == want.size() && off[q + 1] - off[q] == want.size();
         for (u32 i = 0; ok && i < want.size(); i++) {
-            ok = out_doc[q * k + i] == ord_doc[want[i].o] && out_score[q * k + i] == want[i].s;
+            ok = out_doc[q * k + i] == ord_doc[want[i].o] && out_score[q * k + i] == want[i].s &&
+                 pk_doc[off[q] + i] == ord_doc[want[i].o] && pk_score[off[q] + i] == want[i].s;
         }
         if (!ok) {
             if (bad < 3) {
@@ -306,6 +357,7 @@ int main() {
             for (int rep = 0; rep < 2; rep++) bad += device_suite(rng, st, k, 24);
         }
     }
+    for (u32 nq : {0u, 1u, 5u, 1000u, 3000u, 20000u}) bad += pack_suite(rng, nq, nq > 5000 ? 2 : 10);
     {
         // A term id beyond the table: counted as an error, nothing looked up.
         std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(4, 0), sq(1), sl(1), sh(1);

@@ -5,6 +5,7 @@
 pub mod index;
 pub mod index_function;
 pub mod loaded;
+pub mod queries;
 pub mod rank;
 pub mod scoring;
 pub mod tokenize;

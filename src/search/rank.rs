@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use super::index::InvertedIndex;
 use super::loaded::LoadedIndex;
+use super::queries::Queries;
 use super::scoring::Scored;
 use super::tokenize::Tokenizer;
 use super::topk::{Hit, Mode, query_terms, top};
@@ -72,14 +73,6 @@ pub fn rank_one(
     let terms = tokenizer.terms(text);
     let (ids, unknown) = query_terms(&loaded.index, terms.iter().map(String::as_str));
     top(&loaded.index, scored, &ids, unknown, k, mode)
-}
-
-/// One tokenized query: its distinct known term ids, ascending, and whether it had a term
-/// the index does not hold (see [`query_terms`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueryTerms {
-    pub ids: Vec<u32>,
-    pub unknown: bool,
 }
 
 /// A batch's results in one flat (columnar) layout: query `i`'s hits, best first, are
@@ -200,7 +193,7 @@ pub struct RankStats {
 pub fn rank_terms(
     index: &InvertedIndex,
     scored: &Arc<Scored>,
-    queries: &[QueryTerms],
+    queries: &Queries,
     k: usize,
     mode: Mode,
     backend: BackendChoice,
@@ -208,11 +201,11 @@ pub fn rank_terms(
     hold: &mut dyn FnMut(usize) -> bool,
 ) -> (Ranked, RankStats) {
     let mut stats = RankStats::default();
-    let cpu = |q: &QueryTerms| top(index, scored, &q.ids, q.unknown, k, mode);
+    let cpu = |i: usize| top(index, scored, queries.ids(i), queries.unknown(i), k, mode);
     let all_cpu = |stats: &mut RankStats| {
         stats.on_cpu = queries.len();
-        let lists: Vec<Vec<Hit>> = queries
-            .par_iter()
+        let lists: Vec<Vec<Hit>> = (0..queries.len())
+            .into_par_iter()
             .with_min_len(QUERIES_PER_TASK / 8)
             .map(cpu)
             .collect();
@@ -225,7 +218,7 @@ pub fn rank_terms(
     // The device reads the queries where they lie (see `Bm25Batch` for the rules on
     // unknown terms); a query it does not take comes back to `cpu`.
     let batch = gpu::Bm25Batch { queries, mode };
-    let on_cpu = |i: usize| cpu(&queries[i]);
+    let on_cpu = cpu;
     match gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu, hold) {
         Ok(out) => {
             if out.timings.on_device > 0 {
@@ -282,24 +275,29 @@ pub fn rank_batch(
         };
         return (Ranked::from_lists(&lists), stats);
     }
-    // NULL rows become queries with no terms (empty results, as wanted).
-    let parsed: Vec<QueryTerms> = (0..texts.len())
+    // NULL rows become queries with no terms (empty results, as wanted). Groups of rows
+    // tokenized in parallel, each into a flat batch of its own, then joined.
+    let parts: Vec<Queries> = (0..texts.len().div_ceil(QUERIES_PER_TASK))
         .into_par_iter()
-        .with_min_len(QUERIES_PER_TASK)
         .map_init(
             || Tokenizer::new(options),
-            |tok, r| {
-                if texts.is_valid(r) {
-                    let terms = tok.terms(texts.value(r));
-                    let (ids, unknown) =
-                        query_terms(&loaded.index, terms.iter().map(String::as_str));
-                    QueryTerms { ids, unknown }
-                } else {
-                    QueryTerms::default()
+            |tok, g| {
+                let mut part = Queries::new();
+                for r in g * QUERIES_PER_TASK..((g + 1) * QUERIES_PER_TASK).min(texts.len()) {
+                    if texts.is_valid(r) {
+                        let terms = tok.terms(texts.value(r));
+                        let (ids, unknown) =
+                            query_terms(&loaded.index, terms.iter().map(String::as_str));
+                        part.push(&ids, unknown);
+                    } else {
+                        part.push(&[], false);
+                    }
                 }
+                part
             },
         )
         .collect();
+    let parsed = Queries::concat(&parts);
     rank_terms(
         &loaded.index,
         scored,
@@ -316,6 +314,7 @@ pub fn rank_batch(
 mod tests {
     use super::*;
     use crate::search::index::IndexedDoc;
+    use crate::search::queries::QueryTerms;
     use crate::search::scoring::Bm25Params;
     use crate::search::tokenize::TokenizerOptions;
     use crate::search::topk::exhaustive;
@@ -337,12 +336,9 @@ mod tests {
         let index = InvertedIndex::build(&docs, TokenizerOptions::default(), false);
         let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
         let texts: [&[&str]; 6] = [&["a", "b"], &[], &["zz"], &["c", "zz"], &["f"], &["a"; 3]];
-        let queries: Vec<QueryTerms> = texts
+        let queries: Queries = texts
             .iter()
-            .map(|t| {
-                let (ids, unknown) = query_terms(&index, t.iter().copied());
-                QueryTerms { ids, unknown }
-            })
+            .map(|t| QueryTerms::of(&index, t.iter().copied()))
             .collect();
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
             for k in [1, 5, 1000] {
@@ -359,7 +355,8 @@ mod tests {
                     );
                     assert_eq!(stats.on_gpu + stats.on_cpu, queries.len());
                     assert_eq!(got.len(), queries.len());
-                    for (i, q) in queries.iter().enumerate() {
+                    for i in 0..queries.len() {
+                        let q = queries.get(i);
                         let want = exhaustive(&index, &scored, &q.ids, q.unknown, k, mode);
                         assert_eq!(got.hits(i), want, "{mode:?} k {k} {backend:?} {q:?}");
                     }

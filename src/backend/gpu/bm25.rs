@@ -60,6 +60,8 @@ struct Kernels {
     merge: CudaFunction,
     plan: CudaFunction,
     order: CudaFunction,
+    pack_offsets: CudaFunction,
+    pack: CudaFunction,
 }
 
 static KERNEL: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
@@ -79,6 +81,8 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
                 merge: load("bm25_merge")?,
                 plan: load("bm25_plan")?,
                 order: load("bm25_order")?,
+                pack_offsets: load("bm25_pack_offsets")?,
+                pack: load("bm25_pack")?,
             })
         })
         .as_ref()
@@ -86,11 +90,21 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
 }
 
 /// The work (candidates times lists searched, see [`plan`]) a piece of a split query should
-/// hold (`DFSETS_BM25_PIECE`, 0: never split; default [`DEFAULT_PIECE`]).
-fn piece_work() -> u64 {
-    static P: OnceLock<u64> = OnceLock::new();
-    *P.get_or_init(|| env_knob("DFSETS_BM25_PIECE", DEFAULT_PIECE))
+/// hold in a batch of `mode` (`DFSETS_BM25_PIECE`, 0: never split; default [`DEFAULT_PIECE`];
+/// an AND batch: `DFSETS_BM25_PIECE_AND`, default the smaller of that and
+/// [`DEFAULT_PIECE_AND`]). AND's pieces are smaller: its time is its longest pieces' chains
+/// of searches (pieces of 4,096 took AND's kernels from 0.15 to 0.13 ms, session 42, H200),
+/// whereas OR at 4,096 lost more to each piece's own top-k (0.59 -> 0.78 ms).
+fn piece_work(mode: Mode) -> u64 {
+    static P: OnceLock<(u64, u64)> = OnceLock::new();
+    let (any, and) = *P.get_or_init(|| {
+        let any = env_knob("DFSETS_BM25_PIECE", DEFAULT_PIECE);
+        let and = env_knob("DFSETS_BM25_PIECE_AND", any.min(DEFAULT_PIECE_AND));
+        (any, and)
+    });
+    if mode == Mode::And { and } else { any }
 }
+const DEFAULT_PIECE_AND: u64 = 4096;
 const DEFAULT_PIECE: u64 = 16384;
 
 /// How the device ranks one query: `pieces` blocks over ordinal ranges (1: the whole query
@@ -595,7 +609,7 @@ fn run(
             .as_ref()
             .filter(|(fk, _)| *fk == k)
             .map(|(_, f)| f.as_slice()),
-        piece: piece_work(),
+        piece: piece_work(batch.mode),
     };
     let part = match tables {
         Some(_) => planned::stage(&ctx, ws, hold, t)?,
@@ -728,7 +742,10 @@ struct Staged {
     n_items: usize,
     n_split: usize,
     n_pieces: usize,
+    /// Bytes of the device's answers (as ranked, then packed) and of the packed ones, which
+    /// are copied down (`Layout::answers`).
     out_bytes: usize,
+    down_bytes: usize,
     events: Option<&'static [CudaEvent; 4]>,
     /// The device's planning buffers (a device-planned batch).
     planned: Option<planned::PlannedLayout>,
@@ -748,6 +765,7 @@ impl Staged {
             n_split: 0,
             n_pieces: 0,
             out_bytes: 0,
+            down_bytes: 0,
             events: None,
             planned: None,
         }
@@ -755,8 +773,9 @@ impl Staged {
 }
 
 /// Offsets of the regions in the batch's buffers: queries up (q_off | modes | lists | floors),
-/// blocks up (order | items | split_q | split_p), results down (counts | docs | scores) and
-/// the pieces' answers on the device (counts | ordinals | scores | AND counts).
+/// blocks up (order | items | split_q | split_p), the answers (counts | docs | scores as
+/// ranked, `k` places a query, then packed: offsets | docs | scores, the part copied down)
+/// and the pieces' answers on the device (counts | ordinals | scores | AND counts).
 #[derive(Default)]
 struct Layout {
     qoff: usize,
@@ -770,10 +789,28 @@ struct Layout {
     cnt: usize,
     doc: usize,
     score: usize,
+    pk_off: usize,
+    pk_doc: usize,
+    pk_score: usize,
     pord: usize,
     pscore: usize,
     and: usize,
     piece_bytes: usize,
+}
+
+impl Layout {
+    /// Lay out the answers of `gq` queries at `k` (see the struct doc); returns the bytes of
+    /// the device's answer buffer and of its packed part (copied down, from `pk_off`).
+    fn answers(&mut self, gq: usize, k: usize) -> (usize, usize) {
+        self.cnt = 0;
+        self.doc = align(gq * 4);
+        self.score = self.doc + align(gq * k * 4);
+        self.pk_off = self.score + align(gq * k * 8);
+        self.pk_doc = self.pk_off + align((gq + 1) * 4);
+        self.pk_score = self.pk_doc + align(gq * k * 4);
+        let out = self.pk_score + gq * k * 8;
+        (out, out - self.pk_off)
+    }
 }
 
 /// A group's blocks, built by the writing pass: its items (`Item` in bm25.cu: device slot,
@@ -877,11 +914,8 @@ fn stage(
     lay.lists = lay.mode + align(gq);
     lay.floor = lay.lists + align(n_lists * LISTREF_BYTES);
     part.in_bytes = lay.floor + align(gq * 8);
-    lay.cnt = 0;
-    lay.doc = align(gq * 4);
-    lay.score = lay.doc + align(gq * k * 4);
-    part.out_bytes = lay.score + gq * k * 8;
-    ask(part.in_bytes + part.out_bytes)?;
+    (part.out_bytes, part.down_bytes) = lay.answers(gq, k);
+    ask(part.in_bytes + part.down_bytes)?;
     let in_bytes = part.in_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, floors_b) = pin.split_at_mut(lay.floor);
@@ -1008,7 +1042,7 @@ fn stage(
     lay.pscore = lay.pord + align(n_pieces * k * 4);
     lay.and = lay.pscore + align(n_pieces * k * 8);
     lay.piece_bytes = lay.and + align(gq * 4);
-    ask(part.in_bytes + part.items_bytes + part.out_bytes)?;
+    ask(part.in_bytes + part.items_bytes + part.down_bytes)?;
     let items_bytes = part.items_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_items, items_bytes)?.as_mut_slice()[..items_bytes];
     let (head, splitp_b) = pin.split_at_mut(lay.splitp);
@@ -1102,6 +1136,7 @@ fn launch(
     let p_splitp = d_items + lay.splitp as u64;
     let p_splitp_hi = p_splitp + 4;
     let rank = RankArgs {
+        n_queries: part.gq as u32,
         n_items: n_items32,
         order: p_order,
         items: p_items,
@@ -1125,16 +1160,25 @@ fn launch(
     // queries and n_pieces pieces.
     unsafe { launch_rank(g, f, c, lay, &rank)? };
     record(&events[2])?;
-    let out_bytes = part.out_bytes;
-    let pin = &mut Workspace::pinned(&mut ws.pin_out, out_bytes)?.as_mut_slice()[..out_bytes];
-    // SAFETY: `d_out` holds `out_bytes`; the pinned destination is read only after the
-    // stream is synchronized.
-    unsafe { result::memcpy_dtoh_async(pin, d_out, cs) }.map_err(drv("device-to-host copy"))?;
+    copy_down(g, ws, &part, d_out)?;
     record(&events[3])?;
     t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
-    t.d2h_bytes += out_bytes as u64;
+    t.d2h_bytes += part.down_bytes as u64;
     part.events = Some(events);
     Ok(part)
+}
+
+/// Queue the copy of the packed answers (`part.down_bytes` from `Layout::pk_off` of `d_out`)
+/// into the pinned buffer `unpack` reads.
+fn copy_down(g: &Gpu, ws: &mut Workspace, part: &Staged, d_out: u64) -> Result<(), GpuError> {
+    let down = part.down_bytes;
+    let pin = &mut Workspace::pinned(&mut ws.pin_out, down)?.as_mut_slice()[..down];
+    // SAFETY: `d_out` holds `out_bytes` = `pk_off + down_bytes` (`Layout::answers`); the
+    // pinned destination is read only after the stream is synchronized.
+    unsafe {
+        result::memcpy_dtoh_async(pin, d_out + part.layout.pk_off as u64, g.stream.cu_stream())
+    }
+    .map_err(drv("device-to-host copy"))
 }
 
 /// Where a batch's ranking launches read and write (device addresses): its items in launch
@@ -1143,6 +1187,8 @@ fn launch(
 /// [`Layout`]: counts, doc ids, scores) and the pieces' answers (`piece`: counts, ordinals,
 /// scores, AND counts).
 struct RankArgs {
+    /// Queries on the device (their answers: `out`).
+    n_queries: u32,
     n_items: u32,
     order: u64,
     items: u64,
@@ -1159,7 +1205,8 @@ struct RankArgs {
 }
 
 /// Queue `bm25_topk` over a batch's items (longest first), then `bm25_merge` over its split
-/// queries, on the stream.
+/// queries, then `bm25_pack_offsets` and `bm25_pack` (the answers packed for the copy down),
+/// on the stream.
 ///
 /// # Safety
 /// Every address of `a` holds what `bm25_topk` and `bm25_merge` (kernels/bm25.cu) read and
@@ -1240,12 +1287,44 @@ unsafe fn launch_rank(
                 ],
             )?;
         }
+        let gq = a.n_queries;
+        let p_pk_off = a.out + lay.pk_off as u64;
+        let p_pk_doc = a.out + lay.pk_doc as u64;
+        let p_pk_score = a.out + lay.pk_score as u64;
+        g.launch(
+            &f.pack_offsets,
+            1,
+            PACK_THREADS,
+            &mut [arg(&gq), arg(&k32), arg(&p_cnt), arg(&p_pk_off)],
+        )?;
+        g.launch(
+            &f.pack,
+            gq.div_ceil(PACK_WARPS),
+            32 * PACK_WARPS,
+            &mut [
+                arg(&gq),
+                arg(&k32),
+                arg(&p_cnt),
+                arg(&p_pk_off),
+                arg(&p_docs),
+                arg(&p_scores),
+                arg(&p_pk_doc),
+                arg(&p_pk_score),
+            ],
+        )?;
     }
     Ok(())
 }
 
+/// Threads of `bm25_pack_offsets`' one block (`PACK_THREADS` in bm25.cu).
+const PACK_THREADS: u32 = 1024;
+/// Queries (a warp each) per block of `bm25_pack`.
+const PACK_WARPS: u32 = 8;
+
 /// The batch's answers in batch order (the device's, once its copy down has completed, and
-/// the CPU's share).
+/// the CPU's share). The device's come packed (`bm25_pack`): query slot `s`'s hits are
+/// `docs[off[s]..off[s + 1]]`, slots in batch order, so a run of device queries between two
+/// of the CPU's share is one copy.
 fn unpack(
     ws: &Workspace,
     part: &Staged,
@@ -1253,83 +1332,103 @@ fn unpack(
     cpu_hits: &[Vec<Hit>],
 ) -> Result<Ranked, GpuError> {
     let lay = &part.layout;
-    let (dev_cnt, dev_doc, dev_score): (&[u32], &[u32], &[f64]) = if part.gq == 0 {
-        (&[], &[], &[])
+    let gq = part.gq;
+    let (off, dev_doc, dev_score): (&[u32], &[u32], &[f64]) = if gq == 0 {
+        (&[0], &[], &[])
     } else {
         let pin = &ws
             .pin_out
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?
-            .as_slice()[..part.out_bytes];
+            .as_slice()[..part.down_bytes];
+        let (d0, s0) = (lay.pk_doc - lay.pk_off, lay.pk_score - lay.pk_off);
         (
-            &view::<u32>(&pin[lay.cnt..lay.doc])[..part.gq],
-            &view::<u32>(&pin[lay.doc..lay.score])[..part.gq * k],
-            &view::<f64>(&pin[lay.score..])[..part.gq * k],
+            &view::<u32>(&pin[..d0])[..gq + 1],
+            &view::<u32>(&pin[d0..s0])[..gq * k],
+            &view::<f64>(&pin[s0..])[..gq * k],
         )
     };
-    if let Some(&c) = dev_cnt.iter().find(|&&c| c as usize > k) {
-        return Err(GpuError::Kernel(format!("{c} hits for k = {k}")));
+    // The offsets as `bm25_pack_offsets` writes them: from 0, at most k a query.
+    if off[0] != 0
+        || off
+            .windows(2)
+            .any(|w| w[1] < w[0] || (w[1] - w[0]) as usize > k)
+    {
+        return Err(GpuError::Kernel(format!(
+            "packed answers' offsets out of order or above k = {k}"
+        )));
     }
-    // Up to `unpack_seq_max` hits: one pass on this thread, appending each query's hits
-    // (no zeroed buffers, no parallel tasks); more: counts first, filled in parallel.
-    // The exact count, so that the answers' vectors are no larger than they need be (gq * k
-    // only bounds it: an AND query often matches fewer than k documents).
-    let hits = dev_cnt.iter().map(|&c| c as usize).sum::<usize>()
-        + cpu_hits.iter().map(Vec::len).sum::<usize>();
-    if hits <= unpack_seq_max() {
-        let mut offsets = Vec::with_capacity(part.slot.len() + 1);
-        offsets.push(0);
-        let mut docs = Vec::with_capacity(hits);
-        let mut scores = Vec::with_capacity(hits);
-        for &s in &part.slot {
+    let dev_hits = off[gq] as usize;
+    let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
+    if hits > unpack_seq_max() {
+        // Many hits: counts first, filled in parallel.
+        let counts: Vec<usize> = part
+            .slot
+            .iter()
+            .map(|&s| {
+                if s & ON_CPU != 0 {
+                    cpu_hits[(s & !ON_CPU) as usize].len()
+                } else {
+                    (off[s as usize + 1] - off[s as usize]) as usize
+                }
+            })
+            .collect();
+        return Ok(Ranked::build(&counts, |i, docs, scores| {
+            let s = part.slot[i];
             if s & ON_CPU != 0 {
-                for h in &cpu_hits[(s & !ON_CPU) as usize] {
-                    docs.push(h.doc);
-                    scores.push(h.score);
+                for ((h, d), sc) in cpu_hits[(s & !ON_CPU) as usize]
+                    .iter()
+                    .zip(docs)
+                    .zip(scores)
+                {
+                    *d = h.doc;
+                    *sc = h.score;
                 }
             } else {
-                let at = s as usize * k;
-                let c = dev_cnt[s as usize] as usize;
-                docs.extend_from_slice(&dev_doc[at..at + c]);
-                scores.extend_from_slice(&dev_score[at..at + c]);
+                let at = off[s as usize] as usize;
+                docs.copy_from_slice(&dev_doc[at..at + docs.len()]);
+                scores.copy_from_slice(&dev_score[at..at + scores.len()]);
             }
-            offsets.push(docs.len());
-        }
-        return Ok(Ranked {
-            offsets,
-            docs,
-            scores,
-        });
+        }));
     }
-    let counts: Vec<usize> = part
-        .slot
-        .iter()
-        .map(|&s| {
-            if s & ON_CPU != 0 {
-                cpu_hits[(s & !ON_CPU) as usize].len()
-            } else {
-                dev_cnt[s as usize] as usize
-            }
-        })
-        .collect();
-    Ok(Ranked::build(&counts, |i, docs, scores| {
-        let s = part.slot[i];
+    // One pass on this thread: the device's hits are copied a run of consecutive slots at a
+    // time (the whole batch at once when the CPU's share has no hits).
+    let mut offsets = Vec::with_capacity(part.slot.len() + 1);
+    offsets.push(0);
+    let mut docs = Vec::with_capacity(hits);
+    let mut scores = Vec::with_capacity(hits);
+    // The pending run: slots lo..next, not yet copied.
+    let (mut lo, mut next) = (0usize, 0usize);
+    let flush = |docs: &mut Vec<u32>, scores: &mut Vec<f64>, lo: usize, next: usize| {
+        let r = off[lo] as usize..off[next] as usize;
+        docs.extend_from_slice(&dev_doc[r.clone()]);
+        scores.extend_from_slice(&dev_score[r]);
+    };
+    for &s in &part.slot {
         if s & ON_CPU != 0 {
-            for ((h, d), sc) in cpu_hits[(s & !ON_CPU) as usize]
-                .iter()
-                .zip(docs)
-                .zip(scores)
-            {
-                *d = h.doc;
-                *sc = h.score;
+            let h = &cpu_hits[(s & !ON_CPU) as usize];
+            if !h.is_empty() {
+                flush(&mut docs, &mut scores, lo, next);
+                lo = next;
+                docs.extend(h.iter().map(|h| h.doc));
+                scores.extend(h.iter().map(|h| h.score));
             }
         } else {
-            let at = s as usize * k;
-            let c = docs.len();
-            docs.copy_from_slice(&dev_doc[at..at + c]);
-            scores.copy_from_slice(&dev_score[at..at + c]);
+            let s = s as usize;
+            if s != next {
+                flush(&mut docs, &mut scores, lo, next);
+                lo = s;
+            }
+            next = s + 1;
         }
-    }))
+        offsets.push(docs.len() + (off[next] - off[lo]) as usize);
+    }
+    flush(&mut docs, &mut scores, lo, next);
+    Ok(Ranked {
+        offsets,
+        docs,
+        scores,
+    })
 }
 
 /// Most hits a batch's answers are unpacked on one thread (`DFSETS_BM25_UNPACK_SEQ_MAX`;

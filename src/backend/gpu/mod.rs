@@ -255,13 +255,13 @@ pub const BM25_MAX_TERMS: usize = 64;
 pub const BM25_MAX_K: usize = 768;
 
 /// A batch of BM25 queries for [`bm25_topk`], read where it lies (nothing is copied into a
-/// batch layout first): query `i` is `queries[i]`, its distinct term ids ascending (the
+/// batch layout first): query `i` is `queries.ids(i)`, its distinct term ids ascending (the
 /// canonical order of `search::scoring`), all known to the index, ranked in `mode` with the
 /// two rules of `search::topk::top` for unknown terms applied by [`Bm25Batch::terms`] and
 /// [`Bm25Batch::mode`]. A query with no terms is left to the CPU.
 #[derive(Clone, Copy, Debug)]
 pub struct Bm25Batch<'a> {
-    pub queries: &'a [crate::search::rank::QueryTerms],
+    pub queries: &'a crate::search::queries::Queries,
     pub mode: crate::search::topk::Mode,
 }
 
@@ -277,18 +277,18 @@ impl Bm25Batch<'_> {
     /// Whether every term id of the batch is one of `index`'s.
     pub fn known_to(&self, index: &crate::search::index::InvertedIndex) -> bool {
         self.queries
+            .all_ids()
             .iter()
-            .all(|q| q.ids.iter().all(|&t| (t as usize) < index.terms()))
+            .all(|&t| (t as usize) < index.terms())
     }
 
     /// Query `i`'s terms: none under AND when it had an unknown term (its answer is empty by
     /// rule, which the CPU returns at once).
     pub fn terms(&self, i: usize) -> &[u32] {
-        let q = &self.queries[i];
-        if self.mode == crate::search::topk::Mode::And && q.unknown {
+        if self.mode == crate::search::topk::Mode::And && self.queries.unknown(i) {
             &[]
         } else {
-            &q.ids
+            self.queries.ids(i)
         }
     }
 
@@ -296,7 +296,7 @@ impl Bm25Batch<'_> {
     pub fn mode(&self, i: usize) -> crate::search::topk::Mode {
         use crate::search::topk::Mode;
         match self.mode {
-            Mode::AndOr if self.queries[i].unknown => Mode::Or,
+            Mode::AndOr if self.queries.unknown(i) => Mode::Or,
             m => m,
         }
     }
@@ -642,7 +642,7 @@ mod tests {
             assert_eq!(parse_known_order(env), k, "{env:?}");
         }
     }
-    use crate::search::rank::QueryTerms;
+    use crate::search::queries::{Queries, QueryTerms};
     use crate::search::topk::Mode;
 
     /// The staging estimate: input values capped by the launch group, offsets, validity,
@@ -706,7 +706,7 @@ mod tests {
 
     #[test]
     fn a_batch_applies_the_rules_for_unknown_terms() {
-        let qs = vec![
+        let qs: Queries = [
             QueryTerms {
                 ids: vec![1, 4],
                 unknown: true,
@@ -715,7 +715,9 @@ mod tests {
                 ids: vec![2],
                 unknown: false,
             },
-        ];
+        ]
+        .into_iter()
+        .collect();
         let batch = |mode| Bm25Batch { queries: &qs, mode };
         // AND with an unknown term matches nothing: no terms, left to the CPU.
         assert!(batch(Mode::And).terms(0).is_empty());
