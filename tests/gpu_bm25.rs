@@ -501,8 +501,9 @@ fn bench_gpu_bm25() {
          share; unpack = results into the output layout; launch = queueing copies and launches; \
          inside = the whole of bm25_topk\n\
          plan = (device-planned) from the copy up to the device's item counts read back, part of launch\n\
-         | mode | k | call | inside | lookup | fill | sort | launch | plan | wait (kernel) | cpu | unpack | on GPU |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         prefault = (DFSETS_BM25_PREFAULT=1) the answers' vectors allocated and touched before the wait\n\
+         | mode | k | call | inside | lookup | fill | sort | launch | plan | wait (kernel) | cpu | prefault | unpack | on GPU |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let batch: Queries = qs.iter().collect();
     let rank = |k, mode, backend| {
@@ -563,7 +564,7 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {} |\n",
                 med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
@@ -573,6 +574,7 @@ fn bench_gpu_bm25() {
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),
                 med(|t| t.cpu_ms),
+                med(|t| t.prefault_ms),
                 med(|t| t.unpack_ms),
                 tims[0].on_device,
             );
