@@ -654,6 +654,10 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
     return 4u * (lz - 1u) + frac;
 }
 
+// A query the device leaves unranked (q_mode): no terms under its mode's rule, or ranked on
+// the CPU. Its answer count stays as the host cleared it (0); it has no items.
+#define MODE_NONE 3
+
 // One thread per query. `term_floor` is null when k has no floors. `most` is the most pieces
 // of one query (min(CAP / k, 64)), `piece` the work a piece should hold (0: never split).
 // Pieces come from a budget of `max_pieces` slots; a query that does not find room in it is
@@ -671,6 +675,7 @@ extern "C" __global__ void bm25_plan(
     const u32 first = q_off[q];
     const u32 m = q_off[q + 1] - first;
     const u32 mode = q_mode[q];
+    if (mode == MODE_NONE || m == 0) return;
     const double neg_inf = -__longlong_as_double(0x7ff0000000000000ULL);
     double floor = neg_inf;
     for (u32 j = 0; j < m; j++) {

@@ -56,6 +56,7 @@ struct Hit {
 };
 
 static std::vector<Hit> reference(const Corpus& c, const std::vector<u32>& ts, int mode, u32 k) {
+    if (mode == MODE_NONE || ts.empty()) return {};  // left unranked: the cleared count
     std::vector<double> sc(c.docs, 0.0);
     std::vector<u32> n(c.docs, 0);
     for (u32 t : ts) {
@@ -291,10 +292,13 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<std::vector<u32>> qs;
     std::vector<u32> q_off{0}, q_terms;
     std::vector<unsigned char> q_mode;
+    // Some queries left unranked (MODE_NONE, their terms uploaded all the same) and some with
+    // no terms, as the host sends a whole batch.
     for (unsigned q = 0; q < nq; q++) {
         std::vector<u32> ts = random_query(rng, c);
+        if (rng() % 8 == 0) ts.clear();
         qs.push_back(ts);
-        q_mode.push_back(rng() % 3);
+        q_mode.push_back(rng() % 6 == 0 ? MODE_NONE : rng() % 3);
         q_terms.insert(q_terms.end(), ts.begin(), ts.end());
         q_off.push_back(q_terms.size());
     }
@@ -324,7 +328,8 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     for (u32 i = 1; i < n_items; i++) bad += keys[order[i - 1]] < keys[order[i]];
     u32 pieces = 0;
     for (u32 s = 0; s < n_split; s++) pieces += split_hi[s] - split_lo[s];
-    std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
+    // The counts cleared as the host does before the launches.
+    std::vector<u32> out_count(nq, 0), out_doc(nq * k), and_count(nq, 0);
     std::vector<double> out_score(nq * k);
     std::vector<u32> piece_count(max_pieces + 1), piece_ord((max_pieces + 1) * (size_t)k);
     std::vector<double> piece_score((max_pieces + 1) * (size_t)k);

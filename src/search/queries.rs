@@ -92,6 +92,11 @@ impl Queries {
         &self.ids
     }
 
+    /// Where each query's ids start in [`Self::all_ids`] (and, last, where they end).
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+
     /// Query `i` on its own.
     pub fn get(&self, i: usize) -> QueryTerms {
         QueryTerms {

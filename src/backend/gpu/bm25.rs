@@ -621,7 +621,7 @@ fn run(
         None => launch(g, f, &ctx, ws, part, t)?,
     };
     t.launch_ms = ms(t_launch);
-    t.on_device = part.gq;
+    t.on_device = part.on_device;
 
     // The CPU's share while the device works.
     let t_cpu = Instant::now();
@@ -753,6 +753,8 @@ struct Staged {
     /// are copied down (`Layout::answers`).
     out_bytes: usize,
     down_bytes: usize,
+    /// Queries the device ranks (a device-planned batch also holds slots it leaves unranked).
+    on_device: usize,
     events: Option<&'static [CudaEvent; 4]>,
     /// The device's planning buffers (a device-planned batch).
     planned: Option<planned::PlannedLayout>,
@@ -773,6 +775,7 @@ impl Staged {
             n_pieces: 0,
             out_bytes: 0,
             down_bytes: 0,
+            on_device: gq,
             events: None,
             planned: None,
         }

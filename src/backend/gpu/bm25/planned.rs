@@ -10,16 +10,13 @@
 //! exactly those grids. `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`)
 //! keeps the host-staged path.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use cudarc::driver::result;
-use rayon::prelude::*;
 
 use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
 use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
 use super::{
-    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, STAGE_GROUP, Staged,
-    batch_events, copy_down, launch_rank, malformed,
+    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, batch_events,
+    copy_down, launch_rank, malformed,
 };
 use crate::search::topk::Mode;
 
@@ -91,10 +88,14 @@ impl Resident {
     }
 }
 
-/// Stage the batch for the device's planning: each query's place (a device slot, or the
-/// CPU's share: no terms, or more than [`BM25_MAX_TERMS`]), and the device queries' term ids
-/// and modes, written into the pinned upload buffer (groups of queries counted, then written,
-/// in parallel; see [`stage_seq`]).
+/// Stage the batch for the device's planning: the whole batch goes up as it lies (`Queries`:
+/// every term id in one copy, the offsets, a mode per query), each query in the device slot
+/// of its batch index. A query with no terms under its mode's rule is left unranked on the
+/// device ([`MODE_NONE`]: its count stays the cleared 0, its answer empty, as the CPU's rule
+/// says); one with more than [`BM25_MAX_TERMS`] terms too, and it goes to the CPU's share.
+/// One pass on the calling thread, no compaction: the device skips what it does not rank.
+/// (Staging only the ranked queries, compacted, took 0.14 ms of a 10,000-query AND batch in
+/// parallel groups and 0.39 ms on the calling thread, on the H200 host; session 43.)
 pub(super) fn stage(
     c: &Ctx<'_>,
     ws: &mut Workspace,
@@ -105,39 +106,32 @@ pub(super) fn stage(
     let t0 = std::time::Instant::now();
     let (k, batch) = (c.k, c.batch);
     let nq = batch.len();
-    let takes = |i: usize| {
-        let n = batch.terms(i).len();
-        n > 0 && n <= BM25_MAX_TERMS
-    };
-    // Groups of queries, counted then written in parallel: one pass on the calling thread
-    // took 0.27 ms on the H200 host with each query's terms in an allocation of its own, and
-    // 0.39 ms with the flat `Queries` (session 43: the calling thread is slow there right
-    // after a parallel job, whose workers the groups find awake). `DFSETS_BM25_STAGE_SEQ=1`:
-    // one group, on the calling thread.
-    let seq = stage_seq();
-    let group = if seq { nq.max(1) } else { STAGE_GROUP };
-    let n_groups = nq.div_ceil(group);
-    let group_of = |g: usize| g * group..((g + 1) * group).min(nq);
-    let count = |g: usize| {
-        let (mut q, mut l) = (0, 0);
-        for i in group_of(g) {
-            if takes(i) {
-                q += 1;
-                l += batch.terms(i).len();
-            }
-        }
-        (q, l)
-    };
-    let groups: Vec<(usize, usize)> = if seq {
-        (0..n_groups).map(count).collect()
-    } else {
-        (0..n_groups).into_par_iter().map(count).collect()
-    };
-    let gq: usize = groups.iter().map(|g| g.0).sum();
-    let n_terms: usize = groups.iter().map(|g| g.1).sum();
+    let ids = batch.queries.all_ids();
+    let offsets = batch.queries.offsets();
+    if !batch.known_to(c.index) {
+        return Err(malformed());
+    }
+    let n_terms = ids.len();
+    if u32::try_from(n_terms).is_err() {
+        return Err(GpuError::Unsupported(format!(
+            "{n_terms} query terms in one topk_bm25 batch (the device takes fewer than 2^32)"
+        )));
+    }
+    // The device's slots are the batch's indices; a query past BM25_MAX_TERMS goes to the CPU.
+    let mut part = Staged::new(nq, nq);
+    part.cpu_q = (0..nq)
+        .filter(|&i| batch.terms(i).len() > BM25_MAX_TERMS)
+        .map(|i| i as u32)
+        .collect();
+    for (i, slot) in part.slot.iter_mut().enumerate() {
+        *slot = i as u32;
+    }
+    for (c, &i) in part.cpu_q.iter().enumerate() {
+        part.slot[i as usize] = ON_CPU | c as u32;
+    }
     t.lookup_ms += ms(t0);
-    let mut part = Staged::new(nq, gq);
     let t_fill = std::time::Instant::now();
+    let gq = nq;
     let mut pl = PlannedLayout::default();
     pl.terms = align((gq + 1) * 4);
     pl.modes = pl.terms + align(n_terms * 4);
@@ -173,95 +167,36 @@ pub(super) fn stage(
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, modes_b) = pin.split_at_mut(pl.modes);
     let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
-    let qoff = &mut view_mut::<u32>(qoff_b)[..gq + 1];
-    let terms = &mut view_mut::<u32>(terms_b)[..n_terms];
-    let modes = &mut modes_b[..gq];
-    let index_terms = c.index.terms();
-    // Each group's share of every output.
-    struct Share<'a> {
-        first: usize,
-        q0: usize,
-        l0: usize,
-        c0: usize,
-        slot: &'a mut [u32],
-        qoff: &'a mut [u32],
-        modes: &'a mut [u8],
-        terms: &'a mut [u32],
-        cpu_q: &'a mut [u32],
+    view_mut::<u32>(terms_b)[..n_terms].copy_from_slice(ids);
+    for (o, &x) in view_mut::<u32>(qoff_b)[..gq + 1].iter_mut().zip(offsets) {
+        *o = x as u32;
     }
-    let mut shares = Vec::with_capacity(n_groups);
-    {
-        let (mut sl, mut qo, mut mo, mut te, mut cq) = (
-            part.slot.as_mut_slice(),
-            &mut qoff[..gq],
-            &mut *modes,
-            &mut *terms,
-            part.cpu_q.as_mut_slice(),
-        );
-        let (mut q0, mut l0, mut c0) = (0, 0, 0);
-        for (g, &(q, l)) in groups.iter().enumerate() {
-            let r = group_of(g);
-            let n = r.len();
-            let (a, b, d, e, f);
-            (a, sl) = std::mem::take(&mut sl).split_at_mut(n);
-            (b, qo) = std::mem::take(&mut qo).split_at_mut(q);
-            (d, mo) = std::mem::take(&mut mo).split_at_mut(q);
-            (e, te) = std::mem::take(&mut te).split_at_mut(l);
-            (f, cq) = std::mem::take(&mut cq).split_at_mut(n - q);
-            shares.push(Share {
-                first: r.start,
-                q0,
-                l0,
-                c0,
-                slot: a,
-                qoff: b,
-                modes: d,
-                terms: e,
-                cpu_q: f,
-            });
-            q0 += q;
-            l0 += l;
-            c0 += n - q;
-        }
-    }
-    let beyond = AtomicBool::new(false);
-    let write = |s: &mut Share<'_>| {
-        let (mut q, mut l, mut cq) = (0, 0, 0);
-        let mut out = false;
-        for (r, slot) in s.slot.iter_mut().enumerate() {
-            let i = s.first + r;
-            let ts = batch.terms(i);
-            out |= ts.iter().any(|&t| t as usize >= index_terms);
-            if !takes(i) {
-                *slot = ON_CPU | (s.c0 + cq) as u32;
-                s.cpu_q[cq] = i as u32;
-                cq += 1;
-                continue;
-            }
-            *slot = (s.q0 + q) as u32;
-            s.qoff[q] = (s.l0 + l) as u32;
-            s.modes[q] = match batch.mode(i) {
+    let mut ranked = 0;
+    for (i, m) in modes_b[..gq].iter_mut().enumerate() {
+        let n = batch.terms(i).len();
+        *m = if n == 0 || n > BM25_MAX_TERMS {
+            MODE_NONE
+        } else {
+            ranked += 1;
+            match batch.mode(i) {
                 Mode::And => 0,
                 Mode::Or => 1,
                 Mode::AndOr => 2,
-            };
-            s.terms[l..l + ts.len()].copy_from_slice(ts);
-            l += ts.len();
-            q += 1;
-        }
-        if out {
-            beyond.store(true, Ordering::Relaxed);
-        }
-    };
-    if seq {
-        shares.iter_mut().for_each(write);
-    } else {
-        shares.par_iter_mut().for_each(write);
+            }
+        };
     }
-    qoff[gq] = n_terms as u32;
-    if beyond.into_inner() {
-        return Err(malformed());
+    if ranked == 0 {
+        // Nothing for the device: every query is the CPU's (answered empty, or ranked there).
+        let mut host = Staged::new(nq, 0);
+        for (i, (slot, q)) in host.slot.iter_mut().zip(&mut host.cpu_q).enumerate() {
+            *slot = ON_CPU | i as u32;
+            *q = i as u32;
+        }
+        t.fill_ms += ms(t_fill);
+        t.stage_ms += ms(t0);
+        return Ok(host);
     }
+    part.on_device = ranked;
     part.layout = lay;
     part.planned = Some(pl);
     t.fill_ms += ms(t_fill);
@@ -269,11 +204,8 @@ pub(super) fn stage(
     Ok(part)
 }
 
-/// Whether `stage` runs on the calling thread alone (`DFSETS_BM25_STAGE_SEQ=1`; measurements).
-fn stage_seq() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| super::super::cuda::env_knob("DFSETS_BM25_STAGE_SEQ", 0) == 1)
-}
+/// `q_mode` of a query the device leaves unranked (`MODE_NONE` in bm25.cu).
+const MODE_NONE: u8 = 3;
 
 /// Queue the batch: its copy up, the planning launches, a wait for the counts of items and
 /// split queries, then the ranking launches and the copy down (events as in the parent's
@@ -307,9 +239,13 @@ pub(super) fn launch(
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
         // SAFETY: `d_in` holds at least `in_bytes`; the pinned source, written by `stage`, is
-        // not touched again until the stream is synchronized. The counters lie in `d_plan`.
+        // not touched again until the stream is synchronized. The counters lie in `d_plan`,
+        // the answers' counts (gq of them, cleared: the queries left unranked keep 0) in
+        // `d_out`.
         unsafe {
             result::memset_d8_async(p_counters, 0, 16, cs).map_err(drv("memset"))?;
+            result::memset_d8_async(d_out + lay.cnt as u64, 0, part.gq * 4, cs)
+                .map_err(drv("memset"))?;
             result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
                 .map_err(drv("host-to-device copy"))?;
         }
