@@ -627,6 +627,31 @@ fn bench_gpu_bm25() {
         }
     }
     report += &sizes;
+    // The calling thread's speed for the host's share of a call (a pass over the batch, as
+    // staging makes), right after a CPU batch (rayon's workers just finished) and after 2 ms
+    // asleep: whether the host's timings above are the work's or the machine's.
+    let pass = |q: &Queries| {
+        let t0 = Instant::now();
+        let mut acc = 0u64;
+        for i in 0..q.len() {
+            acc += q.ids(i).len() as u64 * (1 + u64::from(q.unknown(i)));
+        }
+        std::hint::black_box(acc);
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut after_cpu, mut after_sleep) = (Vec::new(), Vec::new());
+    for _ in 0..9 {
+        std::hint::black_box(rank(10, Mode::And, BackendChoice::Cpu));
+        after_cpu.push(pass(&batch));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        after_sleep.push(pass(&batch));
+    }
+    report += &format!(
+        "Host probe: one pass over the {} queries on the calling thread, medians of 9: {:.4} ms right after a CPU batch, {:.4} ms after 2 ms asleep\n",
+        batch.len(),
+        median(after_cpu),
+        median(after_sleep)
+    );
     println!("{report}");
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
         use std::io::Write;

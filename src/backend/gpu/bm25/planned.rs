@@ -108,27 +108,14 @@ pub(super) fn stage(
     let nq = batch.len();
     let ids = batch.queries.all_ids();
     let offsets = batch.queries.offsets();
-    if !batch.known_to(c.index) {
-        return Err(malformed());
-    }
     let n_terms = ids.len();
     if u32::try_from(n_terms).is_err() {
         return Err(GpuError::Unsupported(format!(
             "{n_terms} query terms in one topk_bm25 batch (the device takes fewer than 2^32)"
         )));
     }
-    // The device's slots are the batch's indices; a query past BM25_MAX_TERMS goes to the CPU.
+    // The device's slots are the batch's indices (set with the modes, below).
     let mut part = Staged::new(nq, nq);
-    part.cpu_q = (0..nq)
-        .filter(|&i| batch.terms(i).len() > BM25_MAX_TERMS)
-        .map(|i| i as u32)
-        .collect();
-    for (i, slot) in part.slot.iter_mut().enumerate() {
-        *slot = i as u32;
-    }
-    for (c, &i) in part.cpu_q.iter().enumerate() {
-        part.slot[i as usize] = ON_CPU | c as u32;
-    }
     t.lookup_ms += ms(t0);
     let t_fill = std::time::Instant::now();
     let gq = nq;
@@ -171,10 +158,16 @@ pub(super) fn stage(
     for (o, &x) in view_mut::<u32>(qoff_b)[..gq + 1].iter_mut().zip(offsets) {
         *o = x as u32;
     }
+    // Each query's mode and place, in one pass: a query past BM25_MAX_TERMS goes to the CPU.
     let mut ranked = 0;
-    for (i, m) in modes_b[..gq].iter_mut().enumerate() {
+    for (i, (m, slot)) in modes_b[..gq].iter_mut().zip(&mut part.slot).enumerate() {
         let n = batch.terms(i).len();
-        *m = if n == 0 || n > BM25_MAX_TERMS {
+        *slot = i as u32;
+        *m = if n == 0 {
+            MODE_NONE
+        } else if n > BM25_MAX_TERMS {
+            *slot = ON_CPU | part.cpu_q.len() as u32;
+            part.cpu_q.push(i as u32);
             MODE_NONE
         } else {
             ranked += 1;
@@ -184,6 +177,18 @@ pub(super) fn stage(
                 Mode::AndOr => 2,
             }
         };
+    }
+    // The CPU's queries' term ids are checked here; the device checks those of the queries it
+    // ranks (`bm25_plan`'s C_BAD) and reads no others.
+    let n_index_terms = c.index.terms();
+    let beyond = |&i: &u32| {
+        batch
+            .terms(i as usize)
+            .iter()
+            .any(|&t| t as usize >= n_index_terms)
+    };
+    if part.cpu_q.iter().any(beyond) {
+        return Err(malformed());
     }
     if ranked == 0 {
         // Nothing for the device: every query is the CPU's (answered empty, or ranked there).
