@@ -32,6 +32,23 @@ const PLAN_THREADS: u32 = 128;
 const ORDER_THREADS: u32 = 1024;
 /// Bytes the pieces' answers may take on the device (the piece budget at large k).
 const PIECE_BYTES_MAX: usize = 64 << 20;
+/// Counters `bm25_plan` keeps (C_ITEMS .. C_WARP in bm25.cu, and room to 8).
+const COUNTERS: usize = 8;
+/// Warps a block of `bm25_and_warp` (WARPS_PER_BLOCK in bm25.cu).
+const WARPS_PER_BLOCK: u32 = 8;
+/// The longest shortest list of an AND query `bm25_and_warp` takes (WARP_LEAD in bm25.cu).
+const WARP_LEAD: u32 = 256;
+
+/// AND queries (one piece) whose shortest list holds at most this many postings are ranked
+/// a warp each (`bm25_and_warp`): `DFSETS_BM25_WARP_LEAD`, default and most [`WARP_LEAD`];
+/// 0: none (every query a block of its own).
+fn warp_lead() -> u32 {
+    static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        super::super::cuda::env_knob("DFSETS_BM25_WARP_LEAD", u64::from(WARP_LEAD))
+            .min(u64::from(WARP_LEAD)) as u32
+    })
+}
 
 /// What a device-planned batch adds to [`Staged`]: where its upload and the device's planning
 /// buffers lie, and its budget of piece slots and items.
@@ -43,7 +60,7 @@ pub(super) struct PlannedLayout {
     max_pieces: usize,
     cap_items: usize,
     /// Device planning buffer: lists | floors | items | keys | order | split_q | split_lo |
-    /// split_hi | counters.
+    /// split_hi | counters | warp_q.
     lists: usize,
     floors: usize,
     items: usize,
@@ -53,6 +70,7 @@ pub(super) struct PlannedLayout {
     splitlo: usize,
     splithi: usize,
     counters: usize,
+    warpq: usize,
     plan_bytes: usize,
 }
 
@@ -137,13 +155,14 @@ pub(super) fn stage(
     pl.splitlo = pl.splitq + align(gq * 4);
     pl.splithi = pl.splitlo + align(gq * 4);
     pl.counters = pl.splithi + align(gq * 4);
-    pl.plan_bytes = pl.counters + align(16);
+    pl.warpq = pl.counters + align(COUNTERS * 4);
+    pl.plan_bytes = pl.warpq + align(gq * 4);
     lay.pord = align(pl.max_pieces * 4);
     lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
     lay.piece_bytes = lay.and + align(gq * 4);
-    // The counters come back through the items' pinned buffer (16 bytes).
-    part.items_bytes = align(16);
+    // The counters come back through the items' pinned buffer.
+    part.items_bytes = align(COUNTERS * 4);
     if !hold(part.in_bytes + part.items_bytes + part.down_bytes) {
         return Err(GpuError::MemoryLimit(format!(
             "{} bytes of topk_bm25's GPU staging",
@@ -248,7 +267,7 @@ pub(super) fn launch(
         // the answers' counts (gq of them, cleared: the queries left unranked keep 0) in
         // `d_out`.
         unsafe {
-            result::memset_d8_async(p_counters, 0, 16, cs).map_err(drv("memset"))?;
+            result::memset_d8_async(p_counters, 0, COUNTERS * 4, cs).map_err(drv("memset"))?;
             result::memset_d8_async(d_out + lay.cnt as u64, 0, part.gq * 4, cs)
                 .map_err(drv("memset"))?;
             result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
@@ -275,6 +294,8 @@ pub(super) fn launch(
     let piece = c.piece;
     let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
     let max_pieces = pl.max_pieces as u32;
+    let warp_lead = warp_lead();
+    let p_warpq = d_plan + pl.warpq as u64;
     // SAFETY: the parameters match `bm25_plan` in kernels/bm25.cu: gq + 1 offsets over
     // n_terms term ids (each checked against the index's term count on the device), gq
     // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
@@ -307,6 +328,8 @@ pub(super) fn launch(
                 arg(&p_splitlo),
                 arg(&p_splithi),
                 arg(&p_counters),
+                arg(&warp_lead),
+                arg(&p_warpq),
             ],
         )?;
         g.launch(
@@ -317,22 +340,24 @@ pub(super) fn launch(
         )?;
     }
     let counts = {
-        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
-        // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read after the sync.
+        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()
+            [..COUNTERS * 4];
+        // SAFETY: the counters on the device into as many pinned bytes, read after the sync.
         unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
             .map_err(drv("device-to-host copy"))?;
         g.sync()?;
         let c = view::<u32>(pin);
-        [c[0], c[1], c[2], c[3]]
+        [c[0], c[1], c[2], c[3], c[4]]
     };
     t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
     if counts[3] != 0 {
         return Err(malformed());
     }
-    let (n_items32, n_split32) = (counts[0], counts[2]);
-    if n_items32 as usize > pl.cap_items || n_split32 > gq32 {
+    let (n_items32, n_split32, n_warp32) = (counts[0], counts[2], counts[4]);
+    if n_items32 as usize > pl.cap_items || n_split32 > gq32 || n_warp32 > gq32 {
         return Err(GpuError::Kernel(format!(
-            "bm25_plan wrote {n_items32} items and {n_split32} splits for {gq32} queries"
+            "bm25_plan wrote {n_items32} items, {n_split32} splits and {n_warp32} warp \
+             queries for {gq32} queries"
         )));
     }
     part.n_items = n_items32 as usize;
@@ -359,12 +384,51 @@ pub(super) fn launch(
     // (n_items of them, checked above against the buffer's capacity; queries of 1 to 64
     // terms, by `stage`; piece slots below max_pieces, each split query's at most CAP / k);
     // the piece region is sized for max_pieces, the output for gq queries.
+    if n_warp32 > 0 {
+        let p_warpq = d_plan + pl.warpq as u64;
+        let p_ord = Resident::ptr(&c.res.ord);
+        let p_imp = Resident::ptr(&c.res.imp);
+        let p_stat = Resident::ptr(&c.res.stat);
+        let p_doc = Resident::ptr(&c.res.doc);
+        let lay = &part.layout;
+        let p_cnt = d_out + lay.cnt as u64;
+        let p_docs = d_out + lay.doc as u64;
+        let p_scores = d_out + lay.score as u64;
+        // SAFETY: the parameters match `bm25_and_warp` in kernels/bm25.cu: n_warp query
+        // indices (below gq) written by `bm25_plan`, each an AND query of 1 to 64 lists whose
+        // shortest holds at most warp_lead <= WARP_LEAD postings, lists in the resident
+        // buffers; the answers laid out for gq queries at k.
+        unsafe {
+            g.launch(
+                &f.and_warp,
+                n_warp32.div_ceil(WARPS_PER_BLOCK),
+                32 * WARPS_PER_BLOCK,
+                &mut [
+                    arg(&n_warp32),
+                    arg(&p_warpq),
+                    arg(&p_qoff),
+                    arg(&p_lists),
+                    arg(&p_ord),
+                    arg(&p_imp),
+                    arg(&p_stat),
+                    arg(&p_doc),
+                    arg(&k32),
+                    arg(&p_cnt),
+                    arg(&p_docs),
+                    arg(&p_scores),
+                ],
+            )?;
+        }
+    }
+    t.warp_queries += n_warp32 as usize;
+    // SAFETY: as above; bm25_and_warp wrote only its own queries' answers, which no item
+    // names.
     unsafe { launch_rank(g, f, c, &part.layout, &rank)? };
     g.record(&events[2])?;
     copy_down(g, ws, &part, d_out)?;
     g.record(&events[3])?;
     t.h2d_bytes += part.in_bytes as u64;
-    t.d2h_bytes += (part.down_bytes + 16) as u64;
+    t.d2h_bytes += (part.down_bytes + COUNTERS * 4) as u64;
     part.events = Some(events);
     Ok(part)
 }
