@@ -502,7 +502,8 @@ fn bench_gpu_bm25() {
          inside = the whole of bm25_topk\n\
          plan = (device-planned) from the copy up to the device's item counts read back, part of launch\n\
          prefault = (DFSETS_BM25_PREFAULT=1) the answers' vectors allocated and touched before the wait\n\
-         | mode | k | call | inside | lookup | fill | sort | launch | plan | wait (kernel) | cpu | prefault | unpack | on GPU |\n\
+         copy = (device-planned) the part of fill that copies the term ids and offsets\n\
+         | mode | k | call | inside | lookup | fill (copy) | sort | launch | plan | wait (kernel) | cpu | prefault | unpack | on GPU |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let batch: Queries = qs.iter().collect();
@@ -565,10 +566,11 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {} |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {} |\n",
                 med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
+                med(|t| t.copy_ms),
                 med(|t| t.sort_ms),
                 med(|t| t.launch_ms),
                 med(|t| t.plan_ms),
@@ -640,18 +642,25 @@ fn bench_gpu_bm25() {
         std::hint::black_box(acc);
         t0.elapsed().as_secs_f64() * 1e3
     };
-    let (mut after_cpu, mut after_sleep) = (Vec::new(), Vec::new());
+    let (mut after_cpu, mut after_sleep, mut copy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut to = vec![0u32; batch.all_ids().len()];
     for _ in 0..9 {
         std::hint::black_box(rank(10, Mode::And, BackendChoice::Cpu));
         after_cpu.push(pass(&batch));
         std::thread::sleep(std::time::Duration::from_millis(2));
         after_sleep.push(pass(&batch));
+        let t0 = Instant::now();
+        to.copy_from_slice(batch.all_ids());
+        std::hint::black_box(&to);
+        copy.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     report += &format!(
-        "Host probe: one pass over the {} queries on the calling thread, medians of 9: {:.4} ms right after a CPU batch, {:.4} ms after 2 ms asleep\n",
+        "Host probe: one pass over the {} queries on the calling thread, medians of 9: {:.4} ms right after a CPU batch, {:.4} ms after 2 ms asleep; their {} term ids copied into ordinary memory: {:.4} ms\n",
         batch.len(),
         median(after_cpu),
-        median(after_sleep)
+        median(after_sleep),
+        batch.all_ids().len(),
+        median(copy)
     );
     println!("{report}");
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {

@@ -311,6 +311,8 @@ pub struct Bm25Timings {
     pub lookup_ms: f64,
     /// Part of `stage_ms`: writing the upload buffer (pinned): places, modes, lists.
     pub fill_ms: f64,
+    /// Part of `fill_ms`, a device-planned batch: the term ids and offsets copied into it.
+    pub copy_ms: f64,
     /// Part of `stage_ms`: the blocks' items and their order (longest first).
     pub sort_ms: f64,
     /// A device-planned batch: host time from queueing its copy up to reading the device's
