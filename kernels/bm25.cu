@@ -640,13 +640,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
 // of work, descending). Then `bm25_topk` and `bm25_merge` run as for a host-staged batch.
 
 #define WORK_BUCKETS 256
-// counters[]: items, pieces, split queries, term ids beyond the index (an error), queries
-// for `bm25_and_warp` (then three unused: 32 bytes).
+// counters[]: items, pieces, split queries, term ids beyond the index (an error).
 #define C_ITEMS 0
 #define C_PIECES 1
 #define C_SPLITS 2
 #define C_BAD 3
-#define C_WARP 4
 
 // Buckets of work, four per power of two (the host's `work_bucket`).
 __device__ __forceinline__ u32 work_bucket(u64 work) {
@@ -664,16 +662,14 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
 // of one query (min(CAP / k, 64)), `piece` the work a piece should hold (0: never split).
 // Pieces come from a budget of `max_pieces` slots; a query that does not find room in it is
 // ranked whole (exact either way). Splits: split_lo[s] .. split_hi[s] are split_q[s]'s
-// piece slots. An AND query of one piece whose shortest list holds at most `warp_lead`
-// postings (0: none) goes to `bm25_and_warp` instead (warp_q, counted in C_WARP): no item.
+// piece slots.
 extern "C" __global__ void bm25_plan(
     u32 nq, const u32* __restrict__ q_off, const u32* __restrict__ q_terms,
     const unsigned char* __restrict__ q_mode, u32 n_terms, const ListRef* __restrict__ refs,
     const double* __restrict__ term_floor, double static_max, u32 k, u64 piece, u32 most,
     u32 max_pieces, ListRef* __restrict__ lists, double* __restrict__ q_floor,
     Item* __restrict__ items, unsigned char* __restrict__ keys, u32* __restrict__ split_q,
-    u32* __restrict__ split_lo, u32* __restrict__ split_hi, u32* __restrict__ counters,
-    u32 warp_lead, u32* __restrict__ warp_q) {
+    u32* __restrict__ split_lo, u32* __restrict__ split_hi, u32* __restrict__ counters) {
     const u32 q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= nq) return;
     const u32 first = q_off[q];
@@ -756,10 +752,6 @@ extern "C" __global__ void bm25_plan(
         base = atomicAdd(&counters[C_PIECES], pieces);
         if (base + pieces > max_pieces) pieces = 1;  // no room left: ranked whole
     }
-    if (pieces == 1 && mode == 0 && m >= 1 && lists[first + lead].len <= warp_lead) {
-        warp_q[atomicAdd(&counters[C_WARP], 1u)] = q;
-        return;
-    }
     if (pieces == 1) {
         const u32 at = atomicAdd(&counters[C_ITEMS], 1u);
         items[at] = Item{q, 0, 1, WHOLE << 30};
@@ -805,118 +797,6 @@ extern "C" __global__ void __launch_bounds__(1024) bm25_order(
     }
     __syncthreads();
     for (u32 i = tid; i < n; i += blockDim.x) order[atomicAdd(&at[keys[i]], 1u)] = i;
-}
-
-// ---------------------------------------------------------------------------------------
-// Short AND queries, a warp each (8 a block): a query whose shortest list holds at most
-// WARP_LEAD postings (`bm25_plan`'s warp_lead) is ranked by one warp instead of a block of
-// THREADS, so that many more queries are in flight (a block per query kept ~5 queries a
-// multiprocessor waiting on their searches' loads; on gcide 95% of the benchmark's AND
-// queries have a shortest list below 256 postings, 57% below 16). Each lane takes a posting
-// of the lead list (32 at a time), looks its ordinal up in every other list (binary search,
-// lists in slot order: the sum's order, as `and_phase`), and a match goes into the warp's
-// buffer (ballot); the buffer, at most WARP_LEAD matches, is sorted best first (bitonic, ties
-// by ordinal) and cut at k. Scores are the same f64 sums in the same order as `and_phase`'s.
-#ifndef WARP_LEAD
-#define WARP_LEAD 256
-#endif
-#define WARPS_PER_BLOCK 8
-
-struct WarpShared {
-    double s[WARP_LEAD];
-    u32 o[WARP_LEAD];
-};
-
-extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK) bm25_and_warp(
-    u32 n, const u32* __restrict__ warp_q, const u32* __restrict__ q_off,
-    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
-    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
-    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
-    u32* __restrict__ out_doc, double* __restrict__ out_score) {
-    __shared__ WarpShared wsh[WARPS_PER_BLOCK];
-    const u32 w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 i = blockIdx.x * WARPS_PER_BLOCK + w;
-    if (i >= n) return;  // the whole warp
-    WarpShared& sh = wsh[w];
-    const u32 q = warp_q[i];
-    const u32 first = q_off[q];
-    const u32 m = q_off[q + 1] - first;
-    // The lead: the first shortest list (as `and_phase`).
-    u32 lead = 0;
-    u32 lead_len = lists[first].len;
-    for (u32 j = 1; j < m; j++) {
-        if (lists[first + j].len < lead_len) {
-            lead_len = lists[first + j].len;
-            lead = j;
-        }
-    }
-    if (lead_len > WARP_LEAD) lead_len = WARP_LEAD;  // never: bm25_plan's bound
-    const u64 lstart = lists[first + lead].start;
-    u32 ncand = 0;
-    for (u32 base = 0; base < lead_len; base += 32) {
-        const u32 idx = base + lane;
-        bool ok = idx < lead_len;
-        const u32 ord = ok ? post_ord[lstart + idx] : 0u;
-        double s = 0.0;
-        for (u32 j = 0; j < m && __any_sync(0xffffffffu, ok); j++) {
-            if (!ok) continue;
-            if (j == lead) {
-                s += post_imp[lstart + idx];
-                continue;
-            }
-            const u64 st = lists[first + j].start;
-            const u32 len = lists[first + j].len;
-            const u32 pos = lower_bound(post_ord + st, 0, len, ord);
-            if (pos < len && post_ord[st + pos] == ord) {
-                s += post_imp[st + pos];
-            } else {
-                ok = false;
-            }
-        }
-        if (ok && ord_static != nullptr) s += ord_static[ord];
-        const u32 mask = __ballot_sync(0xffffffffu, ok);
-        if (ok) {
-            const u32 at = ncand + __popc(mask & ((1u << lane) - 1u));
-            sh.s[at] = s;
-            sh.o[at] = ord;
-        }
-        ncand += __popc(mask);
-    }
-    // Sort the matches best first: the smallest power of two holding them, padded.
-    u32 size_all = 2;
-    while (size_all < ncand) size_all <<= 1;
-    for (u32 t = ncand + lane; t < size_all; t += 32) {
-        sh.s[t] = -__longlong_as_double(0x7ff0000000000000ULL);
-        sh.o[t] = 0xffffffffu;
-    }
-    __syncwarp();
-    for (u32 size = 2; size <= size_all; size <<= 1) {
-        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-            for (u32 t = lane; t < size_all / 2; t += 32) {
-                const u32 lo = (t / stride) * stride * 2 + (t % stride);
-                const u32 hi = lo + stride;
-                const bool best_first = (lo & size) == 0;
-                const double slo = sh.s[lo], shi = sh.s[hi];
-                const u32 olo = sh.o[lo], ohi = sh.o[hi];
-                const bool swap =
-                    best_first ? better(shi, ohi, slo, olo) : better(slo, olo, shi, ohi);
-                if (swap) {
-                    sh.s[lo] = shi;
-                    sh.s[hi] = slo;
-                    sh.o[lo] = ohi;
-                    sh.o[hi] = olo;
-                }
-            }
-            __syncwarp();
-        }
-    }
-    const u32 kept = ncand < k ? ncand : k;
-    const u64 at = (u64)q * k;
-    for (u32 t = lane; t < kept; t += 32) {
-        out_doc[at + t] = ord_doc[sh.o[t]];
-        out_score[at + t] = sh.s[t];
-    }
-    if (lane == 0) out_count[q] = kept;
 }
 
 // ---------------------------------------------------------------------------------------

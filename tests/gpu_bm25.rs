@@ -551,7 +551,7 @@ fn bench_gpu_bm25() {
             let (c, g, h) = (median(cpu), median(gpu_ms), median(host_ms));
             let med = |f: fn(&gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
             let line = format!(
-                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {h:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} a warp, {} pieces) | {cold:.1} ({:.1} MB) |\n",
+                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {h:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces) | {cold:.1} ({:.1} MB) |\n",
                 c / g,
                 c / h,
                 med(|t| t.kernel_ms),
@@ -559,7 +559,6 @@ fn bench_gpu_bm25() {
                 med(|t| t.d2h_ms),
                 med(|t| t.stage_ms),
                 tims[0].on_device,
-                tims[0].warp_queries,
                 tims[0].pieces,
                 upload as f64 / 1e6
             );

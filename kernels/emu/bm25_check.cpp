@@ -7,7 +7,6 @@
 // per suite with the number of wrong queries ("bad=0" when all agree) and "OK" at the end.
 #include "emu.h"
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <random>
 #undef __launch_bounds__
@@ -264,7 +263,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
 // The batch planned on the device (bm25_plan, bm25_order), then ranked as above: every term's
 // ListRef in a table, per-term floors (or none), small pieces so that queries split, and
 // sometimes a piece budget too small for all of them (those queries are ranked whole).
-static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned nq, bool warp_focus = false) {
+static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned nq) {
     Corpus c = corpus(rng, 700 + rng() % 600, 40, with_static);
     std::vector<u32> post_ord;
     std::vector<double> post_imp;
@@ -299,13 +298,12 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
         std::vector<u32> ts = random_query(rng, c);
         if (rng() % 8 == 0) ts.clear();
         qs.push_back(ts);
-        q_mode.push_back(rng() % 6 == 0 ? MODE_NONE : warp_focus && rng() % 4 != 0 ? 0 : rng() % 3);
+        q_mode.push_back(rng() % 6 == 0 ? MODE_NONE : rng() % 3);
         q_terms.insert(q_terms.end(), ts.begin(), ts.end());
         q_off.push_back(q_terms.size());
     }
     const bool floors = rng() % 4 != 0;
-    // warp_focus: nothing split, every short AND query to bm25_and_warp.
-    const u64 piece = warp_focus ? 0 : 1 + rng() % 200;
+    const u64 piece = 1 + rng() % 200;
     const u32 most = std::min<u32>(CAP / k, 64);
     const u32 max_pieces = rng() % 3 == 0 ? 7 : 64 * nq;
     const size_t cap_items = nq + max_pieces + max_pieces;
@@ -313,16 +311,13 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<double> q_floor(nq);
     std::vector<Item> items(cap_items);
     std::vector<unsigned char> keys(cap_items);
-    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(8, 0), order(cap_items), warp_q(nq);
-    // Short AND queries to bm25_and_warp: none, those of lists up to 16 postings, or up to 256.
-    const u32 warp_lead = warp_focus ? 256 : std::array<u32, 3>{0, 16, 256}[rng() % 3];
+    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(4, 0), order(cap_items);
     launch((nq + 63) / 64, 64, [&] {
         bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), refs.size(), refs.data(),
                   floors ? term_floor.data() : nullptr, static_max, k, piece, most, max_pieces,
                   lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
-                  split_lo.data(), split_hi.data(), counters.data(), warp_lead, warp_q.data());
+                  split_lo.data(), split_hi.data(), counters.data());
     });
-    const u32 n_warp = counters[C_WARP];
     launch(1, 1024, [&] { bm25_order(counters.data(), keys.data(), order.data()); });
     const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
     int bad = counters[C_BAD] != 0;
@@ -352,15 +347,9 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
                        ord_doc.data(), out_count.data(), out_doc.data(), out_score.data());
         });
     }
-    if (n_warp > 0) {
-        launch((n_warp + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK, 32 * WARPS_PER_BLOCK, [&] {
-            bm25_and_warp(n_warp, warp_q.data(), q_off.data(), lists.data(), post_ord.data(), post_imp.data(),
-                          stat, ord_doc.data(), k, out_count.data(), out_doc.data(), out_score.data());
-        });
-    }
     bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, bad);
-    std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u splits=%u pieces=%u warp_lead=%u warp=%u bad=%d\n",
-                with_static, k, nq, floors, piece, max_pieces, n_items, n_split, pieces, warp_lead, n_warp, bad);
+    std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u splits=%u pieces=%u bad=%d\n",
+                with_static, k, nq, floors, piece, max_pieces, n_items, n_split, pieces, bad);
     return bad;
 }
 
@@ -371,13 +360,12 @@ int main() {
         for (int st = 0; st < 2; st++) {
             for (int split = 0; split < 2; split++) bad += suite(rng, st, split, k, 24);
             for (int rep = 0; rep < 2; rep++) bad += device_suite(rng, st, k, 24);
-            bad += device_suite(rng, st, k, 40, true);
         }
     }
     for (u32 nq : {0u, 1u, 5u, 1000u, 3000u, 20000u}) bad += pack_suite(rng, nq, nq > 5000 ? 2 : 10);
     {
         // A term id beyond the table: counted as an error, nothing looked up.
-        std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(8, 0), sq(1), sl(1), sh(1), wq(1);
+        std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(4, 0), sq(1), sl(1), sh(1);
         std::vector<unsigned char> q_mode{1}, keys(4);
         std::vector<ListRef> refs(40, ListRef{0, 1, 1.0f}), lists(2);
         std::vector<double> q_floor(1);
@@ -385,7 +373,7 @@ int main() {
         launch(1, 32, [&] {
             bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 40, refs.data(), nullptr, 0.0, 10, 16, 64,
                       2, lists.data(), q_floor.data(), items.data(), keys.data(), sq.data(), sl.data(), sh.data(),
-                      counters.data(), 256, wq.data());
+                      counters.data());
         });
         const bool ok = counters[C_BAD] == 1 && counters[C_ITEMS] == 0;
         std::printf("device plan: a term beyond the index %s\n", ok ? "refused" : "NOT refused");

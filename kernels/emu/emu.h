@@ -93,7 +93,6 @@ inline unsigned __ballot_sync(unsigned, int p) {
     emu::arrive_and_wait(emu::warp_bars[w]);
     return r;
 }
-inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
 template <class T> T __shfl_up_sync(unsigned, T v, unsigned o) { int l = (threadIdx.x & 31); return warp_x(v, l - (int)o, l >= (int)o); }
 template <class T> T __shfl_down_sync(unsigned, T v, unsigned o) { int l = (threadIdx.x & 31); return warp_x(v, l + (int)o, l + (int)o < 32); }
 template <class T> T __shfl_sync(unsigned, T v, unsigned s) { return warp_x(v, (int)s, true); }

@@ -62,7 +62,6 @@ struct Kernels {
     order: CudaFunction,
     pack_offsets: CudaFunction,
     pack: CudaFunction,
-    and_warp: CudaFunction,
 }
 
 static KERNEL: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
@@ -84,7 +83,6 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
                 order: load("bm25_order")?,
                 pack_offsets: load("bm25_pack_offsets")?,
                 pack: load("bm25_pack")?,
-                and_warp: load("bm25_and_warp")?,
             })
         })
         .as_ref()
@@ -1249,35 +1247,33 @@ unsafe fn launch_rank(
     // order; what they point to is the caller's promise (above); ord_static is null without
     // static scores; the merge reads what the first launch wrote, on the same stream.
     unsafe {
-        if a.n_items > 0 {
-            g.launch(
-                &f.topk,
-                a.n_items,
-                THREADS,
-                &mut [
-                    arg(&a.n_items),
-                    arg(&a.order),
-                    arg(&a.items),
-                    arg(&a.q_off),
-                    arg(&a.mode),
-                    arg(&a.lists),
-                    arg(&p_ord),
-                    arg(&p_imp),
-                    arg(&p_stat),
-                    arg(&p_doc),
-                    arg(&k32),
-                    arg(&p_cnt),
-                    arg(&p_docs),
-                    arg(&p_scores),
-                    arg(&a.floor),
-                    arg(&static_max),
-                    arg(&p_pcnt),
-                    arg(&p_pord),
-                    arg(&p_pscore),
-                    arg(&p_and),
-                ],
-            )?;
-        }
+        g.launch(
+            &f.topk,
+            a.n_items,
+            THREADS,
+            &mut [
+                arg(&a.n_items),
+                arg(&a.order),
+                arg(&a.items),
+                arg(&a.q_off),
+                arg(&a.mode),
+                arg(&a.lists),
+                arg(&p_ord),
+                arg(&p_imp),
+                arg(&p_stat),
+                arg(&p_doc),
+                arg(&k32),
+                arg(&p_cnt),
+                arg(&p_docs),
+                arg(&p_scores),
+                arg(&a.floor),
+                arg(&static_max),
+                arg(&p_pcnt),
+                arg(&p_pord),
+                arg(&p_pscore),
+                arg(&p_and),
+            ],
+        )?;
         if a.n_split > 0 {
             g.launch(
                 &f.merge,

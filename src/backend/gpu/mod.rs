@@ -329,8 +329,6 @@ pub struct Bm25Timings {
     pub unpack_ms: f64,
     /// The answers' vectors allocated and touched during the wait (`DFSETS_BM25_PREFAULT`).
     pub prefault_ms: f64,
-    /// AND queries ranked a warp each (`bm25_and_warp`), of `on_device`.
-    pub warp_queries: usize,
     pub h2d_ms: f64,
     pub kernel_ms: f64,
     pub d2h_ms: f64,

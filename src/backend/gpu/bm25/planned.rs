@@ -32,23 +32,6 @@ const PLAN_THREADS: u32 = 128;
 const ORDER_THREADS: u32 = 1024;
 /// Bytes the pieces' answers may take on the device (the piece budget at large k).
 const PIECE_BYTES_MAX: usize = 64 << 20;
-/// Counters `bm25_plan` keeps (C_ITEMS .. C_WARP in bm25.cu, and room to 8).
-const COUNTERS: usize = 8;
-/// Warps a block of `bm25_and_warp` (WARPS_PER_BLOCK in bm25.cu).
-const WARPS_PER_BLOCK: u32 = 8;
-/// The longest shortest list of an AND query `bm25_and_warp` takes (WARP_LEAD in bm25.cu).
-const WARP_LEAD: u32 = 256;
-
-/// AND queries (one piece) whose shortest list holds at most this many postings are ranked
-/// a warp each (`bm25_and_warp`): `DFSETS_BM25_WARP_LEAD`, default and most [`WARP_LEAD`];
-/// 0: none (every query a block of its own).
-fn warp_lead() -> u32 {
-    static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *W.get_or_init(|| {
-        super::super::cuda::env_knob("DFSETS_BM25_WARP_LEAD", u64::from(WARP_LEAD))
-            .min(u64::from(WARP_LEAD)) as u32
-    })
-}
 
 /// What a device-planned batch adds to [`Staged`]: where its upload and the device's planning
 /// buffers lie, and its budget of piece slots and items.
@@ -60,7 +43,7 @@ pub(super) struct PlannedLayout {
     max_pieces: usize,
     cap_items: usize,
     /// Device planning buffer: lists | floors | items | keys | order | split_q | split_lo |
-    /// split_hi | counters | warp_q.
+    /// split_hi | counters.
     lists: usize,
     floors: usize,
     items: usize,
@@ -70,7 +53,6 @@ pub(super) struct PlannedLayout {
     splitlo: usize,
     splithi: usize,
     counters: usize,
-    warpq: usize,
     plan_bytes: usize,
 }
 
@@ -155,14 +137,13 @@ pub(super) fn stage(
     pl.splitlo = pl.splitq + align(gq * 4);
     pl.splithi = pl.splitlo + align(gq * 4);
     pl.counters = pl.splithi + align(gq * 4);
-    pl.warpq = pl.counters + align(COUNTERS * 4);
-    pl.plan_bytes = pl.warpq + align(gq * 4);
+    pl.plan_bytes = pl.counters + align(16);
     lay.pord = align(pl.max_pieces * 4);
     lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
     lay.piece_bytes = lay.and + align(gq * 4);
-    // The counters come back through the items' pinned buffer.
-    part.items_bytes = align(COUNTERS * 4);
+    // The counters come back through the items' pinned buffer (16 bytes).
+    part.items_bytes = align(16);
     if !hold(part.in_bytes + part.items_bytes + part.down_bytes) {
         return Err(GpuError::MemoryLimit(format!(
             "{} bytes of topk_bm25's GPU staging",
@@ -174,36 +155,19 @@ pub(super) fn stage(
     let (head, modes_b) = pin.split_at_mut(pl.modes);
     let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
     let t_copy = std::time::Instant::now();
-    let terms = &mut view_mut::<u32>(terms_b)[..n_terms];
-    let qoff = &mut view_mut::<u32>(qoff_b)[..gq + 1];
-    let narrow = |d: &mut [u32], s: &[usize]| {
-        for (o, &x) in d.iter_mut().zip(s) {
-            *o = x as u32;
-        }
-    };
-    if stage_par() {
-        use rayon::prelude::*;
-        rayon::join(
-            || {
-                terms
-                    .par_chunks_mut(COPY_CHUNK)
-                    .zip(ids.par_chunks(COPY_CHUNK))
-                    .for_each(|(d, s)| d.copy_from_slice(s))
-            },
-            || {
-                qoff.par_chunks_mut(COPY_CHUNK / 2)
-                    .zip(offsets.par_chunks(COPY_CHUNK / 2))
-                    .for_each(|(d, s)| narrow(d, s))
-            },
-        );
-    } else {
-        terms.copy_from_slice(ids);
-        narrow(qoff, offsets);
+    view_mut::<u32>(terms_b)[..n_terms].copy_from_slice(ids);
+    for (o, &x) in view_mut::<u32>(qoff_b)[..gq + 1].iter_mut().zip(offsets) {
+        *o = x as u32;
     }
     t.copy_ms += ms(t_copy);
     // Each query's mode and place, in one pass: a query past BM25_MAX_TERMS goes to the CPU.
+    // The modes go into ordinary memory first and into the pinned buffer in one copy: a byte
+    // stored at a time into the pinned buffer, among the places' stores, took 0.13-0.15 ms for
+    // 10,000 queries on the H200 host (session 43), the copies of all term ids and offsets
+    // 0.015 ms.
+    let mut modes = vec![0u8; gq];
     let mut ranked = 0;
-    for (i, (m, slot)) in modes_b[..gq].iter_mut().zip(&mut part.slot).enumerate() {
+    for (i, (m, slot)) in modes.iter_mut().zip(&mut part.slot).enumerate() {
         let n = batch.terms(i).len();
         *slot = i as u32;
         *m = if n == 0 {
@@ -221,6 +185,7 @@ pub(super) fn stage(
             }
         };
     }
+    modes_b[..gq].copy_from_slice(&modes);
     // The CPU's queries' term ids are checked here; the device checks those of the queries it
     // ranks (`bm25_plan`'s C_BAD) and reads no others.
     let n_index_terms = c.index.terms();
@@ -254,17 +219,6 @@ pub(super) fn stage(
 
 /// `q_mode` of a query the device leaves unranked (`MODE_NONE` in bm25.cu).
 const MODE_NONE: u8 = 3;
-
-/// Term ids a task of the parallel copy into the upload buffer ([`stage_par`]).
-const COPY_CHUNK: usize = 8192;
-
-/// Whether `stage` copies the term ids and offsets into the pinned upload buffer in parallel
-/// tasks (`DFSETS_BM25_STAGE_PAR=1`; measurements: on the H200 host writing the pinned buffer
-/// on one thread took ~0.1 ms for 10,000 queries).
-fn stage_par() -> bool {
-    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| super::super::cuda::env_knob("DFSETS_BM25_STAGE_PAR", 0) == 1)
-}
 
 /// Queue the batch: its copy up, the planning launches, a wait for the counts of items and
 /// split queries, then the ranking launches and the copy down (events as in the parent's
@@ -302,7 +256,7 @@ pub(super) fn launch(
         // the answers' counts (gq of them, cleared: the queries left unranked keep 0) in
         // `d_out`.
         unsafe {
-            result::memset_d8_async(p_counters, 0, COUNTERS * 4, cs).map_err(drv("memset"))?;
+            result::memset_d8_async(p_counters, 0, 16, cs).map_err(drv("memset"))?;
             result::memset_d8_async(d_out + lay.cnt as u64, 0, part.gq * 4, cs)
                 .map_err(drv("memset"))?;
             result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
@@ -329,8 +283,6 @@ pub(super) fn launch(
     let piece = c.piece;
     let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
     let max_pieces = pl.max_pieces as u32;
-    let warp_lead = warp_lead();
-    let p_warpq = d_plan + pl.warpq as u64;
     // SAFETY: the parameters match `bm25_plan` in kernels/bm25.cu: gq + 1 offsets over
     // n_terms term ids (each checked against the index's term count on the device), gq
     // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
@@ -363,8 +315,6 @@ pub(super) fn launch(
                 arg(&p_splitlo),
                 arg(&p_splithi),
                 arg(&p_counters),
-                arg(&warp_lead),
-                arg(&p_warpq),
             ],
         )?;
         g.launch(
@@ -375,24 +325,22 @@ pub(super) fn launch(
         )?;
     }
     let counts = {
-        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()
-            [..COUNTERS * 4];
-        // SAFETY: the counters on the device into as many pinned bytes, read after the sync.
+        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
+        // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read after the sync.
         unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
             .map_err(drv("device-to-host copy"))?;
         g.sync()?;
         let c = view::<u32>(pin);
-        [c[0], c[1], c[2], c[3], c[4]]
+        [c[0], c[1], c[2], c[3]]
     };
     t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
     if counts[3] != 0 {
         return Err(malformed());
     }
-    let (n_items32, n_split32, n_warp32) = (counts[0], counts[2], counts[4]);
-    if n_items32 as usize > pl.cap_items || n_split32 > gq32 || n_warp32 > gq32 {
+    let (n_items32, n_split32) = (counts[0], counts[2]);
+    if n_items32 as usize > pl.cap_items || n_split32 > gq32 {
         return Err(GpuError::Kernel(format!(
-            "bm25_plan wrote {n_items32} items, {n_split32} splits and {n_warp32} warp \
-             queries for {gq32} queries"
+            "bm25_plan wrote {n_items32} items and {n_split32} splits for {gq32} queries"
         )));
     }
     part.n_items = n_items32 as usize;
@@ -419,51 +367,12 @@ pub(super) fn launch(
     // (n_items of them, checked above against the buffer's capacity; queries of 1 to 64
     // terms, by `stage`; piece slots below max_pieces, each split query's at most CAP / k);
     // the piece region is sized for max_pieces, the output for gq queries.
-    if n_warp32 > 0 {
-        let p_warpq = d_plan + pl.warpq as u64;
-        let p_ord = Resident::ptr(&c.res.ord);
-        let p_imp = Resident::ptr(&c.res.imp);
-        let p_stat = Resident::ptr(&c.res.stat);
-        let p_doc = Resident::ptr(&c.res.doc);
-        let lay = &part.layout;
-        let p_cnt = d_out + lay.cnt as u64;
-        let p_docs = d_out + lay.doc as u64;
-        let p_scores = d_out + lay.score as u64;
-        // SAFETY: the parameters match `bm25_and_warp` in kernels/bm25.cu: n_warp query
-        // indices (below gq) written by `bm25_plan`, each an AND query of 1 to 64 lists whose
-        // shortest holds at most warp_lead <= WARP_LEAD postings, lists in the resident
-        // buffers; the answers laid out for gq queries at k.
-        unsafe {
-            g.launch(
-                &f.and_warp,
-                n_warp32.div_ceil(WARPS_PER_BLOCK),
-                32 * WARPS_PER_BLOCK,
-                &mut [
-                    arg(&n_warp32),
-                    arg(&p_warpq),
-                    arg(&p_qoff),
-                    arg(&p_lists),
-                    arg(&p_ord),
-                    arg(&p_imp),
-                    arg(&p_stat),
-                    arg(&p_doc),
-                    arg(&k32),
-                    arg(&p_cnt),
-                    arg(&p_docs),
-                    arg(&p_scores),
-                ],
-            )?;
-        }
-    }
-    t.warp_queries += n_warp32 as usize;
-    // SAFETY: as above; bm25_and_warp wrote only its own queries' answers, which no item
-    // names.
     unsafe { launch_rank(g, f, c, &part.layout, &rank)? };
     g.record(&events[2])?;
     copy_down(g, ws, &part, d_out)?;
     g.record(&events[3])?;
     t.h2d_bytes += part.in_bytes as u64;
-    t.d2h_bytes += (part.down_bytes + COUNTERS * 4) as u64;
+    t.d2h_bytes += (part.down_bytes + 16) as u64;
     part.events = Some(events);
     Ok(part)
 }
