@@ -97,6 +97,11 @@ impl Queries {
         &self.offsets
     }
 
+    /// Whether each query had a term the index does not hold.
+    pub fn unknown_flags(&self) -> &[bool] {
+        &self.unknown
+    }
+
     /// Query `i` on its own.
     pub fn get(&self, i: usize) -> QueryTerms {
         QueryTerms {

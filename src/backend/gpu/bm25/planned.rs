@@ -13,7 +13,7 @@
 use cudarc::driver::result;
 
 use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
-use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
+use super::super::{BM25_MAX_TERMS, Bm25Batch, Bm25Timings, GpuError};
 use super::{
     CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, batch_events,
     copy_down, launch_rank, malformed,
@@ -160,30 +160,24 @@ pub(super) fn stage(
         *o = x as u32;
     }
     t.copy_ms += ms(t_copy);
-    // Each query's mode and place, in one pass: a query past BM25_MAX_TERMS goes to the CPU.
-    // The modes go into ordinary memory first and into the pinned buffer in one copy: a byte
-    // stored at a time into the pinned buffer, among the places' stores, took 0.13-0.15 ms for
-    // 10,000 queries on the H200 host (session 43), the copies of all term ids and offsets
-    // 0.015 ms.
-    let mut modes = vec![0u8; gq];
-    let mut ranked = 0;
-    for (i, (m, slot)) in modes.iter_mut().zip(&mut part.slot).enumerate() {
-        let n = batch.terms(i).len();
+    // Each query's mode and place, in one pass without data-dependent branches (the rules of
+    // `Bm25Batch::terms` / `mode` on the flat layout: under AND a query with an unknown term
+    // has none; under AND-then-OR it is OR), then the rare query past BM25_MAX_TERMS moved to
+    // the CPU. The modes go into ordinary memory and into the pinned buffer in one copy.
+    // (Session 43, H200 host, 10,000 AND queries: this pass through `terms(i)` / `mode(i)`,
+    // branching on each query's empty term list, took 0.13-0.15 ms; one pass over the batch
+    // without branches takes 0.013-0.02 ms there.)
+    let (modes, ranked, long) = device_modes(batch);
+    for (i, slot) in part.slot.iter_mut().enumerate() {
         *slot = i as u32;
-        *m = if n == 0 {
-            MODE_NONE
-        } else if n > BM25_MAX_TERMS {
-            *slot = ON_CPU | part.cpu_q.len() as u32;
-            part.cpu_q.push(i as u32);
-            MODE_NONE
-        } else {
-            ranked += 1;
-            match batch.mode(i) {
-                Mode::And => 0,
-                Mode::Or => 1,
-                Mode::AndOr => 2,
+    }
+    if long > 0 {
+        for i in 0..nq {
+            if batch.terms(i).len() > BM25_MAX_TERMS {
+                part.slot[i] = ON_CPU | part.cpu_q.len() as u32;
+                part.cpu_q.push(i as u32);
             }
-        };
+        }
     }
     modes_b[..gq].copy_from_slice(&modes);
     // The CPU's queries' term ids are checked here; the device checks those of the queries it
@@ -219,6 +213,35 @@ pub(super) fn stage(
 
 /// `q_mode` of a query the device leaves unranked (`MODE_NONE` in bm25.cu).
 const MODE_NONE: u8 = 3;
+
+/// Each query's `q_mode` (0 AND, 1 OR, 2 AND-then-OR, [`MODE_NONE`]: no terms under the
+/// batch's rules, or more than [`BM25_MAX_TERMS`]), how many the device ranks and how many
+/// have too many terms: [`Bm25Batch::terms`] and [`Bm25Batch::mode`] on the flat layout,
+/// without data-dependent branches.
+fn device_modes(batch: &Bm25Batch<'_>) -> (Vec<u8>, usize, usize) {
+    let offsets = batch.queries.offsets();
+    let unknown = batch.queries.unknown_flags();
+    let drop_unknown = batch.mode == Mode::And;
+    let or_if_unknown = batch.mode == Mode::AndOr;
+    let code = match batch.mode {
+        Mode::And => 0u8,
+        Mode::Or => 1,
+        Mode::AndOr => 2,
+    };
+    let mut modes = vec![0u8; batch.len()];
+    let (mut ranked, mut long) = (0usize, 0usize);
+    for (i, m) in modes.iter_mut().enumerate() {
+        let unk = unknown[i];
+        let n = (offsets[i + 1] - offsets[i]) * usize::from(!(drop_unknown & unk));
+        let is_long = n > BM25_MAX_TERMS;
+        let none = (n == 0) | is_long;
+        let mode = if or_if_unknown & unk { 1 } else { code };
+        *m = if none { MODE_NONE } else { mode };
+        ranked += usize::from(!none);
+        long += usize::from(is_long);
+    }
+    (modes, ranked, long)
+}
 
 /// Queue the batch: its copy up, the planning launches, a wait for the counts of items and
 /// split queries, then the ranking launches and the copy down (events as in the parent's
@@ -375,4 +398,44 @@ pub(super) fn launch(
     t.d2h_bytes += (part.down_bytes + 16) as u64;
     part.events = Some(events);
     Ok(part)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::queries::{Queries, QueryTerms};
+
+    proptest::proptest! {
+        /// The branch-free modes say what `Bm25Batch::terms` and `mode` say, query by query.
+        #[test]
+        fn device_modes_follow_the_batch_rules(
+            qs in proptest::collection::vec((0usize..70, proptest::bool::ANY), 0..200),
+            mode in 0usize..3,
+        ) {
+            let queries: Queries = qs
+                .iter()
+                .map(|&(n, unknown)| QueryTerms { ids: (0..n as u32).collect(), unknown })
+                .collect();
+            let mode = [Mode::And, Mode::Or, Mode::AndOr][mode];
+            let batch = Bm25Batch { queries: &queries, mode };
+            let (modes, ranked, long) = device_modes(&batch);
+            let (mut want_ranked, mut want_long) = (0, 0);
+            for (i, &m) in modes.iter().enumerate() {
+                let n = batch.terms(i).len();
+                let want = if n == 0 || n > BM25_MAX_TERMS {
+                    MODE_NONE
+                } else {
+                    match batch.mode(i) {
+                        Mode::And => 0,
+                        Mode::Or => 1,
+                        Mode::AndOr => 2,
+                    }
+                };
+                proptest::prop_assert_eq!(m, want, "query {} of {:?}", i, qs[i]);
+                want_ranked += usize::from(want != MODE_NONE);
+                want_long += usize::from(n > BM25_MAX_TERMS);
+            }
+            proptest::prop_assert_eq!((ranked, long), (want_ranked, want_long));
+        }
+    }
 }
