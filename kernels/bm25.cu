@@ -505,13 +505,17 @@ __device__ __forceinline__ void write_answer(const Shared& sh, u32 n, u64 at,
     }
 }
 
-// One block per item (see `Item`). `order[b]` is the item of block b (longest first); query
+// One block per item (see `Item`): the items are the first n_items of `order` or, when
+// `n_items_dev` is not null, the first min(n_items, *n_items_dev) (a device-planned batch
+// launches an upper bound of blocks without waiting for `bm25_plan`'s count; the blocks past
+// the count return at once). `order[b]` is the item of block b (longest first); query
 // q's lists are lists[q_off[q] .. q_off[q + 1]] (1 ..= MAX_TERMS of them, checked by the host).
 // Its results: out_count[q] hits at out_doc / out_score[q * k ..], best first; a piece's:
 // piece_count[s] hits at piece_ord / piece_score[s * k ..]; an AND_ONLY item also writes its
 // match count to and_count[q].
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
-    u32 n_items, const u32* __restrict__ order, const Item* __restrict__ items,
+    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ order,
+    const Item* __restrict__ items,
     const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
     const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
     const double* __restrict__ post_imp, const double* __restrict__ ord_static,
@@ -522,6 +526,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     u32* __restrict__ and_count) {
     __shared__ Shared sh;
     const u32 tid = threadIdx.x;
+    if (n_items_dev != nullptr && *n_items_dev < n_items) n_items = *n_items_dev;
     if (blockIdx.x >= n_items) return;
     const Item it = items[order[blockIdx.x]];
     const u32 q = it.q;
@@ -595,40 +600,45 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     }
 }
 
-// One block per split query: split_q[b]'s answer is the k best of the pieces
+// Split queries, block-strided: split_q[b]'s answer is the k best of the pieces
 // split_lo[b] .. split_hi[b] (at most CAP / k of them, checked by the host), unless it is an
 // AND-then-OR query whose AND found k matches (its AND_ONLY item has written that answer).
-// (A host-staged batch passes its piece offsets as split_lo and, one further, split_hi.)
+// There are n_split of them or, when `n_split_dev` is not null, min(n_split, *n_split_dev)
+// (the device-planned batch's count, not waited for). (A host-staged batch passes its piece
+// offsets as split_lo and, one further, split_hi.)
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
-    u32 n_split, const u32* __restrict__ split_q, const u32* __restrict__ split_lo,
-    const u32* __restrict__ split_hi,
+    u32 n_split, const u32* __restrict__ n_split_dev, const u32* __restrict__ split_q,
+    const u32* __restrict__ split_lo, const u32* __restrict__ split_hi,
     const unsigned char* __restrict__ q_mode, const u32* __restrict__ and_count, u32 k,
     const u32* __restrict__ piece_count, const u32* __restrict__ piece_ord,
     const double* __restrict__ piece_score, const u32* __restrict__ ord_doc,
     u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score) {
     __shared__ Shared sh;
     const u32 tid = threadIdx.x;
-    if (blockIdx.x >= n_split) return;
-    const u32 q = split_q[blockIdx.x];
-    if (q_mode[q] == 2 && and_count[q] >= k) return;
-    const u32 p0 = split_lo[blockIdx.x];
-    const u32 np = split_hi[blockIdx.x] - p0;
-    if (tid == 0) sh.ncand = 0;
-    __syncthreads();
-    for (u32 i = tid; i < np * k; i += THREADS) {
-        const u32 p = p0 + i / k;
-        const u32 j = i % k;
-        if (j < piece_count[p]) {
-            const u32 at = atomicAdd(&sh.ncand, 1u);
-            sh.cs[at] = piece_score[(u64)p * k + j];
-            sh.co[at] = piece_ord[(u64)p * k + j];
+    if (n_split_dev != nullptr && *n_split_dev < n_split) n_split = *n_split_dev;
+    for (u32 b = blockIdx.x; b < n_split; b += gridDim.x) {
+        const u32 q = split_q[b];
+        if (q_mode[q] == 2 && and_count[q] >= k) continue;  // block-uniform
+        const u32 p0 = split_lo[b];
+        const u32 np = split_hi[b] - p0;
+        __syncthreads();  // the previous split's answer is written
+        if (tid == 0) sh.ncand = 0;
+        __syncthreads();
+        for (u32 i = tid; i < np * k; i += THREADS) {
+            const u32 p = p0 + i / k;
+            const u32 j = i % k;
+            if (j < piece_count[p]) {
+                const u32 at = atomicAdd(&sh.ncand, 1u);
+                sh.cs[at] = piece_score[(u64)p * k + j];
+                sh.co[at] = piece_ord[(u64)p * k + j];
+            }
         }
+        __syncthreads();
+        compact(sh, k);
+        const u32 n = sh.ncand;
+        write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
+        if (tid == 0) out_count[q] = n;
     }
-    __syncthreads();
-    compact(sh, k);
-    const u32 n = sh.ncand;
-    write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
-    if (tid == 0) out_count[q] = n;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -658,7 +668,8 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
 // the CPU. Its answer count stays as the host cleared it (0); it has no items.
 #define MODE_NONE 3
 
-// One thread per query. `term_floor` is null when k has no floors. `most` is the most pieces
+// One thread per query; each clears its query's answer count (out_count[q]). `term_floor`
+// is null when k has no floors. `most` is the most pieces
 // of one query (min(CAP / k, 64)), `piece` the work a piece should hold (0: never split).
 // Pieces come from a budget of `max_pieces` slots; a query that does not find room in it is
 // ranked whole (exact either way). Splits: split_lo[s] .. split_hi[s] are split_q[s]'s
@@ -669,9 +680,11 @@ extern "C" __global__ void bm25_plan(
     const double* __restrict__ term_floor, double static_max, u32 k, u64 piece, u32 most,
     u32 max_pieces, ListRef* __restrict__ lists, double* __restrict__ q_floor,
     Item* __restrict__ items, unsigned char* __restrict__ keys, u32* __restrict__ split_q,
-    u32* __restrict__ split_lo, u32* __restrict__ split_hi, u32* __restrict__ counters) {
+    u32* __restrict__ split_lo, u32* __restrict__ split_hi, u32* __restrict__ counters,
+    u32* __restrict__ out_count) {
     const u32 q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= nq) return;
+    out_count[q] = 0;  // a query left unranked answers empty; the ranking kernels come after
     const u32 first = q_off[q];
     const u32 m = q_off[q + 1] - first;
     const u32 mode = q_mode[q];
@@ -820,7 +833,8 @@ __device__ __forceinline__ u32 hits_of(const u32* __restrict__ count, u32 q, u32
 // by the kernels above) is read as k, as `bm25_pack` copies at most k, and marked: off[0] is
 // then not 0, which the host refuses.
 extern "C" __global__ void __launch_bounds__(PACK_THREADS) bm25_pack_offsets(
-    u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off) {
+    u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off,
+    u32* __restrict__ off_copy) {
     __shared__ u32 warp_total[PACK_THREADS / 32];
     __shared__ u32 above_k;
     if (threadIdx.x == 0) above_k = 0;
@@ -854,25 +868,53 @@ extern "C" __global__ void __launch_bounds__(PACK_THREADS) bm25_pack_offsets(
     u32 at = x - sum + (warp > 0 ? warp_total[warp - 1] : 0u);
     for (u32 i = b; i < e; i++) {
         off[i] = at;
+        if (off_copy != nullptr) off_copy[i] = at;
         at += hits_of(count, i, k);
     }
-    if (tid == PACK_THREADS - 1) off[n] = at;  // the last run ends the list (or is empty)
+    if (tid == PACK_THREADS - 1) {  // the last run ends the list (or is empty)
+        off[n] = at;
+        if (off_copy != nullptr) off_copy[n] = at;
+    }
     __syncthreads();
-    if (tid == 0 && above_k) off[0] = 0xffffffffu;
+    if (tid == 0 && above_k) {
+        off[0] = 0xffffffffu;
+        if (off_copy != nullptr) off_copy[0] = 0xffffffffu;
+    }
 }
 
-// A warp per query (8 a block): query q's hits to pk_doc / pk_score[off[q] ..].
+#define PACK_QUERIES 256
+
+// A block per PACK_QUERIES consecutive queries (256 threads): the hits of queries q0 .. q1
+// are one run pk_doc / pk_score[off[q0] .. off[q1]]; thread t writes every 256th place of
+// it, finding its query among the block's offsets (shared memory), so that each warp's stores
+// are consecutive (the packed answers may lie in the host's pinned memory, written across
+// the bus).
 extern "C" __global__ void __launch_bounds__(256) bm25_pack(
     u32 n, u32 k, const u32* __restrict__ count, const u32* __restrict__ off,
     const u32* __restrict__ out_doc, const double* __restrict__ out_score,
     u32* __restrict__ pk_doc, double* __restrict__ pk_score) {
-    const u32 q = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (q >= n) return;
-    const u32 c = hits_of(count, q, k);
-    const u32 o = q == 0 ? 0u : off[q];  // off[0] may hold the mark of a count above k
-    const u64 from = (u64)q * k;
-    for (u32 j = threadIdx.x & 31; j < c; j += 32) {
-        pk_doc[o + j] = out_doc[from + j];
-        pk_score[o + j] = out_score[from + j];
+    __shared__ u32 so[PACK_QUERIES + 1];
+    const u32 q0 = blockIdx.x * PACK_QUERIES;
+    if (q0 >= n) return;
+    const u32 nb = n - q0 < PACK_QUERIES ? n - q0 : PACK_QUERIES;
+    // off[0] may hold the mark of a count above k: query 0 starts at 0. Each query's own
+    // run is min(count, k) long from its offset (as `bm25_pack_offsets` summed them).
+    for (u32 i = threadIdx.x; i <= nb; i += blockDim.x) {
+        const u32 q = q0 + i;
+        so[i] = q == 0 ? 0u : off[q];
+    }
+    __syncthreads();
+    const u32 lo = so[0], hi = so[nb];
+    for (u32 at = lo + threadIdx.x; at < hi; at += blockDim.x) {
+        // The last query of the block starting at or before `at` (queries with no hits share
+        // their start with the next one).
+        u32 a = 0, b = nb;  // so[a] <= at < so[b]
+        while (b - a > 1) {
+            const u32 m = (a + b) / 2;
+            if (so[m] <= at) a = m; else b = m;
+        }
+        const u64 from = (u64)(q0 + a) * k + (at - so[a]);
+        pk_doc[at] = out_doc[from];
+        pk_score[at] = out_score[from];
     }
 }

@@ -115,11 +115,15 @@ static std::vector<u32> random_query(std::mt19937_64& rng, const Corpus& c) {
 static void pack(u32 nq, u32 k, const std::vector<u32>& out_count, const std::vector<u32>& out_doc,
                  const std::vector<double>& out_score, std::vector<u32>& off, std::vector<u32>& pk_doc,
                  std::vector<double>& pk_score) {
-    launch(1, PACK_THREADS, [&] { bm25_pack_offsets(nq, k, out_count.data(), off.data()); });
-    launch((nq + 7) / 8, 256, [&] {
+    // The offsets on the device and their copy (the host's, when the answers are written into
+    // its pinned memory) must agree.
+    std::vector<u32> off_copy(nq + 1, 0xdeadbeef);
+    launch(1, PACK_THREADS, [&] { bm25_pack_offsets(nq, k, out_count.data(), off.data(), off_copy.data()); });
+    launch((nq + PACK_QUERIES - 1) / PACK_QUERIES, 256, [&] {
         bm25_pack(nq, k, out_count.data(), off.data(), out_doc.data(), out_score.data(), pk_doc.data(),
                   pk_score.data());
     });
+    if (off_copy != off) off[0] = 0xdeadbeef;  // read as a wrong offset by every check
 }
 
 // Packing alone, for batches larger than the scan's block (runs of several counts a thread),
@@ -243,14 +247,16 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     std::vector<double> piece_score((pieces + 1) * k);
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
     launch(items.size(), THREADS, [&] {
-        bm25_topk(items.size(), order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+        bm25_topk(items.size(), nullptr, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
                   piece_ord.data(), piece_score.data(), and_count.data());
     });
     if (!split_q.empty()) {
-        launch(split_q.size(), THREADS, [&] {
-            bm25_merge(split_q.size(), split_q.data(), split_p.data(), split_p.data() + 1, q_mode.data(), and_count.data(), k,
+        // Fewer blocks than split queries in some suites: each block strides over them.
+        const u32 grid = rng() % 2 == 0 ? split_q.size() : 1 + rng() % 3;
+        launch(grid, THREADS, [&] {
+            bm25_merge(split_q.size(), nullptr, split_q.data(), split_p.data(), split_p.data() + 1, q_mode.data(), and_count.data(), k,
                        piece_count.data(), piece_ord.data(), piece_score.data(), ord_doc.data(),
                        out_count.data(), out_doc.data(), out_score.data());
         });
@@ -311,12 +317,14 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<double> q_floor(nq);
     std::vector<Item> items(cap_items);
     std::vector<unsigned char> keys(cap_items);
-    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(4, 0), order(cap_items);
+    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(4, 0), order(cap_items, 0xffffffffu);
+    // Not cleared: `bm25_plan` clears each query's count.
+    std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
     launch((nq + 63) / 64, 64, [&] {
         bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), refs.size(), refs.data(),
                   floors ? term_floor.data() : nullptr, static_max, k, piece, most, max_pieces,
                   lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
-                  split_lo.data(), split_hi.data(), counters.data());
+                  split_lo.data(), split_hi.data(), counters.data(), out_count.data());
     });
     launch(1, 1024, [&] { bm25_order(counters.data(), keys.data(), order.data()); });
     const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
@@ -328,21 +336,27 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     for (u32 i = 1; i < n_items; i++) bad += keys[order[i - 1]] < keys[order[i]];
     u32 pieces = 0;
     for (u32 s = 0; s < n_split; s++) pieces += split_hi[s] - split_lo[s];
-    // The counts cleared as the host does before the launches.
-    std::vector<u32> out_count(nq, 0), out_doc(nq * k), and_count(nq, 0);
+    // The host launches without reading the counts: `bm25_topk` on an upper bound of blocks
+    // (the queries ranked plus the piece budget: `planned::launch`), `bm25_merge` on at most
+    // as many blocks as split queries can be, each reading the device's count.
+    u32 ranked = 0;
+    for (u32 q = 0; q < nq; q++) ranked += q_mode[q] != MODE_NONE && !qs[q].empty();
+    const u32 item_bound = ranked + max_pieces;
+    bad += n_items > item_bound || n_split > std::min(ranked, max_pieces / 2);
     std::vector<double> out_score(nq * k);
     std::vector<u32> piece_count(max_pieces + 1), piece_ord((max_pieces + 1) * (size_t)k);
     std::vector<double> piece_score((max_pieces + 1) * (size_t)k);
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
-    launch(n_items, THREADS, [&] {
-        bm25_topk(n_items, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+    const u32 topk_grid = std::min(item_bound, n_items + 1 + (u32)(rng() % 40));
+    launch(topk_grid, THREADS, [&] {
+        bm25_topk(item_bound, &counters[C_ITEMS], order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
                   piece_ord.data(), piece_score.data(), and_count.data());
     });
     if (n_split > 0) {
-        launch(n_split, THREADS, [&] {
-            bm25_merge(n_split, split_q.data(), split_lo.data(), split_hi.data(), q_mode.data(),
+        launch(1 + rng() % 4, THREADS, [&] {
+            bm25_merge(nq, &counters[C_SPLITS], split_q.data(), split_lo.data(), split_hi.data(), q_mode.data(),
                        and_count.data(), k, piece_count.data(), piece_ord.data(), piece_score.data(),
                        ord_doc.data(), out_count.data(), out_doc.data(), out_score.data());
         });
@@ -365,7 +379,7 @@ int main() {
     for (u32 nq : {0u, 1u, 5u, 1000u, 3000u, 20000u}) bad += pack_suite(rng, nq, nq > 5000 ? 2 : 10);
     {
         // A term id beyond the table: counted as an error, nothing looked up.
-        std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(4, 0), sq(1), sl(1), sh(1);
+        std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(4, 0), sq(1), sl(1), sh(1), cnt(1, 7);
         std::vector<unsigned char> q_mode{1}, keys(4);
         std::vector<ListRef> refs(40, ListRef{0, 1, 1.0f}), lists(2);
         std::vector<double> q_floor(1);
@@ -373,9 +387,9 @@ int main() {
         launch(1, 32, [&] {
             bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 40, refs.data(), nullptr, 0.0, 10, 16, 64,
                       2, lists.data(), q_floor.data(), items.data(), keys.data(), sq.data(), sl.data(), sh.data(),
-                      counters.data());
+                      counters.data(), cnt.data());
         });
-        const bool ok = counters[C_BAD] == 1 && counters[C_ITEMS] == 0;
+        const bool ok = counters[C_BAD] == 1 && counters[C_ITEMS] == 0 && cnt[0] == 0;
         std::printf("device plan: a term beyond the index %s\n", ok ? "refused" : "NOT refused");
         bad += !ok;
     }

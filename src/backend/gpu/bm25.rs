@@ -616,7 +616,7 @@ fn run(
         None => stage(&ctx, ws, hold, t)?,
     };
     let t_launch = Instant::now();
-    let part = match tables {
+    let mut part = match tables {
         Some(tables) => planned::launch(g, f, &ctx, ws, part, tables, t)?,
         None => launch(g, f, &ctx, ws, part, t)?,
     };
@@ -655,6 +655,12 @@ fn run(
     let t_wait = Instant::now();
     g.sync()?;
     t.wait_ms = ms(t_wait);
+    if part.planned.is_some() {
+        planned::settle(ws, &mut part, t)?;
+    }
+    if part.packed_on_host {
+        t.d2h_bytes += packed_bytes(ws, &part);
+    }
 
     let t_unpack = Instant::now();
     let out = unpack(ws, &part, k, &cpu_hits, pre)?;
@@ -758,6 +764,9 @@ struct Staged {
     events: Option<&'static [CudaEvent; 4]>,
     /// The device's planning buffers (a device-planned batch).
     planned: Option<planned::PlannedLayout>,
+    /// Whether `bm25_pack` wrote the answers straight into the host's pinned buffer (nothing
+    /// copied down).
+    packed_on_host: bool,
 }
 
 impl Staged {
@@ -778,6 +787,7 @@ impl Staged {
             on_device: gq,
             events: None,
             planned: None,
+            packed_on_host: false,
         }
     }
 }
@@ -1145,9 +1155,11 @@ fn launch(
     let p_splitq = d_items + lay.splitq as u64;
     let p_splitp = d_items + lay.splitp as u64;
     let p_splitp_hi = p_splitp + 4;
+    let packed_host = packed_on_host(ws, &part)?;
     let rank = RankArgs {
         n_queries: part.gq as u32,
         n_items: n_items32,
+        n_items_dev: 0,
         order: p_order,
         items: p_items,
         q_off: p_qoff,
@@ -1155,11 +1167,14 @@ fn launch(
         lists: p_lists,
         floor: p_floor,
         n_split: n_split32,
+        n_split_dev: 0,
+        merge_blocks: n_split32,
         split_q: p_splitq,
         split_lo: p_splitp,
         split_hi: p_splitp_hi,
         out: d_out,
         piece: d_piece,
+        packed_host,
     };
     // SAFETY: the part's input region holds n_items order entries and items (queries < gq,
     // piece slots < n_pieces, a piece's lead list among its query's lists and its part below
@@ -1170,12 +1185,41 @@ fn launch(
     // queries and n_pieces pieces.
     unsafe { launch_rank(g, f, c, lay, &rank)? };
     record(&events[2])?;
-    copy_down(g, ws, &part, d_out)?;
+    part.packed_on_host = packed_host.is_some();
+    if !part.packed_on_host {
+        copy_down(g, ws, &part, d_out)?;
+        t.d2h_bytes += part.down_bytes as u64;
+    }
     record(&events[3])?;
     t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
-    t.d2h_bytes += part.down_bytes as u64;
     part.events = Some(events);
     Ok(part)
+}
+
+/// Where `bm25_pack` writes a batch's packed answers: into the host's pinned buffer that
+/// `unpack` reads (its device address), unless `DFSETS_BM25_ZERO_COPY=0` (then on the device,
+/// and [`copy_down`] copies the whole packed region: k places a query, most of them unused).
+fn packed_on_host(ws: &mut Workspace, part: &Staged) -> Result<Option<u64>, GpuError> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if !*ON.get_or_init(|| env_knob("DFSETS_BM25_ZERO_COPY", 1) == 1) {
+        return Ok(None);
+    }
+    let pin = Workspace::pinned(&mut ws.pin_out, part.down_bytes)?;
+    // A driver that does not map the buffer: the answers are copied down instead.
+    Ok(pin.device_ptr().ok())
+}
+
+/// Bytes the device wrote into the host's buffer for answers packed there: the offsets and
+/// the hits (`off[gq]` of them, as `bm25_pack_offsets` counted them).
+fn packed_bytes(ws: &Workspace, part: &Staged) -> u64 {
+    let Some(pin) = ws.pin_out.as_ref() else {
+        return 0;
+    };
+    if part.gq == 0 {
+        return 0;
+    }
+    let off = view::<u32>(&pin.as_slice()[..(part.gq + 1) * 4]);
+    ((part.gq + 1) * 4) as u64 + u64::from(off[part.gq]) * 12
 }
 
 /// Queue the copy of the packed answers (`part.down_bytes` from `Layout::pk_off` of `d_out`)
@@ -1199,19 +1243,30 @@ fn copy_down(g: &Gpu, ws: &mut Workspace, part: &Staged, d_out: u64) -> Result<(
 struct RankArgs {
     /// Queries on the device (their answers: `out`).
     n_queries: u32,
+    /// Items, or an upper bound of them when `n_items_dev` (not 0) holds their count on the
+    /// device (a device-planned batch, launched without waiting for its plan).
     n_items: u32,
+    n_items_dev: u64,
     order: u64,
     items: u64,
     q_off: u64,
     mode: u64,
     lists: u64,
     floor: u64,
+    /// Split queries (or an upper bound, as for the items: `n_split_dev`), and the blocks
+    /// `bm25_merge` strides over them with.
     n_split: u32,
+    n_split_dev: u64,
+    merge_blocks: u32,
     split_q: u64,
     split_lo: u64,
     split_hi: u64,
     out: u64,
     piece: u64,
+    /// Where the packed answers go (the packed part of [`Layout`]): the host's pinned buffer
+    /// (`Some`: its address, written across the bus by `bm25_pack`, nothing to copy down) or
+    /// the device's `out` (`None`: copied down by [`copy_down`]).
+    packed_host: Option<u64>,
 }
 
 /// Queue `bm25_topk` over a batch's items (longest first), then `bm25_merge` over its split
@@ -1253,6 +1308,7 @@ unsafe fn launch_rank(
             THREADS,
             &mut [
                 arg(&a.n_items),
+                arg(&a.n_items_dev),
                 arg(&a.order),
                 arg(&a.items),
                 arg(&a.q_off),
@@ -1277,10 +1333,11 @@ unsafe fn launch_rank(
         if a.n_split > 0 {
             g.launch(
                 &f.merge,
-                a.n_split,
+                a.merge_blocks.clamp(1, a.n_split),
                 THREADS,
                 &mut [
                     arg(&a.n_split),
+                    arg(&a.n_split_dev),
                     arg(&a.split_q),
                     arg(&a.split_lo),
                     arg(&a.split_hi),
@@ -1298,19 +1355,29 @@ unsafe fn launch_rank(
             )?;
         }
         let gq = a.n_queries;
+        // The offsets always on the device (`bm25_pack` reads them there), and in the host's
+        // buffer too when the hits go there.
         let p_pk_off = a.out + lay.pk_off as u64;
-        let p_pk_doc = a.out + lay.pk_doc as u64;
-        let p_pk_score = a.out + lay.pk_score as u64;
+        let packed = a.packed_host.unwrap_or(p_pk_off);
+        let p_off_copy = a.packed_host.unwrap_or(0);
+        let p_pk_doc = packed + (lay.pk_doc - lay.pk_off) as u64;
+        let p_pk_score = packed + (lay.pk_score - lay.pk_off) as u64;
         g.launch(
             &f.pack_offsets,
             1,
             PACK_THREADS,
-            &mut [arg(&gq), arg(&k32), arg(&p_cnt), arg(&p_pk_off)],
+            &mut [
+                arg(&gq),
+                arg(&k32),
+                arg(&p_cnt),
+                arg(&p_pk_off),
+                arg(&p_off_copy),
+            ],
         )?;
         g.launch(
             &f.pack,
-            gq.div_ceil(PACK_WARPS),
-            32 * PACK_WARPS,
+            gq.div_ceil(PACK_QUERIES),
+            PACK_BLOCK,
             &mut [
                 arg(&gq),
                 arg(&k32),
@@ -1328,8 +1395,9 @@ unsafe fn launch_rank(
 
 /// Threads of `bm25_pack_offsets`' one block (`PACK_THREADS` in bm25.cu).
 const PACK_THREADS: u32 = 1024;
-/// Queries (a warp each) per block of `bm25_pack`.
-const PACK_WARPS: u32 = 8;
+/// Queries per block of `bm25_pack` (`PACK_QUERIES` in bm25.cu), and its threads.
+const PACK_QUERIES: u32 = 256;
+const PACK_BLOCK: u32 = 256;
 
 /// The batch's answers in batch order (the device's, once its copy down has completed, and
 /// the CPU's share). The device's come packed (`bm25_pack`): query slot `s`'s hits are

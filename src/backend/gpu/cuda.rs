@@ -262,6 +262,19 @@ impl Pinned {
         // SAFETY: as in `as_mut_slice`, shared.
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
     }
+
+    /// The address through which kernels read and write this buffer across the bus (with
+    /// unified addressing, where every page-locked allocation is mapped, the host's own
+    /// address; asked of the driver all the same).
+    pub(super) fn device_ptr(&self) -> Result<u64, GpuError> {
+        let mut d: cudarc::driver::sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a live page-locked allocation of this context (`malloc_host`);
+        // the driver writes one address into `d`.
+        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr.cast(), 0) }
+            .result()
+            .map_err(drv("mapped host pointer"))?;
+        Ok(d)
+    }
 }
 
 impl Drop for Pinned {

@@ -5,10 +5,12 @@
 //! The host-staged path (`stage` in the parent) reads each term's list reference and floor
 //! and plans every query on the host: ~0.3-0.5 ms of a 10,000-query batch on the H100 host
 //! (cache misses into the term table), longer than AND's kernels. Here the host's share is a
-//! copy of the term ids; after `bm25_order` the host reads the counts of items and split
-//! queries (one small copy down, one wait) and launches `bm25_topk` and `bm25_merge` with
-//! exactly those grids. `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`)
-//! keeps the host-staged path.
+//! copy of the term ids. It does not wait for the plan: `bm25_topk` goes out on an upper
+//! bound of blocks (the queries ranked plus the piece budget) and `bm25_merge` on a fixed
+//! number that stride over the split queries, both reading the plan's counts on the device;
+//! the host reads the counts after the batch's one wait (`settle`).
+//! `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`) keeps the
+//! host-staged path.
 
 use cudarc::driver::result;
 
@@ -16,7 +18,7 @@ use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view
 use super::super::{BM25_MAX_TERMS, Bm25Batch, Bm25Timings, GpuError};
 use super::{
     CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, batch_events,
-    copy_down, launch_rank, malformed,
+    copy_down, launch_rank, malformed, packed_on_host,
 };
 use crate::search::topk::Mode;
 
@@ -32,6 +34,9 @@ const PLAN_THREADS: u32 = 128;
 const ORDER_THREADS: u32 = 1024;
 /// Bytes the pieces' answers may take on the device (the piece budget at large k).
 const PIECE_BYTES_MAX: usize = 64 << 20;
+/// Blocks of `bm25_merge` (each strides over the split queries; most batches split a few
+/// dozen to a few hundred queries).
+const MERGE_BLOCKS: u32 = 512;
 
 /// What a device-planned batch adds to [`Staged`]: where its upload and the device's planning
 /// buffers lie, and its budget of piece slots and items.
@@ -125,8 +130,14 @@ pub(super) fn stage(
     part.in_bytes = pl.modes + align(gq);
     let mut lay = Layout::default();
     (part.out_bytes, part.down_bytes) = lay.answers(gq, k);
-    // Piece slots: twice the queries (at least 2,048), within PIECE_BYTES_MAX of answers.
-    pl.max_pieces = (2 * gq.max(1024)).min(PIECE_BYTES_MAX / (k * 12)).max(1);
+    // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
+    // answers (10,000 queries split 105 pieces under AND, 1,509 under OR at k 10). Every slot
+    // is a block of `bm25_topk` launched, most of them returning at once.
+    let (modes, ranked, long) = device_modes(batch);
+    pl.max_pieces = (ranked / 2)
+        .max(2048)
+        .min(PIECE_BYTES_MAX / (k * 12))
+        .max(1);
     pl.cap_items = gq + 2 * pl.max_pieces;
     pl.lists = 0;
     pl.floors = align(n_terms * 16);
@@ -160,14 +171,12 @@ pub(super) fn stage(
         *o = x as u32;
     }
     t.copy_ms += ms(t_copy);
-    // Each query's mode and place, in one pass without data-dependent branches (the rules of
-    // `Bm25Batch::terms` / `mode` on the flat layout: under AND a query with an unknown term
-    // has none; under AND-then-OR it is OR), then the rare query past BM25_MAX_TERMS moved to
-    // the CPU. The modes go into ordinary memory and into the pinned buffer in one copy.
-    // (Session 43, H200 host, 10,000 AND queries: this pass through `terms(i)` / `mode(i)`,
-    // branching on each query's empty term list, took 0.13-0.15 ms; one pass over the batch
-    // without branches takes 0.013-0.02 ms there.)
-    let (modes, ranked, long) = device_modes(batch);
+    // Each query's place (the modes came from `device_modes` above: one pass without
+    // data-dependent branches, into ordinary memory, copied into the pinned buffer below),
+    // then the rare query past BM25_MAX_TERMS moved to the CPU. (Session 43, H200 host, 10,000
+    // AND queries: a pass through `terms(i)` / `mode(i)`, branching on each query's empty
+    // term list, took 0.13-0.15 ms; one pass over the batch without branches takes
+    // 0.013-0.02 ms there.)
     for (i, slot) in part.slot.iter_mut().enumerate() {
         *slot = i as u32;
     }
@@ -243,9 +252,9 @@ fn device_modes(batch: &Bm25Batch<'_>) -> (Vec<u8>, usize, usize) {
     (modes, ranked, long)
 }
 
-/// Queue the batch: its copy up, the planning launches, a wait for the counts of items and
-/// split queries, then the ranking launches and the copy down (events as in the parent's
-/// `launch`).
+/// Queue the batch: its copy up, the planning launches, the ranking launches on upper
+/// bounds of blocks (no wait for the plan), the packing and the counters' copy down (events
+/// as in the parent's `launch`). [`settle`] reads the counters after the batch's wait.
 pub(super) fn launch(
     g: &Gpu,
     f: &Kernels,
@@ -275,13 +284,9 @@ pub(super) fn launch(
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
         // SAFETY: `d_in` holds at least `in_bytes`; the pinned source, written by `stage`, is
-        // not touched again until the stream is synchronized. The counters lie in `d_plan`,
-        // the answers' counts (gq of them, cleared: the queries left unranked keep 0) in
-        // `d_out`.
+        // not touched again until the stream is synchronized. The counters lie in `d_plan`.
         unsafe {
             result::memset_d8_async(p_counters, 0, 16, cs).map_err(drv("memset"))?;
-            result::memset_d8_async(d_out + lay.cnt as u64, 0, part.gq * 4, cs)
-                .map_err(drv("memset"))?;
             result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
                 .map_err(drv("host-to-device copy"))?;
         }
@@ -302,6 +307,7 @@ pub(super) fn launch(
     let p_splitq = d_plan + pl.splitq as u64;
     let p_splitlo = d_plan + pl.splitlo as u64;
     let p_splithi = d_plan + pl.splithi as u64;
+    let p_cnt = d_out + lay.cnt as u64;
     let static_max = c.scored.static_max;
     let piece = c.piece;
     let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
@@ -311,7 +317,8 @@ pub(super) fn launch(
     // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
     // null); the planning buffer holds n_terms lists, gq floors, cap_items = gq + 2 *
     // max_pieces items and keys (a query adds at most 1 + pieces items, pieces within the
-    // budget), gq splits and 4 counters (cleared above).
+    // budget), gq splits and 4 counters (cleared above); `d_out` holds gq answer counts
+    // (cleared by the plan).
     unsafe {
         g.launch(
             &f.plan,
@@ -338,6 +345,7 @@ pub(super) fn launch(
                 arg(&p_splitlo),
                 arg(&p_splithi),
                 arg(&p_counters),
+                arg(&p_cnt),
             ],
         )?;
         g.launch(
@@ -347,58 +355,108 @@ pub(super) fn launch(
             &mut [arg(&p_counters), arg(&p_keys), arg(&p_order)],
         )?;
     }
-    let counts = {
-        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
-        // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read after the sync.
-        unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
-            .map_err(drv("device-to-host copy"))?;
-        g.sync()?;
-        let c = view::<u32>(pin);
-        [c[0], c[1], c[2], c[3]]
-    };
-    t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
-    if counts[3] != 0 {
-        return Err(malformed());
-    }
-    let (n_items32, n_split32) = (counts[0], counts[2]);
-    if n_items32 as usize > pl.cap_items || n_split32 > gq32 {
-        return Err(GpuError::Kernel(format!(
-            "bm25_plan wrote {n_items32} items and {n_split32} splits for {gq32} queries"
-        )));
-    }
-    part.n_items = n_items32 as usize;
-    part.n_split = n_split32 as usize;
-    part.n_pieces = (counts[1] as usize).min(pl.max_pieces);
-    t.pieces += part.n_pieces;
+    let (item_bound, split_bound) = bounds(part.on_device, pl.max_pieces);
+    let packed_host = packed_on_host(ws, &part)?;
     let rank = RankArgs {
         n_queries: gq32,
-        n_items: n_items32,
+        n_items: item_bound,
+        n_items_dev: p_counters + 4 * C_ITEMS as u64,
         order: p_order,
         items: p_items,
         q_off: p_qoff,
         mode: p_mode,
         lists: p_lists,
         floor: p_floor,
-        n_split: n_split32,
+        n_split: split_bound,
+        n_split_dev: p_counters + 4 * C_SPLITS as u64,
+        merge_blocks: split_bound.min(MERGE_BLOCKS),
         split_q: p_splitq,
         split_lo: p_splitlo,
         split_hi: p_splithi,
         out: d_out,
         piece: d_piece,
+        packed_host,
     };
-    // SAFETY: the items, order, lists and floors were written by `bm25_plan` / `bm25_order`
-    // (n_items of them, checked above against the buffer's capacity; queries of 1 to 64
-    // terms, by `stage`; piece slots below max_pieces, each split query's at most CAP / k);
-    // the piece region is sized for max_pieces, the output for gq queries.
+    // SAFETY: the items, order, lists and floors are written by `bm25_plan` / `bm25_order`
+    // before these launches on the same stream: at most `item_bound` items (`bounds`; the
+    // kernels read the plan's own count and take the smaller) and `split_bound` split
+    // queries, queries of 1 to 64 terms (by `stage`), piece slots below max_pieces, each
+    // split query's at most CAP / k; the piece region is sized for max_pieces, the output
+    // for gq queries.
     unsafe { launch_rank(g, f, c, &part.layout, &rank)? };
     g.record(&events[2])?;
-    copy_down(g, ws, &part, d_out)?;
+    part.packed_on_host = packed_host.is_some();
+    if !part.packed_on_host {
+        copy_down(g, ws, &part, d_out)?;
+        t.d2h_bytes += part.down_bytes as u64;
+    }
+    {
+        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
+        // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read by `settle`
+        // after the stream is synchronized.
+        unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
+            .map_err(drv("device-to-host copy"))?;
+    }
     g.record(&events[3])?;
+    t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
     t.h2d_bytes += part.in_bytes as u64;
-    t.d2h_bytes += (part.down_bytes + 16) as u64;
+    t.d2h_bytes += 16;
     part.events = Some(events);
     Ok(part)
 }
+
+/// Upper bounds of a device-planned batch's items and split queries, from the queries it
+/// ranks and its piece budget: a query is one item, or its pieces (and one more under
+/// AND-then-OR), so each split query adds at most its pieces to the items; the pieces of all
+/// split queries stay within the budget, and each has at least two.
+fn bounds(ranked: usize, max_pieces: usize) -> (u32, u32) {
+    let items = (ranked + max_pieces) as u32;
+    let splits = ranked.min(max_pieces / 2) as u32;
+    (items, splits)
+}
+
+/// After the batch's wait: the plan's counters (a term id beyond the index is an error; the
+/// counts must lie within the bounds the launches assumed), and the batch's items, splits and
+/// pieces for the timings.
+pub(super) fn settle(
+    ws: &Workspace,
+    part: &mut Staged,
+    t: &mut Bm25Timings,
+) -> Result<(), GpuError> {
+    let Some(pl) = part.planned else {
+        return Ok(());
+    };
+    if part.gq == 0 {
+        return Ok(());
+    }
+    let pin = ws
+        .pin_items
+        .as_ref()
+        .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+    let c = view::<u32>(&pin.as_slice()[..16]);
+    if c[C_BAD] != 0 {
+        return Err(malformed());
+    }
+    let (item_bound, split_bound) = bounds(part.on_device, pl.max_pieces);
+    if c[C_ITEMS] > item_bound || c[C_SPLITS] > split_bound {
+        return Err(GpuError::Kernel(format!(
+            "bm25_plan wrote {} items and {} splits for {} ranked queries (bounds {item_bound} \
+             and {split_bound})",
+            c[C_ITEMS], c[C_SPLITS], part.on_device
+        )));
+    }
+    part.n_items = c[C_ITEMS] as usize;
+    part.n_split = c[C_SPLITS] as usize;
+    part.n_pieces = (c[C_PIECES] as usize).min(pl.max_pieces);
+    t.pieces += part.n_pieces;
+    Ok(())
+}
+
+/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu).
+const C_ITEMS: usize = 0;
+const C_PIECES: usize = 1;
+const C_SPLITS: usize = 2;
+const C_BAD: usize = 3;
 
 #[cfg(test)]
 mod tests {
