@@ -358,6 +358,41 @@ fn resident_budget_keeps_answers_exact() {
     );
     assert_eq!(stats.on_gpu, 0);
     assert!(stats.gpu_error.is_some());
+    // The device-planned path's tables (every term's list reference, and its floor at k)
+    // count as resident: with room for the whole index but not for them, the host plans the
+    // batch (exact either way) and the resident bytes stay within the budget.
+    gpu::bm25_evict();
+    let stats = check(&index, &scored, &qs, 10, Mode::Or, None, "tables counted");
+    let full = stats.timings.clone().expect("the GPU ran");
+    assert!(full.plan_ms > 0.0, "planned on the device: {full:?}");
+    let tight = full.resident_bytes as usize - 1;
+    gpu::bm25_evict();
+    for mode in [Mode::Or, Mode::And] {
+        let stats = check(
+            &index,
+            &scored,
+            &qs,
+            10,
+            mode,
+            Some(tight),
+            "no room for the tables",
+        );
+        let t = stats.timings.clone().expect("the GPU ran");
+        // The whole index still fits (only the tables do not): every query the device takes
+        // ran there.
+        let takes = qs
+            .iter()
+            .filter(|q| {
+                !q.ids.is_empty()
+                    && q.ids.len() <= gpu::BM25_MAX_TERMS
+                    && !(mode == Mode::And && q.unknown)
+            })
+            .count();
+        assert_eq!(stats.on_gpu, takes, "{stats:?}");
+        assert!(stats.gpu_error.is_none(), "{stats:?}");
+        assert!(t.resident_bytes as usize <= tight, "{t:?}");
+        assert_eq!(t.plan_ms, 0.0, "planned on the host: {t:?}");
+    }
     gpu::bm25_evict();
 }
 

@@ -409,6 +409,25 @@ impl Resident {
         b.as_ref().map_or(0, |b| b.ptr)
     }
 
+    /// Bytes the device-planned path's tables take at `k`: every term's `ListRef` (16
+    /// bytes), and its floor when k has floors (8 bytes).
+    fn plan_table_bytes(&self, k: usize) -> usize {
+        let floors = self.floors.as_ref().is_some_and(|(fk, _)| *fk == k);
+        // As `DevBuf::upload` allocates them: at least 256 bytes each.
+        (self.refs.len() * 16).max(256)
+            + if floors {
+                (self.refs.len() * 8).max(256)
+            } else {
+                0
+            }
+    }
+
+    /// Bytes of those tables on the device now.
+    fn device_table_bytes(&self) -> usize {
+        self.d_refs.as_ref().map_or(0, |b| b.bytes)
+            + self.d_floors.as_ref().map_or(0, |(_, b)| b.bytes)
+    }
+
     /// Computes every term's own floor at `k` (none above [`FLOOR_K`]) unless the last batch
     /// had the same k.
     fn cache_floors(&mut self, scored: &Scored, k: usize) {
@@ -586,17 +605,21 @@ fn run(
             }
         }
     }
-    t.resident_bytes = res.bytes as u64;
     t.lookup_ms = ms(t_stage);
     t.stage_ms = ms(t_stage);
 
     res.cache_floors(scored, k);
-    // The whole index resident: the device plans the batch (see `planned`).
-    let tables = if res.all && planned::enabled() {
+    // The whole index resident: the device plans the batch (see `planned`), when its tables
+    // fit in the budget beside the index; else the host plans it (exact either way), and
+    // tables of an earlier call are let go.
+    let tables = if res.all && planned::enabled() && res.bytes + res.plan_table_bytes(k) <= budget {
         Some(res.device_tables(k)?)
     } else {
+        res.d_refs = None;
+        res.d_floors = None;
         None
     };
+    t.resident_bytes = (res.bytes + res.device_table_bytes()) as u64;
     let res = &*res;
     let ctx = Ctx {
         index,

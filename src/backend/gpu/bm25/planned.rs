@@ -77,7 +77,10 @@ impl Resident {
             _ => None,
         };
         let p_floor = match floors {
-            None => 0,
+            None => {
+                self.d_floors = None; // another k's: not read, not kept
+                0
+            }
             Some(f) => {
                 if self.d_floors.as_ref().is_none_or(|(dk, _)| *dk != k) {
                     self.d_floors = None;
