@@ -97,6 +97,18 @@ fn queries(rng: &mut StdRng, index: &InvertedIndex, n: usize, vocab: usize) -> V
         .collect()
 }
 
+/// How many of a batch's queries the device ranks with the whole index resident: those with a
+/// known term (under AND: no unknown one) and at most `BM25_MAX_TERMS` terms.
+fn device_takes(qs: &[QueryTerms], mode: Mode) -> usize {
+    qs.iter()
+        .filter(|q| {
+            !q.ids.is_empty()
+                && q.ids.len() <= gpu::BM25_MAX_TERMS
+                && !(mode == Mode::And && q.unknown)
+        })
+        .count()
+}
+
 fn check(
     index: &InvertedIndex,
     scored: &Arc<Scored>,
@@ -176,14 +188,7 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
                 let stats = check(&index, &scored, &qs, k, mode, None, &what);
                 assert!(stats.gpu_error.is_none(), "{what}: {:?}", stats.gpu_error);
                 // Every query with a known term and at most 64 terms ran on the device.
-                let expect = qs
-                    .iter()
-                    .filter(|q| {
-                        !q.ids.is_empty()
-                            && q.ids.len() <= gpu::BM25_MAX_TERMS
-                            && !(mode == Mode::And && q.unknown)
-                    })
-                    .count();
+                let expect = device_takes(&qs, mode);
                 assert_eq!(stats.on_gpu, expect, "{what} k {k} {mode:?}");
                 on_gpu += stats.on_gpu;
                 let p = stats.timings.as_ref().map_or(0, |t| t.pieces);
@@ -380,15 +385,7 @@ fn resident_budget_keeps_answers_exact() {
         let t = stats.timings.clone().expect("the GPU ran");
         // The whole index still fits (only the tables do not): every query the device takes
         // ran there.
-        let takes = qs
-            .iter()
-            .filter(|q| {
-                !q.ids.is_empty()
-                    && q.ids.len() <= gpu::BM25_MAX_TERMS
-                    && !(mode == Mode::And && q.unknown)
-            })
-            .count();
-        assert_eq!(stats.on_gpu, takes, "{stats:?}");
+        assert_eq!(stats.on_gpu, device_takes(&qs, mode), "{stats:?}");
         assert!(stats.gpu_error.is_none(), "{stats:?}");
         assert!(t.resident_bytes as usize <= tight, "{t:?}");
         assert_eq!(t.plan_ms, 0.0, "planned on the host: {t:?}");
@@ -535,11 +532,10 @@ fn bench_gpu_bm25() {
          on the device after the CPU's share; kernel = the device's launches; cpu = the CPU's \
          share; unpack = results into the output layout; launch = queueing copies and launches; \
          inside = the whole of bm25_topk\n\
-         plan = (device-planned) from the copy up to the device's item counts read back, part of launch\n\
-         prefault = (DFSETS_BM25_PREFAULT=1) the answers' vectors allocated and touched before the wait\n\
+         plan = (device-planned) queueing the copy up, the planning and the ranking launches (no wait), part of launch\n\
          copy = (device-planned) the part of fill that copies the term ids and offsets\n\
-         | mode | k | call | inside | lookup | fill (copy) | sort | launch | plan | wait (kernel) | cpu | prefault | unpack | on GPU |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | mode | k | call | inside | lookup | fill (copy) | sort | launch | plan | wait (kernel) | cpu | unpack | on GPU |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let batch: Queries = qs.iter().collect();
     let rank = |k, mode, backend| {
@@ -600,7 +596,7 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {} |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} |\n",
                 med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
@@ -611,7 +607,6 @@ fn bench_gpu_bm25() {
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),
                 med(|t| t.cpu_ms),
-                med(|t| t.prefault_ms),
                 med(|t| t.unpack_ms),
                 tims[0].on_device,
             );

@@ -668,13 +668,6 @@ fn run(
         part.cpu_q.par_iter().map(|&i| rank_cpu(i)).collect()
     };
     t.cpu_ms = ms(t_cpu);
-    // The answers' vectors allocated, and their pages touched, while the device works
-    // (`DFSETS_BM25_PREFAULT=1`; measurements: whether the unpack's time is page faults).
-    let t_pre = Instant::now();
-    let bound = part.gq * k + cpu_hits.iter().map(Vec::len).sum::<usize>();
-    let pre =
-        (prefault() && bound <= unpack_seq_max()).then(|| Answers::touched(batch.len(), bound));
-    t.prefault_ms = ms(t_pre);
     let t_wait = Instant::now();
     g.sync()?;
     t.wait_ms = ms(t_wait);
@@ -686,7 +679,7 @@ fn run(
     }
 
     let t_unpack = Instant::now();
-    let out = unpack(ws, &part, k, &cpu_hits, pre)?;
+    let out = unpack(ws, &part, k, &cpu_hits)?;
     t.unpack_ms = ms(t_unpack);
     if let Some(ev) = &part.events {
         let elapsed = |a: &CudaEvent, b: &CudaEvent| {
@@ -1431,7 +1424,6 @@ fn unpack(
     part: &Staged,
     k: usize,
     cpu_hits: &[Vec<Hit>],
-    pre: Option<Answers>,
 ) -> Result<Ranked, GpuError> {
     let lay = &part.layout;
     let gq = part.gq;
@@ -1495,15 +1487,9 @@ fn unpack(
     }
     // One pass on this thread: the device's hits are copied a run of consecutive slots at a
     // time (the whole batch at once when the CPU's share has no hits).
-    let Answers {
-        mut offsets,
-        mut docs,
-        mut scores,
-    } = pre.unwrap_or_else(|| Answers {
-        offsets: Vec::with_capacity(part.slot.len() + 1),
-        docs: Vec::with_capacity(hits),
-        scores: Vec::with_capacity(hits),
-    });
+    let mut offsets = Vec::with_capacity(part.slot.len() + 1);
+    let mut docs = Vec::with_capacity(hits);
+    let mut scores = Vec::with_capacity(hits);
     offsets.push(0);
     // The pending run: slots lo..next, not yet copied.
     let (mut lo, mut next) = (0usize, 0usize);
@@ -1537,43 +1523,6 @@ fn unpack(
         docs,
         scores,
     })
-}
-
-/// Empty vectors for a batch's answers (`Ranked`'s), with room for `nq` queries and `hits`
-/// hits.
-struct Answers {
-    offsets: Vec<usize>,
-    docs: Vec<u32>,
-    scores: Vec<f64>,
-}
-
-impl Answers {
-    /// Room for `nq` queries and `hits` hits, every page of it written once (so that the
-    /// unpack's copies find them mapped).
-    fn touched(nq: usize, hits: usize) -> Self {
-        fn touch<T: Copy + Default>(v: &mut Vec<T>) {
-            let step = (4096 / std::mem::size_of::<T>()).max(1);
-            for x in v.spare_capacity_mut().iter_mut().step_by(step) {
-                x.write(T::default());
-            }
-        }
-        let mut a = Answers {
-            offsets: Vec::with_capacity(nq + 1),
-            docs: Vec::with_capacity(hits),
-            scores: Vec::with_capacity(hits),
-        };
-        touch(&mut a.offsets);
-        touch(&mut a.docs);
-        touch(&mut a.scores);
-        a
-    }
-}
-
-/// Whether the answers' vectors are allocated and touched during the wait
-/// (`DFSETS_BM25_PREFAULT=1`).
-fn prefault() -> bool {
-    static P: OnceLock<bool> = OnceLock::new();
-    *P.get_or_init(|| env_knob("DFSETS_BM25_PREFAULT", 0) == 1)
 }
 
 /// Most hits a batch's answers are unpacked on one thread (`DFSETS_BM25_UNPACK_SEQ_MAX`;

@@ -327,8 +327,6 @@ pub struct Bm25Timings {
     pub cpu_ms: f64,
     /// Turning the device's results into the caller's layout.
     pub unpack_ms: f64,
-    /// The answers' vectors allocated and touched during the wait (`DFSETS_BM25_PREFAULT`).
-    pub prefault_ms: f64,
     pub h2d_ms: f64,
     pub kernel_ms: f64,
     pub d2h_ms: f64,
