@@ -11,7 +11,8 @@
 //!   query with much work (candidates times the lists each is searched in; an OR query only
 //!   with a floor) is split into pieces over ranges of ordinals, a block each, whose answers
 //!   a second launch merges on the device: a long query no longer holds one block while all
-//!   the others finish), and its results come back in one copy.
+//!   the others finish), and its results come back packed, written by the device into the
+//!   host's pinned buffer (`DFSETS_BM25_ZERO_COPY=0`: one copy down).
 //! - Results are bit-identical to the CPU's (`search::topk`): same f64 sums in the same
 //!   order, same ties. Queries the kernel does not take (more than [`BM25_MAX_TERMS`]
 //!   terms, k above [`BM25_MAX_K`], lists not resident) come back as `None`.
@@ -810,7 +811,8 @@ impl Staged {
 
 /// Offsets of the regions in the batch's buffers: queries up (q_off | modes | lists | floors),
 /// blocks up (order | items | split_q | split_p), the answers (counts | docs | scores as
-/// ranked, `k` places a query, then packed: offsets | docs | scores, the part copied down)
+/// ranked, `k` places a query, then packed: offsets | docs | scores, the part the host reads,
+/// written into its pinned buffer by the device or copied down)
 /// and the pieces' answers on the device (counts | ordinals | scores | AND counts).
 #[derive(Default)]
 struct Layout {
@@ -1286,8 +1288,8 @@ struct RankArgs {
 }
 
 /// Queue `bm25_topk` over a batch's items (longest first), then `bm25_merge` over its split
-/// queries, then `bm25_pack_offsets` and `bm25_pack` (the answers packed for the copy down),
-/// on the stream.
+/// queries, then `bm25_pack_offsets` and `bm25_pack` (the answers packed for the host: into
+/// its pinned buffer, or on the device for the copy down), on the stream.
 ///
 /// # Safety
 /// Every address of `a` holds what `bm25_topk` and `bm25_merge` (kernels/bm25.cu) read and
@@ -1415,7 +1417,7 @@ const PACK_THREADS: u32 = 1024;
 const PACK_QUERIES: u32 = 256;
 const PACK_BLOCK: u32 = 256;
 
-/// The batch's answers in batch order (the device's, once its copy down has completed, and
+/// The batch's answers in batch order (the device's, once the stream is synchronized, and
 /// the CPU's share). The device's come packed (`bm25_pack`): query slot `s`'s hits are
 /// `docs[off[s]..off[s + 1]]`, slots in batch order, so a run of device queries between two
 /// of the CPU's share is one copy.
