@@ -414,10 +414,9 @@ impl Resident {
     /// bytes), and its floor when k has floors (8 bytes).
     fn plan_table_bytes(&self, k: usize) -> usize {
         let floors = self.floors.as_ref().is_some_and(|(fk, _)| *fk == k);
-        // As `DevBuf::upload` allocates them: at least 256 bytes each.
-        (self.refs.len() * 16).max(256)
+        DevBuf::bytes_for(self.refs.len() * 16)
             + if floors {
-                (self.refs.len() * 8).max(256)
+                DevBuf::bytes_for(self.refs.len() * 8)
             } else {
                 0
             }
@@ -672,9 +671,7 @@ fn run(
     let t_wait = Instant::now();
     g.sync()?;
     t.wait_ms = ms(t_wait);
-    if part.planned.is_some() {
-        planned::settle(ws, &mut part, t)?;
-    }
+    planned::settle(ws, &mut part, t)?;
     if part.packed_on_host {
         t.d2h_bytes += packed_bytes(ws, &part);
     }
@@ -1203,11 +1200,7 @@ fn launch(
     // queries and n_pieces pieces.
     unsafe { launch_rank(g, f, c, lay, &rank)? };
     record(&events[2])?;
-    part.packed_on_host = packed_host.is_some();
-    if !part.packed_on_host {
-        copy_down(g, ws, &part, d_out)?;
-        t.d2h_bytes += part.down_bytes as u64;
-    }
+    answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     record(&events[3])?;
     t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
     part.events = Some(events);
@@ -1225,6 +1218,24 @@ fn packed_on_host(ws: &mut Workspace, part: &Staged) -> Result<Option<u64>, GpuE
     let pin = Workspace::pinned(&mut ws.pin_out, part.down_bytes)?;
     // A driver that does not map the buffer: the answers are copied down instead.
     Ok(pin.device_ptr().ok())
+}
+
+/// After the packing launches: the answers are in the host's buffer already (`packed_host`),
+/// or their copy down is queued.
+fn answers_down(
+    g: &Gpu,
+    ws: &mut Workspace,
+    part: &mut Staged,
+    d_out: u64,
+    packed_host: Option<u64>,
+    t: &mut Bm25Timings,
+) -> Result<(), GpuError> {
+    part.packed_on_host = packed_host.is_some();
+    if !part.packed_on_host {
+        copy_down(g, ws, part, d_out)?;
+        t.d2h_bytes += part.down_bytes as u64;
+    }
+    Ok(())
 }
 
 /// Bytes the device wrote into the host's buffer for answers packed there: the offsets and

@@ -190,6 +190,11 @@ pub(super) struct DevBuf {
 }
 
 impl DevBuf {
+    /// The bytes [`DevBuf::upload`] allocates for `len` bytes of data (at least 256).
+    pub(super) fn bytes_for(len: usize) -> usize {
+        len.max(256)
+    }
+
     /// A new device buffer holding a copy of `v` (at least 256 bytes), copied synchronously;
     /// `alloc` and `copy` name the two steps in errors. The context must be bound.
     pub(super) fn upload(
@@ -197,7 +202,7 @@ impl DevBuf {
         alloc: &'static str,
         copy: &'static str,
     ) -> Result<Self, GpuError> {
-        let bytes = v.len().max(256);
+        let bytes = Self::bytes_for(v.len());
         if fault::armed(Fault::OutOfMemory) {
             return Err(GpuError::OutOfMemory(alloc));
         }
@@ -249,6 +254,8 @@ pub(super) fn free_pinned(ptr: *mut u8) {
 pub(super) struct Pinned {
     ptr: *mut u8,
     bytes: usize,
+    /// Its device address, once asked for (0: not yet).
+    dev: u64,
 }
 
 impl Pinned {
@@ -265,15 +272,18 @@ impl Pinned {
 
     /// The address through which kernels read and write this buffer across the bus (with
     /// unified addressing, where every page-locked allocation is mapped, the host's own
-    /// address; asked of the driver all the same).
-    pub(super) fn device_ptr(&self) -> Result<u64, GpuError> {
-        let mut d: cudarc::driver::sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` is a live page-locked allocation of this context (`malloc_host`);
-        // the driver writes one address into `d`.
-        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr.cast(), 0) }
-            .result()
-            .map_err(drv("mapped host pointer"))?;
-        Ok(d)
+    /// address; asked of the driver once per allocation all the same).
+    pub(super) fn device_ptr(&mut self) -> Result<u64, GpuError> {
+        if self.dev == 0 {
+            let mut d: sys::CUdeviceptr = 0;
+            // SAFETY: `ptr` is a live page-locked allocation of this context (`malloc_host`);
+            // the driver writes one address into `d`.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr.cast(), 0) }
+                .result()
+                .map_err(drv("mapped host pointer"))?;
+            self.dev = d;
+        }
+        Ok(self.dev)
     }
 }
 
@@ -506,6 +516,7 @@ impl Workspace {
             *slot = Some(Pinned {
                 ptr: ptr.cast(),
                 bytes: grown,
+                dev: 0,
             });
         }
         slot.as_mut()

@@ -17,8 +17,8 @@ use cudarc::driver::result;
 use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
 use super::super::{BM25_MAX_TERMS, Bm25Batch, Bm25Timings, GpuError};
 use super::{
-    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, batch_events,
-    copy_down, launch_rank, malformed, packed_on_host,
+    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, answers_down,
+    batch_events, launch_rank, malformed, packed_on_host,
 };
 use crate::search::topk::Mode;
 
@@ -388,11 +388,7 @@ pub(super) fn launch(
     // for gq queries.
     unsafe { launch_rank(g, f, c, &part.layout, &rank)? };
     g.record(&events[2])?;
-    part.packed_on_host = packed_host.is_some();
-    if !part.packed_on_host {
-        copy_down(g, ws, &part, d_out)?;
-        t.d2h_bytes += part.down_bytes as u64;
-    }
+    answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     {
         let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
         // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read by `settle`
@@ -418,9 +414,9 @@ fn bounds(ranked: usize, max_pieces: usize) -> (u32, u32) {
     (items, splits)
 }
 
-/// After the batch's wait: the plan's counters (a term id beyond the index is an error; the
-/// counts must lie within the bounds the launches assumed), and the batch's items, splits and
-/// pieces for the timings.
+/// After the batch's wait, for a device-planned batch (others: nothing): the plan's counters
+/// (a term id beyond the index is an error; the counts must lie within the bounds the
+/// launches assumed), and the batch's items, splits and pieces for the timings.
 pub(super) fn settle(
     ws: &Workspace,
     part: &mut Staged,
