@@ -580,3 +580,41 @@ fn dropping_the_stream_stops_the_join() {
     })
     .expect("query runs");
 }
+
+/// The partitions share the probe sets by claiming ranges: a plan executed again probes every
+/// set again (each execution has its own claims), and partitions drained one after another
+/// (the first claims every set, the later ones find none) still give every pair once.
+#[test]
+fn partitions_claim_every_probe_set_once_per_execution() {
+    let rt = runtime();
+    let ctx = context(64, 3);
+    let rows = clustered(300);
+    register(&ctx, "c", &rows, "List(Int64)");
+    let th =
+        Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "test").expect("threshold");
+    let want = brute_force(&rows, None, &th);
+    assert!(
+        want.len() > 1000,
+        "the test needs many pairs, got {}",
+        want.len()
+    );
+    rt.block_on(async {
+        let df = ctx
+            .sql("SELECT left_id, right_id, similarity FROM similarity_join('c', 'id', 'tokens', 'jaccard', 0.5)")
+            .await?;
+        let plan = df.create_physical_plan().await?;
+        for run in 0..3 {
+            let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+            assert_eq!(pairs_of(&batches, Measure::Jaccard), want, "execution {run}");
+        }
+        let mut batches = Vec::new();
+        for mut stream in execute_stream_partitioned(Arc::clone(&plan), ctx.task_ctx())? {
+            while let Some(batch) = stream.next().await {
+                batches.push(batch?);
+            }
+        }
+        assert_eq!(pairs_of(&batches, Measure::Jaccard), want, "partitions one at a time");
+        Ok::<_, datafusion::error::DataFusionError>(())
+    })
+    .expect("query runs");
+}

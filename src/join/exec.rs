@@ -55,7 +55,7 @@ use tokio::sync::OnceCell;
 use super::build::{Prepared, prepare};
 use super::filter::{Collections, reserve};
 use super::split_scan::split_scan;
-use super::stream::SimilarityJoinStream;
+use super::stream::{ProbeClaims, SimilarityJoinStream};
 use super::threshold::Threshold;
 use crate::config::{BackendChoice, SetsConfig};
 use crate::functions::set_similarity::{Measure, coerce_pair};
@@ -270,6 +270,8 @@ pub struct SimilarityJoinExec {
     /// Where candidates are verified (`sets.backend` when the plan was made).
     backend: BackendChoice,
     build: Arc<OnceCell<Arc<Built>>>,
+    /// The partitions' claims of probe sets (shared, as the build is).
+    claims: Arc<ProbeClaims>,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
@@ -438,6 +440,7 @@ impl SimilarityJoinExec {
             partitions,
             backend: BackendChoice::Auto,
             build: Arc::new(OnceCell::new()),
+            claims: Arc::new(ProbeClaims::new(partitions)),
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
@@ -713,6 +716,7 @@ impl ExecutionPlan for SimilarityJoinExec {
             self.columns.clone(),
             partition,
             self.partitions,
+            Arc::clone(&self.claims),
             self.backend,
             context,
             &self.metrics,

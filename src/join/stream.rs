@@ -1,11 +1,12 @@
 //! The output stream of one partition of [`super::exec::SimilarityJoinExec`]: waits for the
-//! shared build, then probes its share of the sets a chunk at a time, yielding between
-//! chunks (so a dropped or cancelled query stops promptly) and emitting `batch_size` rows
-//! per batch.
+//! shared build, then probes ranges of the sets claimed from a counter the partitions share
+//! ([`ProbeClaims`]), a chunk at a time, yielding between chunks (so a dropped or cancelled
+//! query stops promptly) and emitting `batch_size` rows per batch.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -108,8 +109,73 @@ type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
 
 enum State {
     Building(BuildFuture),
-    Probing { built: Arc<Built>, next: usize },
+    /// Probing `next..end`, a range claimed from `claims`; a new range is claimed when it
+    /// is done, and the partition is done when none is left.
+    Probing {
+        built: Arc<Built>,
+        claims: Arc<AtomicUsize>,
+        next: usize,
+        end: usize,
+    },
     Done,
+}
+
+/// Smallest and largest range of probe sets a partition claims at a time.
+const MIN_CLAIM: usize = 16;
+const MAX_CLAIM: usize = 4096;
+
+/// The probe sets' claims of one plan's executions. The partitions of an execution share one
+/// counter of the next unclaimed probe set, and each partition claims a share of what is left
+/// when its range is done (a fraction of it, so the last claims are small and the partitions
+/// finish together): a core that the machine takes away for a while, or a range of costlier
+/// sets, no longer holds up the whole join, as a fixed split (every `partitions`-th set) did.
+/// The `k`-th execution of each partition uses counter `k`, so a plan executed again probes
+/// every set again.
+#[derive(Debug)]
+pub(crate) struct ProbeClaims {
+    runs: Vec<AtomicUsize>,
+    counters: Mutex<Vec<Arc<AtomicUsize>>>,
+}
+
+impl ProbeClaims {
+    pub(crate) fn new(partitions: usize) -> Self {
+        Self {
+            runs: (0..partitions).map(|_| AtomicUsize::new(0)).collect(),
+            counters: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The counter of `partition`'s next execution.
+    fn counter(&self, partition: usize) -> Arc<AtomicUsize> {
+        let run = self.runs[partition].fetch_add(1, Ordering::Relaxed);
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        while counters.len() <= run {
+            counters.push(Arc::new(AtomicUsize::new(0)));
+        }
+        Arc::clone(&counters[run])
+    }
+}
+
+/// Claim the next range of the `len` probe sets from `counter` for one of `partitions`
+/// partitions: a `4 * partitions`-th of what is left, within [`MIN_CLAIM`, `MAX_CLAIM`]
+/// (everything for one partition); an empty range at `len` when none is left.
+fn claim(counter: &AtomicUsize, len: usize, partitions: usize) -> (usize, usize) {
+    let mut start = counter.load(Ordering::Relaxed);
+    loop {
+        if start >= len {
+            return (len, len);
+        }
+        let size = if partitions <= 1 {
+            len - start
+        } else {
+            ((len - start) / (4 * partitions)).clamp(MIN_CLAIM, MAX_CLAIM)
+        };
+        let end = start.saturating_add(size).min(len);
+        match counter.compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return (start, end),
+            Err(now) => start = now,
+        }
+    }
 }
 
 /// How many candidates ahead the CPU verification prefetches the candidate's set. Measured
@@ -131,6 +197,8 @@ pub(crate) struct SimilarityJoinStream {
     exact: bool,
     partition: usize,
     partitions: usize,
+    /// The plan's claims of probe sets, shared by its partitions.
+    claims: Arc<ProbeClaims>,
     batch_size: usize,
     context: Arc<TaskContext>,
     scratch: Scratch,
@@ -217,6 +285,7 @@ impl SimilarityJoinStream {
         columns: Vec<JoinColumn>,
         partition: usize,
         partitions: usize,
+        claims: Arc<ProbeClaims>,
         backend: BackendChoice,
         context: Arc<TaskContext>,
         metrics: &ExecutionPlanMetricsSet,
@@ -233,6 +302,7 @@ impl SimilarityJoinStream {
             columns,
             partition,
             partitions,
+            claims,
             batch_size: context.session_config().batch_size().max(1),
             context,
             scratch: Scratch::default(),
@@ -276,9 +346,13 @@ impl SimilarityJoinStream {
         self.scratch = Scratch::new(sets);
         self.scratch_reservation = Some(reservation);
         self.verifier = self.choose_verifier(&built);
+        let claims = self.claims.counter(self.partition);
+        let (next, end) = claim(&claims, built.collections.len(), self.partitions);
         self.state = State::Probing {
             built,
-            next: self.partition,
+            claims,
+            next,
+            end,
         };
         Ok(())
     }
@@ -650,9 +724,14 @@ impl SimilarityJoinStream {
                     Poll::Pending
                 }
             },
-            State::Probing { built, next } => {
-                let built = Arc::clone(built);
-                let mut p = *next;
+            State::Probing {
+                built,
+                claims,
+                next,
+                end,
+            } => {
+                let (built, claims) = (Arc::clone(built), Arc::clone(claims));
+                let (mut p, mut end) = (*next, *end);
                 let elapsed = self.baseline.elapsed_compute().clone();
                 let timer = elapsed.timer();
                 let mut work = 0;
@@ -668,10 +747,13 @@ impl SimilarityJoinStream {
                     && !self.chunk_full()
                 {
                     work += self.probe(&built, p);
-                    p += self.partitions;
+                    p += 1;
+                    if p == end {
+                        (p, end) = claim(&claims, len, self.partitions);
+                    }
                 }
-                if let State::Probing { next, .. } = &mut self.state {
-                    *next = p;
+                if let State::Probing { next, end: e, .. } = &mut self.state {
+                    (*next, *e) = (p, end);
                 }
                 self.flush_probe_metrics();
                 if self.pending < self.batch_size && (p >= len || self.chunk_full()) {
@@ -722,6 +804,59 @@ impl RecordBatchStream for SimilarityJoinStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Partitions claiming at once from one counter get disjoint ranges that cover every
+    /// probe set, within the claim sizes; one partition claims all at once.
+    #[test]
+    fn claims_cover_every_probe_set_once() {
+        for (len, partitions) in [(0, 2), (1, 2), (15, 2), (100_000, 2), (58_048, 3), (999, 8)] {
+            let counter = AtomicUsize::new(0);
+            let mut ranges: Vec<(usize, usize)> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..partitions)
+                    .map(|_| {
+                        s.spawn(|| {
+                            let mut mine = Vec::new();
+                            loop {
+                                let (a, b) = claim(&counter, len, partitions);
+                                if a == b {
+                                    assert_eq!(a, len);
+                                    return mine;
+                                }
+                                mine.push((a, b));
+                            }
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap())
+                    .collect()
+            });
+            ranges.sort_unstable();
+            let mut at = 0;
+            for &(a, b) in &ranges {
+                assert_eq!(a, at, "{len} sets, {partitions} partitions: {ranges:?}");
+                assert!(b - a <= MAX_CLAIM);
+                assert!(b - a >= MIN_CLAIM || b == len, "{a}..{b} of {len}");
+                at = b;
+            }
+            assert_eq!(at, len);
+        }
+        let counter = AtomicUsize::new(0);
+        assert_eq!(claim(&counter, 100_000, 1), (0, 100_000));
+        assert_eq!(claim(&counter, 100_000, 1), (100_000, 100_000));
+    }
+
+    /// Each partition's `k`-th execution shares counter `k` with the others' `k`-th.
+    #[test]
+    fn each_execution_of_the_partitions_shares_its_own_counter() {
+        let claims = ProbeClaims::new(2);
+        let (a0, b0) = (claims.counter(0), claims.counter(1));
+        assert!(Arc::ptr_eq(&a0, &b0));
+        let (b1, a1) = (claims.counter(1), claims.counter(0));
+        assert!(Arc::ptr_eq(&a1, &b1));
+        assert!(!Arc::ptr_eq(&a0, &a1));
+    }
 
     /// The probe loop's wall time is split in the ratio of the ticks, the shares adding up
     /// to the whole (to a nanosecond per share), and a part with no ticks gets nothing.
