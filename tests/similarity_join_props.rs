@@ -487,16 +487,27 @@ fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<&SimilarityJoinExec> {
     plan.children().into_iter().find_map(find_join)
 }
 
+/// Table `c` of [`clustered`] rows in `ctx`, and its self-join's pairs at Jaccard >= 0.5 (more
+/// than a thousand).
+fn clustered_table(ctx: &SessionContext) -> Pairs {
+    let rows = clustered(300);
+    register(ctx, "c", &rows, "List(Int64)");
+    let th =
+        Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "test").expect("threshold");
+    let want = brute_force(&rows, None, &th);
+    assert!(
+        want.len() > 1000,
+        "the test needs many pairs, got {}",
+        want.len()
+    );
+    want
+}
+
 #[test]
 fn metrics_are_reported() {
     let rt = runtime();
     let ctx = context(64, 3);
-    let rows = clustered(300);
-    register(&ctx, "c", &rows, "List(Int64)");
-    let th =
-        Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "test").expect("threshold");
-    let want = brute_force(&rows, None, &th).len();
-    assert!(want > 1000, "the test needs many pairs, got {want}");
+    let want = clustered_table(&ctx).len();
     rt.block_on(async {
         let df = ctx.sql("SELECT * FROM similarity_join('c', 'id', 'tokens', 'jaccard', 0.5)").await?;
         let plan = df.create_physical_plan().await?;
@@ -588,16 +599,7 @@ fn dropping_the_stream_stops_the_join() {
 fn partitions_claim_every_probe_set_once_per_execution() {
     let rt = runtime();
     let ctx = context(64, 3);
-    let rows = clustered(300);
-    register(&ctx, "c", &rows, "List(Int64)");
-    let th =
-        Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "test").expect("threshold");
-    let want = brute_force(&rows, None, &th);
-    assert!(
-        want.len() > 1000,
-        "the test needs many pairs, got {}",
-        want.len()
-    );
+    let want = clustered_table(&ctx);
     rt.block_on(async {
         let df = ctx
             .sql("SELECT left_id, right_id, similarity FROM similarity_join('c', 'id', 'tokens', 'jaccard', 0.5)")
