@@ -287,7 +287,9 @@ impl fmt::Debug for Built {
 impl SimilarityJoinExec {
     /// A join of `left` with `right` (`None`: a self-join of `left`), emitting the columns
     /// `projection` of `(left_id, right_id, similarity)` (all when `None`) over `partitions`
-    /// output partitions. Every input needs an id column.
+    /// output partitions. A self-join's input needs its id column; an R-S input needs its
+    /// id column only when the projection keeps it (`left_id` for the left input, `right_id`
+    /// for the right one), so that `count(*)` or `SELECT similarity` reads no ids.
     pub fn try_new(
         left: JoinInput,
         right: Option<JoinInput>,
@@ -295,16 +297,17 @@ impl SimilarityJoinExec {
         projection: Option<Vec<usize>>,
         partitions: usize,
     ) -> Result<Self> {
-        let left_id = left.id_field()?;
-        let right_id = match &right {
-            Some(r) => r.id_field()?,
-            None => left_id.clone(),
+        let kept = |i: usize| projection.as_ref().is_none_or(|p| p.contains(&i));
+        // The type of an id column the projection drops does not matter: it is projected
+        // away below.
+        let id_type = |input: &JoinInput, i: usize| match input.id_field() {
+            Ok(f) => Ok(f.data_type().clone()),
+            Err(_) if right.is_some() && !kept(i) => Ok(DataType::Null),
+            Err(e) => Err(e),
         };
-        let full = output_schema(
-            left_id.data_type(),
-            right_id.data_type(),
-            threshold.measure(),
-        );
+        let left_id = id_type(&left, 0)?;
+        let right_id = id_type(right.as_ref().unwrap_or(&left), 1)?;
+        let full = output_schema(&left_id, &right_id, threshold.measure());
         let all = [
             JoinColumn::Left(left.id.unwrap_or_default()),
             JoinColumn::Right(right.as_ref().unwrap_or(&left).id.unwrap_or_default()),

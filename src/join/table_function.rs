@@ -106,7 +106,15 @@ impl Side {
         self.table.schema().field(self.id).data_type().clone()
     }
 
-    async fn plan(&self, state: &dyn Session) -> Result<JoinInput> {
+    /// The side's scan: its id and token columns, or (`with_id` false) its token column only.
+    async fn plan(&self, state: &dyn Session, with_id: bool) -> Result<JoinInput> {
+        if !with_id {
+            let plan = self
+                .table
+                .scan(state, Some(&vec![self.tokens]), &[], None)
+                .await?;
+            return Ok(JoinInput::without_id(plan, 0));
+        }
         let (projection, id, tokens) = if self.id == self.tokens {
             (vec![self.id], 0, 0)
         } else {
@@ -195,9 +203,13 @@ impl TableProvider for SimilarityJoinTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let left = self.left.plan(state).await?;
+        // An R-S join reads a side's id column only when the output keeps it (`count(*)`
+        // reads the token columns alone); a self-join orients its pairs by id.
+        let kept = |i: usize| projection.is_none_or(|p| p.contains(&i));
+        let self_join = self.right.is_none();
+        let left = self.left.plan(state, self_join || kept(0)).await?;
         let right = match &self.right {
-            Some(r) => Some(r.plan(state).await?),
+            Some(r) => Some(r.plan(state, kept(1)).await?),
             None => None,
         };
         let partitions = state.config().target_partitions();
