@@ -316,42 +316,52 @@ fn ratio_cases(rounds: usize) {
             tn[0],
             median(&mut ratios)
         );
-        // The machine's own ceiling for work of this length: a CPU-bound job as long as the
-        // query on one core, split evenly into one tokio task per core, alternated the same way
-        // on the same two runtimes. On a virtual machine an idle core is halted and waking it
-        // can take milliseconds, which a job of a few tens of milliseconds cannot hide.
-        let units = spin_units_for(one_core);
-        let job = |e: &Engine, tasks: u64| {
-            let t0 = Instant::now();
-            e.rt.block_on(async {
-                let handles: Vec<_> = (0..tasks)
-                    .map(|_| tokio::spawn(async move { spin(units / tasks) }))
-                    .collect();
-                for h in handles {
-                    black_box(h.await.unwrap());
-                }
-            });
-            t0.elapsed().as_secs_f64() * 1e3
-        };
-        let (mut j1, mut jn, mut jratios) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            let (a, b) = (job(&one, 1), job(&many, all as u64));
-            j1.push(a);
-            jn.push(b);
-            jratios.push(a / b);
+        // The machine's own ceilings for work of this length: a CPU-bound job as long as the
+        // query on one core, split evenly into one tokio task per core, alternated the same
+        // way on the same two runtimes. On a virtual machine an idle core is halted and waking
+        // it can take milliseconds, which a job of a few tens of milliseconds cannot hide. Two
+        // jobs: a dependent integer chain (latency-bound: what two hardware threads of one
+        // core can still both run at full speed) and a vectorized sum over an array in L1
+        // (bound by the vector units' throughput, which two hardware threads of one core
+        // share); the query's phases lie between the two.
+        let jobs: [(&str, Job); 2] = [("ceiling", spin), ("vector-ceiling", vector_sum)];
+        for (label, work) in jobs {
+            let units = units_for(one_core, work);
+            let job = |e: &Engine, tasks: u64| {
+                let t0 = Instant::now();
+                e.rt.block_on(async {
+                    let handles: Vec<_> = (0..tasks)
+                        .map(|_| tokio::spawn(async move { work(units / tasks) }))
+                        .collect();
+                    for h in handles {
+                        black_box(h.await.unwrap());
+                    }
+                });
+                t0.elapsed().as_secs_f64() * 1e3
+            };
+            let (mut j1, mut jn, mut jratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let (a, b) = (job(&one, 1), job(&many, all as u64));
+                j1.push(a);
+                jn.push(b);
+                jratios.push(a / b);
+            }
+            println!(
+                "similarity_join/{}/{label}  the same rounds of a CPU-bound job split into {all} \
+                 tasks: 1core median {:.2} ms, {all} cores median {:.2} ms (min {:.2}), \
+                 median ratio {:.2}x",
+                case.name,
+                median(&mut j1),
+                median(&mut jn),
+                jn[0],
+                median(&mut jratios)
+            );
         }
-        println!(
-            "similarity_join/{}/ceiling  the same rounds of a CPU-bound job split into {all} \
-             tasks: 1core median {:.2} ms, {all} cores median {:.2} ms (min {:.2}), \
-             median ratio {:.2}x",
-            case.name,
-            median(&mut j1),
-            median(&mut jn),
-            jn[0],
-            median(&mut jratios)
-        );
     }
 }
+
+/// A CPU-bound job of `units` units of work.
+type Job = fn(u64) -> u64;
 
 /// A dependent chain of `units` integer steps: CPU-bound, no memory traffic.
 fn spin(units: u64) -> u64 {
@@ -364,12 +374,48 @@ fn spin(units: u64) -> u64 {
     x
 }
 
-/// How many [`spin`] steps take `ms` milliseconds on this core.
-fn spin_units_for(ms: f64) -> u64 {
-    let probe = 10_000_000u64;
-    let t0 = Instant::now();
-    black_box(spin(probe));
-    let per_ms = probe as f64 / (t0.elapsed().as_secs_f64() * 1e3);
+/// `units` passes of a sum over 8,192 integers (32 KiB, in L1), vectorized: with AVX2 where
+/// the CPU has it (the width of the verification's merge kernels), else with the baseline's
+/// vectors. Bound by the vector units' throughput.
+fn vector_sum(units: u64) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { vector_sum_avx2(units) };
+    }
+    vector_sum_any(units)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn vector_sum_avx2(units: u64) -> u64 {
+    vector_sum_any(units)
+}
+
+#[inline(always)]
+fn vector_sum_any(units: u64) -> u64 {
+    let values: Vec<u32> = black_box((0..8192u32).collect());
+    let mut total = 0u64;
+    for r in 0..units {
+        let r = r as u32;
+        total = total.wrapping_add(values.iter().map(|&x| u64::from(x ^ r)).sum::<u64>());
+    }
+    total
+}
+
+/// How many units of `work` take `ms` milliseconds on this core.
+fn units_for(ms: f64, work: Job) -> u64 {
+    // About 10 ms of either job.
+    let mut probe = 1u64;
+    let per_ms = loop {
+        let t0 = Instant::now();
+        black_box(work(probe));
+        let elapsed = t0.elapsed().as_secs_f64() * 1e3;
+        if elapsed >= 10.0 {
+            break probe as f64 / elapsed;
+        }
+        probe *= 2;
+    };
     (per_ms * ms) as u64
 }
 
