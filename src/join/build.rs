@@ -180,6 +180,36 @@ fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>> {
     Ok(p)
 }
 
+/// Ranks in the order (frequency, value), in place: `dense[k]` holds how often the `k`-th
+/// value of the range occurs (0: it does not) and becomes its rank; returns how many values
+/// occur. A counting sort by frequency that visits the values in increasing order, so equal
+/// frequencies keep the values' order: the ranks a sort of the (frequency, value) pairs gives,
+/// in time linear in the range and the largest frequency.
+fn rank_by_frequency(dense: &mut [u32], reservation: &MemoryReservation) -> Result<usize> {
+    let max = dense.iter().copied().max().unwrap_or(0) as usize;
+    let bytes = (max + 1) * size_of::<u32>();
+    reserve(reservation, bytes, "the token frequencies")?;
+    // How many values occur `f` times, then the first rank of those values.
+    let mut first = vec![0u32; max + 1];
+    for &f in dense.iter() {
+        first[f as usize] += 1;
+    }
+    let mut next = 0u32;
+    for slot in first.iter_mut().skip(1) {
+        let n = *slot;
+        *slot = next;
+        next += n;
+    }
+    for f in dense.iter_mut().filter(|f| **f > 0) {
+        let slot = &mut first[*f as usize];
+        *f = *slot;
+        *slot += 1;
+    }
+    drop(first);
+    reservation.shrink(bytes);
+    Ok(next as usize)
+}
+
 /// A pointer that many threads write through, each to slots no other thread writes.
 #[derive(Clone, Copy)]
 struct Slots(*mut Posting);
@@ -689,21 +719,12 @@ impl<T: SetElem> Ranks<T> {
                 }
                 h
             };
-            let mut order: Vec<(u32, u32)> = dense
-                .iter()
-                .enumerate()
-                .filter(|&(_, &f)| f > 0)
-                .map(|(k, &f)| (f, k as u32))
-                .collect();
-            order.par_sort_unstable();
-            for (rank, &(_, k)) in order.iter().enumerate() {
-                dense[k as usize] = rank as u32;
-            }
+            let distinct = rank_by_frequency(&mut dense, reservation)?;
             return Ok(Self {
                 base: lo,
                 dense,
                 map: FastMap::default(),
-                distinct: order.len(),
+                distinct,
             });
         }
         let mut freq: FastMap<T, u32> = FastMap::default();
@@ -851,6 +872,40 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The counting sort by frequency ranks as sorting the (frequency, value) pairs does,
+    /// absent values aside, and gives its memory back.
+    #[test]
+    fn ranks_by_frequency_then_value() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let reservation = MemoryConsumer::new("test").register(&pool);
+        for n in [0usize, 1, 2, 17, 5000] {
+            for (absent, spread) in [(0.0, 1u32), (0.3, 3), (0.5, 40), (0.9, 100_000)] {
+                let freq: Vec<u32> = (0..n)
+                    .map(|_| match rng.random_bool(absent) {
+                        true => 0,
+                        false => rng.random_range(1..=spread),
+                    })
+                    .collect();
+                let mut want: Vec<(u32, usize)> = freq
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| **f > 0)
+                    .map(|(k, &f)| (f, k))
+                    .collect();
+                want.sort_unstable();
+                let mut ranks = freq.clone();
+                let distinct = rank_by_frequency(&mut ranks, &reservation).unwrap();
+                assert_eq!(distinct, want.len(), "{n} values, frequencies <= {spread}");
+                for (rank, &(_, k)) in want.iter().enumerate() {
+                    assert_eq!(ranks[k] as usize, rank, "value {k} of {n}");
+                }
+                assert_eq!(reservation.size(), 0);
             }
         }
     }
