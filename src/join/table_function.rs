@@ -108,20 +108,16 @@ impl Side {
 
     /// The side's scan: its id and token columns, or (`with_id` false) its token column only.
     async fn plan(&self, state: &dyn Session, with_id: bool) -> Result<JoinInput> {
-        if !with_id {
-            let plan = self
-                .table
-                .scan(state, Some(&vec![self.tokens]), &[], None)
-                .await?;
-            return Ok(JoinInput::without_id(plan, 0));
-        }
-        let (projection, id, tokens) = if self.id == self.tokens {
-            (vec![self.id], 0, 0)
-        } else {
-            (vec![self.id, self.tokens], 0, 1)
+        let projection = match with_id && self.id != self.tokens {
+            true => vec![self.id, self.tokens],
+            false => vec![self.tokens],
         };
         let plan = self.table.scan(state, Some(&projection), &[], None).await?;
-        Ok(JoinInput::new(plan, id, tokens))
+        let tokens = projection.len() - 1;
+        Ok(match with_id {
+            true => JoinInput::new(plan, 0, tokens),
+            false => JoinInput::without_id(plan, tokens),
+        })
     }
 }
 
