@@ -789,13 +789,16 @@ extern "C" __global__ void bm25_plan(
 }
 
 // One block: order[] lists the items longest first (descending buckets of work; within a
-// bucket in any order: the order only schedules, every answer is exact).
+// bucket in any order: the order only schedules, every answer is exact). The plan's counters
+// are final here: with `counters_host` (the host's pinned memory, or null) the block also
+// writes them there, so that the host reads them after its one wait with no copy down.
 extern "C" __global__ void __launch_bounds__(1024) bm25_order(
     const u32* __restrict__ counters, const unsigned char* __restrict__ keys,
-    u32* __restrict__ order) {
+    u32* __restrict__ order, u32* __restrict__ counters_host) {
     __shared__ u32 at[WORK_BUCKETS];
     const u32 tid = threadIdx.x;
     const u32 n = counters[C_ITEMS];
+    if (counters_host != nullptr && tid < 4) counters_host[tid] = counters[tid];
     for (u32 b = tid; b < WORK_BUCKETS; b += blockDim.x) at[b] = 0;
     __syncthreads();
     for (u32 i = tid; i < n; i += blockDim.x) atomicAdd(&at[keys[i]], 1u);

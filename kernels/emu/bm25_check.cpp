@@ -326,9 +326,18 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
                   lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
                   split_lo.data(), split_hi.data(), counters.data(), out_count.data());
     });
-    launch(1, 1024, [&] { bm25_order(counters.data(), keys.data(), order.data()); });
+    // The counters' copy for the host, in some suites (null in the others, as with
+    // DFSETS_BM25_ZERO_COPY=0).
+    std::vector<u32> counters_host(4, 0xdeadbeef);
+    const bool to_host = rng() % 2 == 0;
+    launch(1, 1024, [&] {
+        bm25_order(counters.data(), keys.data(), order.data(),
+                   to_host ? counters_host.data() : nullptr);
+    });
     const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
     int bad = counters[C_BAD] != 0;
+    if (to_host) bad += counters_host != counters;
+    else bad += counters_host != std::vector<u32>(4, 0xdeadbeef);
     // Every item once, longest first.
     std::vector<u32> seen(order.begin(), order.begin() + n_items);
     std::sort(seen.begin(), seen.end());

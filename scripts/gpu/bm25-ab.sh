@@ -3,7 +3,9 @@
 # the topk_bm25 benchmark of a base binary (BASE=carry/old, a folder holding gpu_bm25.xz built
 # by scripts/gpu/build.sh from an earlier commit) and of this one, alternated ROUNDS times
 # (default 2), on the same data, so that two commits are compared on one machine in one call.
-# Results: $OUT/bench_bm25_ab_<round>_<base|new>.txt.
+# VARIANTS="DFSETS_GPU_GRAPH=0 ...": in each round the new binary runs again once per entry,
+# with that variable set (a knob of the new code against its default, in the same rounds).
+# Results: $OUT/bench_bm25_ab_<round>_<base|new|variant>.txt.
 set -uo pipefail
 carry=${CARRY:-carry/gpu}
 out=${OUT:-/tmp/gpu-out}
@@ -12,14 +14,17 @@ mkdir -p "$out" /tmp/gpubin-base
 xz -dc "$base/gpu_bm25.xz" >/tmp/gpubin-base/gpu_bm25 && chmod +x /tmp/gpubin-base/gpu_bm25
 status=0
 for round in $(seq 1 "${ROUNDS:-2}"); do
-    for which in base new; do
+    for which in base new ${VARIANTS:-}; do
         bin=/tmp/gpubin/gpu_bm25
         [ "$which" = base ] && bin=/tmp/gpubin-base/gpu_bm25
+        env=(DFSETS_REQUIRE_GPU=1)
+        case "$which" in *=*) env+=("$which") ;; esac
+        tag=$(echo "$which" | tr '=/.' '___')
         echo "== topk_bm25 benchmark, round $round, $which"
-        DFSETS_REQUIRE_GPU=1 DFSETS_BENCH_DATA="$carry/bench-data" \
-            DFSETS_BENCH_OUT="$out/bench_bm25_ab_${round}_$which.txt" \
-            "$bin" --ignored --nocapture bench >"/tmp/bench_bm25_ab_${round}_$which.log" 2>&1 || status=1
-        head -9 "$out/bench_bm25_ab_${round}_$which.txt" 2>/dev/null | tail -6
+        env "${env[@]}" DFSETS_BENCH_DATA="$carry/bench-data" \
+            DFSETS_BENCH_OUT="$out/bench_bm25_ab_${round}_$tag.txt" \
+            "$bin" --ignored --nocapture bench >"/tmp/bench_bm25_ab_${round}_$tag.log" 2>&1 || status=1
+        head -9 "$out/bench_bm25_ab_${round}_$tag.txt" 2>/dev/null | tail -6
     done
 done
 exit $status

@@ -27,9 +27,10 @@ use cudarc::driver::{CudaEvent, CudaFunction};
 use rayon::prelude::*;
 
 use super::cuda::{
-    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu,
-    panic_message, source_from_env, view, view_mut,
+    DevBuf, Gpu, Workspace, align, bytes_of, compile_module, drv, env_knob, gpu, panic_message,
+    source_from_env, view, view_mut,
 };
+use super::graph::Launch;
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
 use crate::search::index::InvertedIndex;
 use crate::search::rank::Ranked;
@@ -611,12 +612,19 @@ fn run(
     res.cache_floors(scored, k);
     // The whole index resident: the device plans the batch (see `planned`), when its tables
     // fit in the budget beside the index; else the host plans it (exact either way), and
-    // tables of an earlier call are let go.
-    let tables = if res.all && planned::enabled() && res.bytes + res.plan_table_bytes(k) <= budget {
+    // tables of an earlier call are let go (unless they fit and only the device's planning
+    // is turned off, `set_bm25_device_plan`: the benchmark alternates the two paths, and a
+    // device-planned call would otherwise upload its 3.5 MB tables again each time).
+    let fits = res.all && res.bytes + res.plan_table_bytes(k) <= budget;
+    let tables = if fits && planned::enabled() {
         Some(res.device_tables(k)?)
     } else {
-        res.d_refs = None;
-        res.d_floors = None;
+        if !fits {
+            res.d_refs = None;
+        }
+        if !fits || res.d_floors.as_ref().is_some_and(|(fk, _)| *fk != k) {
+            res.d_floors = None;
+        }
         None
     };
     t.resident_bytes = (res.bytes + res.device_table_bytes()) as u64;
@@ -1159,7 +1167,6 @@ fn launch(
         unsafe { result::memcpy_htod_async(dst, &pin.as_slice()[..bytes], cs) }
             .map_err(drv("host-to-device copy"))?;
     }
-    record(&events[1])?;
     let (n_items32, n_split32) = (part.n_items as u32, part.n_split as u32);
     let p_order = d_items + lay.order as u64;
     let p_items = d_items + lay.items as u64;
@@ -1198,8 +1205,8 @@ fn launch(
     // split_q / split_p hold n_split queries and n_split + 1 piece offsets (each query's
     // pieces at most CAP / k, by `plan`); `d_out` and `d_piece` are laid out by `lay` for gq
     // queries and n_pieces pieces.
-    unsafe { launch_rank(g, f, c, lay, &rank)? };
-    record(&events[2])?;
+    let launches = rank_launches(f, c, lay, &rank);
+    unsafe { submit(g, ws, &launches, events, t)? };
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     record(&events[3])?;
     t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
@@ -1298,24 +1305,17 @@ struct RankArgs {
     packed_host: Option<u64>,
 }
 
-/// Queue `bm25_topk` over a batch's items (longest first), then `bm25_merge` over its split
-/// queries, then `bm25_pack_offsets` and `bm25_pack` (the answers packed for the host: into
-/// its pinned buffer, or on the device for the copy down), on the stream.
-///
-/// # Safety
-/// Every address of `a` holds what `bm25_topk` and `bm25_merge` (kernels/bm25.cu) read and
-/// write for `a.n_items` items and `a.n_split` split queries: items naming queries with 1 to
-/// 64 lists whose postings lie in the resident buffers, piece slots within the piece region,
-/// at most CAP / k pieces per split query; `out` and `piece` laid out by `lay` for the batch.
-unsafe fn launch_rank(
-    g: &Gpu,
-    f: &Kernels,
-    c: &Ctx<'_>,
-    lay: &Layout,
-    a: &RankArgs,
-) -> Result<(), GpuError> {
+/// The launches of `bm25_topk` over a batch's items (longest first), then `bm25_merge` over
+/// its split queries, then `bm25_pack_offsets` and `bm25_pack` (the answers packed for the
+/// host: into its pinned buffer, or on the device for the copy down), in order, for
+/// [`submit`]. Queueing them is sound when every address of `a` holds what `bm25_topk` and
+/// `bm25_merge` (kernels/bm25.cu) read and write for `a.n_items` items and `a.n_split` split
+/// queries: items naming queries with 1 to 64 lists whose postings lie in the resident
+/// buffers, piece slots within the piece region, at most CAP / k pieces per split query;
+/// `out` and `piece` laid out by `lay` for the batch.
+fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<Launch> {
     let k32 = c.k as u32;
-    let static_max = c.scored.static_max;
+    let static_max = c.scored.static_max.to_bits();
     let p_ord = Resident::ptr(&c.res.ord);
     let p_imp = Resident::ptr(&c.res.imp);
     let p_stat = Resident::ptr(&c.res.stat);
@@ -1327,97 +1327,138 @@ unsafe fn launch_rank(
     let p_pord = a.piece + lay.pord as u64;
     let p_pscore = a.piece + lay.pscore as u64;
     let p_and = a.piece + lay.and as u64;
-    // SAFETY: the parameters match `bm25_topk` and `bm25_merge` in kernels/bm25.cu, in their
-    // order; what they point to is the caller's promise (above); ord_static is null without
-    // static scores; the merge reads what the first launch wrote, on the same stream.
-    unsafe {
-        g.launch(
-            &f.topk,
-            a.n_items,
-            THREADS,
-            &mut [
-                arg(&a.n_items),
-                arg(&a.n_items_dev),
-                arg(&a.order),
-                arg(&a.items),
-                arg(&a.q_off),
-                arg(&a.mode),
-                arg(&a.lists),
-                arg(&p_ord),
-                arg(&p_imp),
-                arg(&p_stat),
-                arg(&p_doc),
-                arg(&k32),
-                arg(&p_cnt),
-                arg(&p_docs),
-                arg(&p_scores),
-                arg(&a.floor),
-                arg(&static_max),
-                arg(&p_pcnt),
-                arg(&p_pord),
-                arg(&p_pscore),
-                arg(&p_and),
+    let mut launches = Vec::with_capacity(4);
+    // The parameters of `bm25_topk` and `bm25_merge` in kernels/bm25.cu, in their order;
+    // ord_static is null without static scores; the merge reads what the first launch wrote,
+    // on the same stream.
+    launches.push(Launch {
+        f: f.topk.cu_function(),
+        grid: a.n_items,
+        block: THREADS,
+        args: vec![
+            a.n_items.into(),
+            a.n_items_dev.into(),
+            a.order.into(),
+            a.items.into(),
+            a.q_off.into(),
+            a.mode.into(),
+            a.lists.into(),
+            p_ord.into(),
+            p_imp.into(),
+            p_stat.into(),
+            p_doc.into(),
+            k32.into(),
+            p_cnt.into(),
+            p_docs.into(),
+            p_scores.into(),
+            a.floor.into(),
+            static_max.into(),
+            p_pcnt.into(),
+            p_pord.into(),
+            p_pscore.into(),
+            p_and.into(),
+        ],
+    });
+    if a.n_split > 0 {
+        launches.push(Launch {
+            f: f.merge.cu_function(),
+            grid: a.merge_blocks.clamp(1, a.n_split),
+            block: THREADS,
+            args: vec![
+                a.n_split.into(),
+                a.n_split_dev.into(),
+                a.split_q.into(),
+                a.split_lo.into(),
+                a.split_hi.into(),
+                a.mode.into(),
+                p_and.into(),
+                k32.into(),
+                p_pcnt.into(),
+                p_pord.into(),
+                p_pscore.into(),
+                p_doc.into(),
+                p_cnt.into(),
+                p_docs.into(),
+                p_scores.into(),
             ],
-        )?;
-        if a.n_split > 0 {
-            g.launch(
-                &f.merge,
-                a.merge_blocks.clamp(1, a.n_split),
-                THREADS,
-                &mut [
-                    arg(&a.n_split),
-                    arg(&a.n_split_dev),
-                    arg(&a.split_q),
-                    arg(&a.split_lo),
-                    arg(&a.split_hi),
-                    arg(&a.mode),
-                    arg(&p_and),
-                    arg(&k32),
-                    arg(&p_pcnt),
-                    arg(&p_pord),
-                    arg(&p_pscore),
-                    arg(&p_doc),
-                    arg(&p_cnt),
-                    arg(&p_docs),
-                    arg(&p_scores),
-                ],
-            )?;
-        }
-        let gq = a.n_queries;
-        // The offsets always on the device (`bm25_pack` reads them there), and in the host's
-        // buffer too when the hits go there.
-        let p_pk_off = a.out + lay.pk_off as u64;
-        let packed = a.packed_host.unwrap_or(p_pk_off);
-        let p_off_copy = a.packed_host.unwrap_or(0);
-        let p_pk_doc = packed + (lay.pk_doc - lay.pk_off) as u64;
-        let p_pk_score = packed + (lay.pk_score - lay.pk_off) as u64;
-        g.launch(
-            &f.pack_offsets,
-            1,
-            PACK_THREADS,
-            &mut [
-                arg(&gq),
-                arg(&k32),
-                arg(&p_cnt),
-                arg(&p_pk_off),
-                arg(&p_off_copy),
-            ],
-        )?;
-        g.launch(
-            &f.pack,
-            gq.div_ceil(PACK_QUERIES),
-            PACK_BLOCK,
-            &mut [
-                arg(&gq),
-                arg(&k32),
-                arg(&p_cnt),
-                arg(&p_pk_off),
-                arg(&p_docs),
-                arg(&p_scores),
-                arg(&p_pk_doc),
-                arg(&p_pk_score),
-            ],
-        )?;
+        });
+    }
+    let gq = a.n_queries;
+    // The offsets always on the device (`bm25_pack` reads them there), and in the host's
+    // buffer too when the hits go there.
+    let p_pk_off = a.out + lay.pk_off as u64;
+    let packed = a.packed_host.unwrap_or(p_pk_off);
+    let p_off_copy = a.packed_host.unwrap_or(0);
+    let p_pk_doc = packed + (lay.pk_doc - lay.pk_off) as u64;
+    let p_pk_score = packed + (lay.pk_score - lay.pk_off) as u64;
+    launches.push(Launch {
+        f: f.pack_offsets.cu_function(),
+        grid: 1,
+        block: PACK_THREADS,
+        args: vec![
+            gq.into(),
+            k32.into(),
+            p_cnt.into(),
+            p_pk_off.into(),
+            p_off_copy.into(),
+        ],
+    });
+    launches.push(Launch {
+        f: f.pack.cu_function(),
+        grid: gq.div_ceil(PACK_QUERIES),
+        block: PACK_BLOCK,
+        args: vec![
+            gq.into(),
+            k32.into(),
+            p_cnt.into(),
+            p_pk_off.into(),
+            p_docs.into(),
+            p_scores.into(),
+            p_pk_doc.into(),
+            p_pk_score.into(),
+        ],
+    });
+    launches
+}
+
+/// Queue a batch's kernel launches on the stream, between `events[1]` (the kernels' window
+/// opens) and `events[2]` (it closes): in one submission, through the workspace's kernel
+/// graph (`graph.rs`; its event nodes record the two events), once a batch with the same
+/// kernels came before, else one by one. `DFSETS_GPU_GRAPH=0` keeps them one by one.
+///
+/// # Safety
+/// Each launch's arguments match its kernel's parameter list, and every device pointer among
+/// them is valid for the accesses the kernel makes (the callers' notes).
+unsafe fn submit(
+    g: &Gpu,
+    ws: &mut Workspace,
+    launches: &[Launch],
+    events: &'static [CudaEvent; 4],
+    t: &mut Bm25Timings,
+) -> Result<(), GpuError> {
+    let span = (events[1].cu_event(), events[2].cu_event());
+    // SAFETY: the caller's contract; the events are made once and never dropped, so they
+    // outlive every graph that records them.
+    let graphed = unsafe {
+        ws.graph.submit(
+            launches,
+            g.stream.cu_stream(),
+            g.graphs,
+            span,
+            |graphed| {
+                if graphed {
+                    Ok(())
+                } else {
+                    g.record(&events[1])
+                }
+            },
+            |l| g.launch_words(l),
+        )?
+    };
+    if graphed {
+        t.graph_launches += 1;
+    } else {
+        g.record(&events[2])?;
     }
     Ok(())
 }
@@ -1467,6 +1508,15 @@ fn unpack(
     }
     let dev_hits = off[gq] as usize;
     let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
+    if part.cpu_q.is_empty() && gq == part.slot.len() && part.planned.is_some() {
+        // Every query on the device, each in the slot of its batch index (a device-planned
+        // batch): the packed layout is the answer's.
+        return Ok(Ranked {
+            offsets: off.iter().map(|&o| o as usize).collect(),
+            docs: dev_doc[..dev_hits].to_vec(),
+            scores: dev_score[..dev_hits].to_vec(),
+        });
+    }
     if hits > unpack_seq_max() {
         // Many hits: counts first, filled in parallel.
         let counts: Vec<usize> = part

@@ -421,8 +421,9 @@ pub(super) struct Workspace {
     columns: ColumnCache<ResidentCol>,
     /// The last epoch given to a launch with look-back states (see [`Workspace::epoch`]).
     epoch: u32,
-    /// `wmerge` calls' launches in one submission (see [`LaunchGraph`]).
-    graph: LaunchGraph,
+    /// `wmerge` calls' and `topk_bm25` batches' launches in one submission (see
+    /// [`LaunchGraph`]).
+    pub(super) graph: LaunchGraph,
     /// The events a graph records before its first kernel and after its last (made once;
     /// after `graph`, so that they outlive its graphs).
     span: Option<(CudaEvent, CudaEvent)>,
@@ -546,9 +547,9 @@ pub(super) struct Gpu {
     /// `wplace` blocks per multiprocessor at most (`WPLACE_BLOCKS_PER_SM`;
     /// `DFSETS_GPU_WPLACE_PER_SM`, 0 = one warp per piece the step can have, as `wmerge`).
     wplace_per_sm: u32,
-    /// A `wmerge` call's launches go through the workspace's kernel graph (`graph.rs`) unless
-    /// `DFSETS_GPU_GRAPH=0` (measurements).
-    graphs: bool,
+    /// A `wmerge` call's and a `topk_bm25` batch's launches go through the workspace's kernel
+    /// graph (`graph.rs`) unless `DFSETS_GPU_GRAPH=0` (measurements).
+    pub(super) graphs: bool,
     pub(super) workspace: Mutex<Workspace>,
     /// Set after a fault that may have left the context unusable.
     broken: Mutex<Option<String>>,
@@ -1276,9 +1277,9 @@ pub fn set_next_epoch(next: u32) {
     }
 }
 
-/// Why kernel graphs (one submission for a `wmerge` call's launches) were turned off in this
-/// process: the graph call that failed; `None` while they are on (or before the device is set
-/// up). Tests and diagnostics.
+/// Why kernel graphs (one submission for a `wmerge` call's or a `topk_bm25` batch's
+/// launches) were turned off in this process: the graph call that failed; `None` while they
+/// are on (or before the device is set up). Tests and diagnostics.
 pub fn kernel_graphs_off() -> Option<String> {
     let g = gpu().ok()?;
     let ws = g.workspace.lock().unwrap_or_else(|e| e.into_inner());
@@ -2023,7 +2024,7 @@ fn run_chunk<T: SetElem>(
                 cs,
                 g.graphs,
                 span_raw,
-                || g.record(&e1),
+                |_| g.record(&e1),
                 |l| g.launch_words(l),
             )?
         } {

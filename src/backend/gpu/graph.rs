@@ -6,7 +6,10 @@
 //! (kernels/NOTES.md, "The device waits for the host"). A graph puts the whole sequence on the
 //! stream with one `cuGraphLaunch`, once the host has prepared it; the device runs its nodes
 //! back to back (measured: a few µs less than the same launches one by one; "One submission
-//! per call").
+//! per call"). A `topk_bm25` batch's six launches (plan, order, rank, merge, pack offsets,
+//! pack) go the same way: its AND k 10 call of 10,000 queries took 0.25-0.27 ms with them
+//! queued one by one and 0.21-0.26 ms through a graph on an H200 (kernels/NOTES.md, "a
+//! `topk_bm25` batch in one submission").
 //!
 //! Graphs are kept per workspace, one per kernel sequence (function and block size of each
 //! launch, in order: a call's k and its element and offset types pick it), a few at most. A
@@ -197,7 +200,8 @@ impl Built {
 }
 
 /// Graphs kept per workspace (one per kernel sequence: k and the element and offset types
-/// pick it), the most recently used first.
+/// pick it for `wmerge`, the path and whether a split query needs the merge for
+/// `topk_bm25`), the most recently used first.
 const GRAPHS_KEPT: usize = 4;
 /// Kernel sequences remembered without a graph (seen once).
 const SEQUENCES_SEEN: usize = 8;
@@ -219,9 +223,9 @@ impl LaunchGraph {
     /// Queue `launches` on `stream`, in order: through a graph when a call with the same
     /// kernels came before (unless graphs are off: `DFSETS_GPU_GRAPH=0`), else one by one
     /// through `one`. `before` runs once, right before the first thing is queued (a graph's
-    /// parameters are set by then). A graph records `span`'s events before its first kernel
-    /// and after its last (the events must outlive this `LaunchGraph`). Whether a graph ran
-    /// the launches.
+    /// parameters are set by then), told whether a graph is about to run them. A graph
+    /// records `span`'s events before its first kernel and after its last (the events must
+    /// outlive this `LaunchGraph`). Whether a graph ran the launches.
     ///
     /// # Safety
     /// Each launch's arguments must match its kernel's parameter list, and every device
@@ -232,7 +236,7 @@ impl LaunchGraph {
         stream: sys::CUstream,
         enabled: bool,
         span: (sys::CUevent, sys::CUevent),
-        before: impl FnOnce() -> Result<(), GpuError>,
+        before: impl FnOnce(bool) -> Result<(), GpuError>,
         mut one: impl FnMut(&Launch) -> Result<(), GpuError>,
     ) -> Result<bool, GpuError> {
         let mut before = Some(before);
@@ -248,7 +252,7 @@ impl LaunchGraph {
             }
         }
         if let Some(b) = before.take() {
-            b()?;
+            b(false)?;
         }
         launches.iter().try_for_each(&mut one)?;
         Ok(false)
@@ -256,14 +260,14 @@ impl LaunchGraph {
 
     /// Launches through a graph (building it for a sequence seen before); `false` when the
     /// kernels should be launched one by one instead (nothing queued then).
-    unsafe fn try_graph<B: FnOnce() -> Result<(), GpuError>>(
+    unsafe fn try_graph<B: FnOnce(bool) -> Result<(), GpuError>>(
         &mut self,
         launches: &[Launch],
         stream: sys::CUstream,
         span: (sys::CUevent, sys::CUevent),
         before: &mut Option<B>,
     ) -> Result<bool, GpuError> {
-        let run_before = |before: &mut Option<B>| before.take().map_or(Ok(()), |b| b());
+        let run_before = |before: &mut Option<B>| before.take().map_or(Ok(()), |b| b(true));
         if let Some(i) = self.built.iter().position(|b| b.fits(launches)) {
             let b = self.built.remove(i);
             self.built.insert(0, b);

@@ -341,6 +341,9 @@ pub struct Bm25Timings {
     pub on_device: usize,
     /// Pieces the device's long OR queries were split into (0: none split).
     pub pieces: usize,
+    /// Batches whose kernels went out in one submission (a kernel graph, re-launched with
+    /// the batch's parameters; 0 or 1 for one call).
+    pub graph_launches: u32,
 }
 
 /// A BM25 batch's results, in the caller's query order, in one flat layout (the device's

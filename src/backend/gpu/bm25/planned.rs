@@ -14,11 +14,12 @@
 
 use cudarc::driver::result;
 
-use super::super::cuda::{DevBuf, Gpu, Workspace, align, arg, bytes_of, drv, view, view_mut};
+use super::super::cuda::{DevBuf, Gpu, Workspace, align, bytes_of, drv, view, view_mut};
+use super::super::graph::Launch;
 use super::super::{BM25_MAX_TERMS, Bm25Batch, Bm25Timings, GpuError};
 use super::{
     CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, answers_down,
-    batch_events, launch_rank, malformed, packed_on_host,
+    batch_events, malformed, packed_on_host, rank_launches, submit,
 };
 use crate::search::topk::Mode;
 
@@ -42,13 +43,15 @@ const MERGE_BLOCKS: u32 = 512;
 /// buffers lie, and its budget of piece slots and items.
 #[derive(Clone, Copy, Default)]
 pub(super) struct PlannedLayout {
-    /// Upload: q_off (gq + 1) | terms | modes.
+    /// Upload: q_off (gq + 1) | terms | modes | counters (16 zero bytes: `bm25_plan`'s
+    /// counters start cleared with no memset).
     terms: usize,
     modes: usize,
+    counters: usize,
     max_pieces: usize,
     cap_items: usize,
     /// Device planning buffer: lists | floors | items | keys | order | split_q | split_lo |
-    /// split_hi | counters.
+    /// split_hi.
     lists: usize,
     floors: usize,
     items: usize,
@@ -57,7 +60,6 @@ pub(super) struct PlannedLayout {
     splitq: usize,
     splitlo: usize,
     splithi: usize,
-    counters: usize,
     plan_bytes: usize,
 }
 
@@ -130,7 +132,8 @@ pub(super) fn stage(
     let mut pl = PlannedLayout::default();
     pl.terms = align((gq + 1) * 4);
     pl.modes = pl.terms + align(n_terms * 4);
-    part.in_bytes = pl.modes + align(gq);
+    pl.counters = pl.modes + align(gq);
+    part.in_bytes = pl.counters + 16;
     let mut lay = Layout::default();
     (part.out_bytes, part.down_bytes) = lay.answers(gq, k);
     // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
@@ -150,13 +153,13 @@ pub(super) fn stage(
     pl.splitq = pl.order + align(pl.cap_items * 4);
     pl.splitlo = pl.splitq + align(gq * 4);
     pl.splithi = pl.splitlo + align(gq * 4);
-    pl.counters = pl.splithi + align(gq * 4);
-    pl.plan_bytes = pl.counters + align(16);
+    pl.plan_bytes = pl.splithi + align(gq * 4);
     lay.pord = align(pl.max_pieces * 4);
     lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
     lay.piece_bytes = lay.and + align(gq * 4);
-    // The counters come back through the items' pinned buffer (16 bytes).
+    // The counters come back through the items' pinned buffer (16 bytes: written there by
+    // `bm25_order`, or copied down).
     part.items_bytes = align(16);
     if !hold(part.in_bytes + part.items_bytes + part.down_bytes) {
         return Err(GpuError::MemoryLimit(format!(
@@ -166,7 +169,9 @@ pub(super) fn stage(
     }
     let in_bytes = part.in_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
-    let (head, modes_b) = pin.split_at_mut(pl.modes);
+    let (head, tail) = pin.split_at_mut(pl.modes);
+    let (modes_b, counters_b) = tail.split_at_mut(pl.counters - pl.modes);
+    counters_b.fill(0);
     let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
     let t_copy = std::time::Instant::now();
     view_mut::<u32>(terms_b)[..n_terms].copy_from_slice(ids);
@@ -279,7 +284,7 @@ pub(super) fn launch(
     let d_piece = ws.dev("bm25_piece", lay.piece_bytes)?;
     let cs = g.stream.cu_stream();
     let events = batch_events(g)?;
-    let p_counters = d_plan + pl.counters as u64;
+    let p_counters = d_in + pl.counters as u64;
     g.record(&events[0])?;
     {
         let pin = ws
@@ -287,14 +292,12 @@ pub(super) fn launch(
             .as_ref()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
         // SAFETY: `d_in` holds at least `in_bytes`; the pinned source, written by `stage`, is
-        // not touched again until the stream is synchronized. The counters lie in `d_plan`.
+        // not touched again until the stream is synchronized.
         unsafe {
-            result::memset_d8_async(p_counters, 0, 16, cs).map_err(drv("memset"))?;
             result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
                 .map_err(drv("host-to-device copy"))?;
         }
     }
-    g.record(&events[1])?;
     let gq32 = part.gq as u32;
     let k32 = c.k as u32;
     let n_index_terms = c.index.terms() as u32;
@@ -311,55 +314,68 @@ pub(super) fn launch(
     let p_splitlo = d_plan + pl.splitlo as u64;
     let p_splithi = d_plan + pl.splithi as u64;
     let p_cnt = d_out + lay.cnt as u64;
-    let static_max = c.scored.static_max;
+    let static_max = c.scored.static_max.to_bits();
     let piece = c.piece;
     let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
     let max_pieces = pl.max_pieces as u32;
-    // SAFETY: the parameters match `bm25_plan` in kernels/bm25.cu: gq + 1 offsets over
+    let packed_host = packed_on_host(ws, &part)?;
+    // The plan's counters for the host: written into its pinned buffer by `bm25_order` when
+    // the answers go there too, else copied down after the kernels.
+    let counters_host = match packed_host {
+        Some(_) => Workspace::pinned(&mut ws.pin_items, part.items_bytes)?
+            .device_ptr()
+            .ok(),
+        None => None,
+    };
+    // The parameters of `bm25_plan` and `bm25_order` in kernels/bm25.cu: gq + 1 offsets over
     // n_terms term ids (each checked against the index's term count on the device), gq
     // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
     // null); the planning buffer holds n_terms lists, gq floors, cap_items = gq + 2 *
     // max_pieces items and keys (a query adds at most 1 + pieces items, pieces within the
-    // budget), gq splits and 4 counters (cleared above); `d_out` holds gq answer counts
-    // (cleared by the plan).
-    unsafe {
-        g.launch(
-            &f.plan,
-            gq32.div_ceil(PLAN_THREADS),
-            PLAN_THREADS,
-            &mut [
-                arg(&gq32),
-                arg(&p_qoff),
-                arg(&p_terms),
-                arg(&p_mode),
-                arg(&n_index_terms),
-                arg(&p_refs),
-                arg(&p_term_floor),
-                arg(&static_max),
-                arg(&k32),
-                arg(&piece),
-                arg(&most),
-                arg(&max_pieces),
-                arg(&p_lists),
-                arg(&p_floor),
-                arg(&p_items),
-                arg(&p_keys),
-                arg(&p_splitq),
-                arg(&p_splitlo),
-                arg(&p_splithi),
-                arg(&p_counters),
-                arg(&p_cnt),
+    // budget), gq splits; the 4 counters (cleared in the upload) lie in `d_in`, their host
+    // copy in 16 pinned bytes; `d_out` holds gq answer counts (cleared by the plan).
+    let mut launches = vec![
+        Launch {
+            f: f.plan.cu_function(),
+            grid: gq32.div_ceil(PLAN_THREADS),
+            block: PLAN_THREADS,
+            args: vec![
+                gq32.into(),
+                p_qoff.into(),
+                p_terms.into(),
+                p_mode.into(),
+                n_index_terms.into(),
+                p_refs.into(),
+                p_term_floor.into(),
+                static_max.into(),
+                k32.into(),
+                piece.into(),
+                most.into(),
+                max_pieces.into(),
+                p_lists.into(),
+                p_floor.into(),
+                p_items.into(),
+                p_keys.into(),
+                p_splitq.into(),
+                p_splitlo.into(),
+                p_splithi.into(),
+                p_counters.into(),
+                p_cnt.into(),
             ],
-        )?;
-        g.launch(
-            &f.order,
-            1,
-            ORDER_THREADS,
-            &mut [arg(&p_counters), arg(&p_keys), arg(&p_order)],
-        )?;
-    }
+        },
+        Launch {
+            f: f.order.cu_function(),
+            grid: 1,
+            block: ORDER_THREADS,
+            args: vec![
+                p_counters.into(),
+                p_keys.into(),
+                p_order.into(),
+                counters_host.unwrap_or(0).into(),
+            ],
+        },
+    ];
     let (item_bound, split_bound) = bounds(part.on_device, pl.max_pieces);
-    let packed_host = packed_on_host(ws, &part)?;
     let rank = RankArgs {
         n_queries: gq32,
         n_items: item_bound,
@@ -380,16 +396,17 @@ pub(super) fn launch(
         piece: d_piece,
         packed_host,
     };
-    // SAFETY: the items, order, lists and floors are written by `bm25_plan` / `bm25_order`
-    // before these launches on the same stream: at most `item_bound` items (`bounds`; the
-    // kernels read the plan's own count and take the smaller) and `split_bound` split
-    // queries, queries of 1 to 64 terms (by `stage`), piece slots below max_pieces, each
-    // split query's at most CAP / k; the piece region is sized for max_pieces, the output
-    // for gq queries.
-    unsafe { launch_rank(g, f, c, &part.layout, &rank)? };
-    g.record(&events[2])?;
+    // The ranking launches read the items, order, lists and floors that `bm25_plan` /
+    // `bm25_order` write before them on the same stream: at most `item_bound` items
+    // (`bounds`; the kernels read the plan's own count and take the smaller) and
+    // `split_bound` split queries, queries of 1 to 64 terms (by `stage`), piece slots below
+    // max_pieces, each split query's at most CAP / k; the piece region is sized for
+    // max_pieces, the output for gq queries.
+    launches.extend(rank_launches(f, c, &part.layout, &rank));
+    // SAFETY: the launches' parameters are as the two notes above say.
+    unsafe { submit(g, ws, &launches, events, t)? };
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
-    {
+    if counters_host.is_none() {
         let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
         // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read by `settle`
         // after the stream is synchronized.
