@@ -30,7 +30,8 @@ g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -o "$dir/bm25-check" bm25_c
 "$dir/bm25-check"
 # AND's fences on every list of 16 postings or more (the device uses them from 1,024; the
 # harness's lists are shorter); the answers' offsets scanned by a block of 64 threads (two
-# warps, runs of several counts a thread) instead of the device's 1,024.
+# warps, chunks of 512 counts, so that the pack suite's larger batches take several) instead
+# of the device's 1,024.
 echo "bm25 top-k, AND through fences from 16 postings, packing scanned by 64 threads"
 g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -DFENCE_MIN=16 -DPACK_THREADS=64 -o "$dir/bm25-fence-check" bm25_check.cpp
 "$dir/bm25-fence-check"
