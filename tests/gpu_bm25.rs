@@ -165,6 +165,8 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         (5000, 60, true),
     ];
     let (mut on_gpu, mut pieces, mut and_pieces) = (0, [0, 0], [0, 0]);
+    // Short AND queries ranked a warp each (device-planned batches only).
+    let mut warp = [0, 0];
     // Each shape planned on the device, then on the host (other corpora: the rng goes on).
     let rounds = shapes
         .iter()
@@ -196,6 +198,7 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
                 if mode == Mode::And {
                     and_pieces[device_plan as usize] += p;
                 }
+                warp[device_plan as usize] += stats.timings.as_ref().map_or(0, |t| t.warp_queries);
             }
         }
     }
@@ -207,6 +210,12 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|p| (1..=64).contains(&p));
     gpu::set_bm25_device_plan(true);
+    // Short AND queries ranked a warp each, planned on the device only (with small pieces
+    // nearly every query is split instead).
+    assert!(
+        warp[0] == 0 && (small_pieces || warp[1] > 0),
+        "{warp:?} queries ranked a warp each (host plan, device plan)"
+    );
     for path in 0..2 {
         assert!(
             !small_pieces || pieces[path] > 1000,
@@ -219,8 +228,9 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         );
     }
     eprintln!(
-        "{on_gpu} queries on the GPU, {pieces:?} pieces of split queries ({and_pieces:?} AND) \
-         planned on the host / on the device"
+        "{on_gpu} queries on the GPU ({} a warp each), {pieces:?} pieces of split queries \
+         ({and_pieces:?} AND) planned on the host / on the device",
+        warp[1]
     );
     // k above the device's limit: the CPU, same answers.
     let index = corpus(&mut rng, 2000, 50, false);
@@ -576,7 +586,7 @@ fn bench_gpu_bm25() {
             let (c, g, h) = (median(cpu), median(gpu_ms), median(host_ms));
             let med = |f: fn(&gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
             let line = format!(
-                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {h:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces) | {cold:.1} ({:.1} MB) |\n",
+                "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {h:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces, {} a warp each) | {cold:.1} ({:.1} MB) |\n",
                 c / g,
                 c / h,
                 med(|t| t.kernel_ms),
@@ -585,6 +595,7 @@ fn bench_gpu_bm25() {
                 med(|t| t.stage_ms),
                 tims[0].on_device,
                 tims[0].pieces,
+                tims[0].warp_queries,
                 upload as f64 / 1e6
             );
             eprint!("{line}");

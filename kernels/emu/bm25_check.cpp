@@ -247,7 +247,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     std::vector<double> piece_score((pieces + 1) * k);
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
     launch(items.size(), THREADS, [&] {
-        bm25_topk(items.size(), nullptr, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+        bm25_topk(items.size(), nullptr, nullptr, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
                   piece_ord.data(), piece_score.data(), and_count.data());
@@ -317,7 +317,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<double> q_floor(nq);
     std::vector<Item> items(cap_items);
     std::vector<unsigned char> keys(cap_items);
-    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(4, 0), order(cap_items, 0xffffffffu);
+    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(8, 0), order(cap_items, 0xffffffffu);
     // Not cleared: `bm25_plan` clears each query's count.
     std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
     launch((nq + 63) / 64, 64, [&] {
@@ -328,7 +328,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     });
     // The counters' copy for the host, in some suites (null in the others, as with
     // DFSETS_BM25_ZERO_COPY=0).
-    std::vector<u32> counters_host(4, 0xdeadbeef);
+    std::vector<u32> counters_host(8, 0xdeadbeef);
     const bool to_host = rng() % 2 == 0;
     launch(1, 1024, [&] {
         bm25_order(counters.data(), keys.data(), order.data(),
@@ -336,8 +336,23 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     });
     const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
     int bad = counters[C_BAD] != 0;
-    if (to_host) bad += counters_host != counters;
-    else bad += counters_host != std::vector<u32>(4, 0xdeadbeef);
+    // Entries 0 ..= C_SHORT are the host's; the rest is not written.
+    for (u32 i = 0; i < 8; i++) bad += counters_host[i] != (to_host && i <= C_SHORT ? counters[i] : 0xdeadbeef);
+    // The short items (key 0: pure AND, whole, at most SHORT_TERMS lists, the shortest at most
+    // SHORT_LEAD postings) counted and ordered last, for `and_short`.
+    const u32 n_short = counters[C_SHORT];
+    u32 want_short = 0;
+    for (u32 i = 0; i < n_items; i++) {
+        const Item& it = items[i];
+        const u32 q = it.q, m = q_off[q + 1] - q_off[q];
+        u32 shortest = 0xffffffffu;
+        for (u32 j = 0; j < m; j++) shortest = std::min(shortest, lists[q_off[q] + j].len);
+        const bool is_short = q_mode[q] == 0 && (it.ks >> 30) == WHOLE && m <= SHORT_TERMS && shortest <= SHORT_LEAD;
+        want_short += is_short;
+        bad += is_short != (keys[i] == 0);
+    }
+    bad += n_short != want_short;
+    for (u32 i = 0; i < n_items; i++) bad += (i >= n_items - n_short) != (keys[order[i]] == 0);
     // Every item once, longest first.
     std::vector<u32> seen(order.begin(), order.begin() + n_items);
     std::sort(seen.begin(), seen.end());
@@ -358,7 +373,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
     const u32 topk_grid = std::min(item_bound, n_items + 1 + (u32)(rng() % 40));
     launch(topk_grid, THREADS, [&] {
-        bm25_topk(item_bound, &counters[C_ITEMS], order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+        bm25_topk(item_bound, &counters[C_ITEMS], &counters[C_SHORT], order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
                   piece_ord.data(), piece_score.data(), and_count.data());
@@ -371,8 +386,8 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
         });
     }
     bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, bad);
-    std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u splits=%u pieces=%u bad=%d\n",
-                with_static, k, nq, floors, piece, max_pieces, n_items, n_split, pieces, bad);
+    std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
+                with_static, k, nq, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
     return bad;
 }
 

@@ -216,15 +216,24 @@ fn plan(
 /// NVRTC options beyond C++17: the OR tile's size when `DFSETS_BM25_TILE` asks for another
 /// (a power of two in 256..=4096; a measurement knob, anything else is ignored).
 fn compile_options() -> Vec<String> {
-    let mut o = Vec::new();
-    if let Some(t) = std::env::var("DFSETS_BM25_TILE")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|t| t.is_power_of_two() && (256..=4096).contains(t))
-    {
-        o.push(format!("-DTILE={t}"));
-    }
-    o
+    let knob = |name: &str, ok: &dyn Fn(u32) -> bool| {
+        std::env::var(format!("DFSETS_BM25_{name}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|&t| ok(t))
+            .map(|t| format!("-D{name}={t}"))
+    };
+    // Measurements: the OR tile; short AND queries (a warp each) up to SHORT_LEAD postings
+    // (0: none).
+    [
+        knob("TILE", &|t| {
+            t.is_power_of_two() && (256..=4096).contains(&t)
+        }),
+        knob("SHORT_LEAD", &|t| t <= 64),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// The index on the device.
@@ -1182,6 +1191,7 @@ fn launch(
         n_queries: part.gq as u32,
         n_items: n_items32,
         n_items_dev: 0,
+        n_short_dev: 0,
         order: p_order,
         items: p_items,
         q_off: p_qoff,
@@ -1283,6 +1293,9 @@ struct RankArgs {
     /// device (a device-planned batch, launched without waiting for its plan).
     n_items: u32,
     n_items_dev: u64,
+    /// Where the device holds how many of the items (the last ones in `order`) are short
+    /// (`and_short` in bm25.cu: a warp each), or 0: none (a host-staged batch).
+    n_short_dev: u64,
     order: u64,
     items: u64,
     q_off: u64,
@@ -1338,6 +1351,7 @@ fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<La
         args: vec![
             a.n_items.into(),
             a.n_items_dev.into(),
+            a.n_short_dev.into(),
             a.order.into(),
             a.items.into(),
             a.q_off.into(),

@@ -341,6 +341,8 @@ pub struct Bm25Timings {
     pub on_device: usize,
     /// Pieces the device's long OR queries were split into (0: none split).
     pub pieces: usize,
+    /// Of `on_device`, the short AND queries ranked a warp each (a device-planned batch).
+    pub warp_queries: usize,
     /// Batches whose kernels went out in one submission (a kernel graph, re-launched with
     /// the batch's parameters; 0 or 1 for one call).
     pub graph_launches: u32,

@@ -43,8 +43,8 @@ const MERGE_BLOCKS: u32 = 512;
 /// buffers lie, and its budget of piece slots and items.
 #[derive(Clone, Copy, Default)]
 pub(super) struct PlannedLayout {
-    /// Upload: q_off (gq + 1) | terms | modes | counters (16 zero bytes: `bm25_plan`'s
-    /// counters start cleared with no memset).
+    /// Upload: q_off (gq + 1) | terms | modes | counters (`COUNTERS` zero words:
+    /// `bm25_plan`'s counters start cleared with no memset).
     terms: usize,
     modes: usize,
     counters: usize,
@@ -133,7 +133,7 @@ pub(super) fn stage(
     pl.terms = align((gq + 1) * 4);
     pl.modes = pl.terms + align(n_terms * 4);
     pl.counters = pl.modes + align(gq);
-    part.in_bytes = pl.counters + 16;
+    part.in_bytes = pl.counters + COUNTER_BYTES;
     let mut lay = Layout::default();
     (part.out_bytes, part.down_bytes) = lay.answers(gq, k);
     // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
@@ -158,9 +158,9 @@ pub(super) fn stage(
     lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
     lay.piece_bytes = lay.and + align(gq * 4);
-    // The counters come back through the items' pinned buffer (16 bytes: written there by
+    // The counters come back through the items' pinned buffer (written there by
     // `bm25_order`, or copied down).
-    part.items_bytes = align(16);
+    part.items_bytes = align(COUNTER_BYTES);
     if !hold(part.in_bytes + part.items_bytes + part.down_bytes) {
         return Err(GpuError::MemoryLimit(format!(
             "{} bytes of topk_bm25's GPU staging",
@@ -332,8 +332,9 @@ pub(super) fn launch(
     // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
     // null); the planning buffer holds n_terms lists, gq floors, cap_items = gq + 2 *
     // max_pieces items and keys (a query adds at most 1 + pieces items, pieces within the
-    // budget), gq splits; the 4 counters (cleared in the upload) lie in `d_in`, their host
-    // copy in 16 pinned bytes; `d_out` holds gq answer counts (cleared by the plan).
+    // budget), gq splits; the COUNTERS counters (cleared in the upload) lie in `d_in`, their
+    // host copy in as many pinned words; `d_out` holds gq answer counts (cleared by the
+    // plan).
     let mut launches = vec![
         Launch {
             f: f.plan.cu_function(),
@@ -380,6 +381,7 @@ pub(super) fn launch(
         n_queries: gq32,
         n_items: item_bound,
         n_items_dev: p_counters + 4 * C_ITEMS as u64,
+        n_short_dev: p_counters + 4 * C_SHORT as u64,
         order: p_order,
         items: p_items,
         q_off: p_qoff,
@@ -407,16 +409,17 @@ pub(super) fn launch(
     unsafe { submit(g, ws, &launches, events, t)? };
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     if counters_host.is_none() {
-        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()[..16];
-        // SAFETY: 16 bytes of counters on the device into 16 pinned bytes, read by `settle`
-        // after the stream is synchronized.
+        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()
+            [..COUNTER_BYTES];
+        // SAFETY: the counters on the device into as many pinned bytes, read by `settle` after
+        // the stream is synchronized.
         unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
             .map_err(drv("device-to-host copy"))?;
     }
     g.record(&events[3])?;
     t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
     t.h2d_bytes += part.in_bytes as u64;
-    t.d2h_bytes += 16;
+    t.d2h_bytes += COUNTER_BYTES as u64;
     part.events = Some(events);
     Ok(part)
 }
@@ -449,18 +452,19 @@ pub(super) fn settle(
         .pin_items
         .as_ref()
         .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-    let c = view::<u32>(&pin.as_slice()[..16]);
+    let c = view::<u32>(&pin.as_slice()[..COUNTER_BYTES]);
     if c[C_BAD] != 0 {
         return Err(malformed());
     }
     let (item_bound, split_bound) = bounds(part.on_device, pl.max_pieces);
-    if c[C_ITEMS] > item_bound || c[C_SPLITS] > split_bound {
+    if c[C_ITEMS] > item_bound || c[C_SPLITS] > split_bound || c[C_SHORT] > c[C_ITEMS] {
         return Err(GpuError::Kernel(format!(
-            "bm25_plan wrote {} items and {} splits for {} ranked queries (bounds {item_bound} \
-             and {split_bound})",
-            c[C_ITEMS], c[C_SPLITS], part.on_device
+            "bm25_plan wrote {} items ({} short) and {} splits for {} ranked queries (bounds \
+             {item_bound} and {split_bound})",
+            c[C_ITEMS], c[C_SHORT], c[C_SPLITS], part.on_device
         )));
     }
+    t.warp_queries += c[C_SHORT] as usize;
     part.n_items = c[C_ITEMS] as usize;
     part.n_split = c[C_SPLITS] as usize;
     part.n_pieces = (c[C_PIECES] as usize).min(pl.max_pieces);
@@ -468,11 +472,15 @@ pub(super) fn settle(
     Ok(())
 }
 
-/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu).
+/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu) and `bm25_order` (C_SHORT).
 const C_ITEMS: usize = 0;
 const C_PIECES: usize = 1;
 const C_SPLITS: usize = 2;
 const C_BAD: usize = 3;
+const C_SHORT: usize = 4;
+/// Words of counters (C_ITEMS ..= C_SHORT, rounded up).
+const COUNTERS: usize = 8;
+const COUNTER_BYTES: usize = COUNTERS * 4;
 
 #[cfg(test)]
 mod tests {
