@@ -8,8 +8,8 @@
 //! back to back (measured: a few µs less than the same launches one by one; "One submission
 //! per call"). A `topk_bm25` batch's six launches (plan, order, rank, merge, pack offsets,
 //! pack) go the same way: its AND k 10 call of 10,000 queries took 0.25-0.27 ms with them
-//! queued one by one and 0.21-0.26 ms through a graph on an H200 (kernels/NOTES.md, "a
-//! `topk_bm25` batch in one submission").
+//! queued one by one and 0.21-0.26 ms through a graph on an H200 (kernels/NOTES.md,
+//! "topk_bm25: a batch in one submission, short AND queries a warp each").
 //!
 //! Graphs are kept per workspace, one per kernel sequence (function and block size of each
 //! launch, in order: a call's k and its element and offset types pick it), a few at most. A
