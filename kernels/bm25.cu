@@ -35,7 +35,8 @@
 // documents (a document lies in exactly one range), ranked by a block of its own with the
 // same code restricted to the range (an AND query's pieces run the AND, an OR or
 // AND-then-OR query's the OR); each piece keeps its own k best (ordinals and scores), and
-// `bm25_merge` takes the k best of the query's pieces. The k best of the union are among
+// `bm25_merge` takes the k best of the query's pieces (in a device-planned batch, the block
+// that completes the query does, counting the blocks done in `piece_done`). The k best of the union are among
 // the pieces' k best, and the order (score descending, ordinal ascending) is total, so the
 // answer is the unsplit one. An AND-then-OR query so split gets one more block running its
 // AND alone; the merge keeps the AND answer when it found k matches. A long query otherwise
@@ -129,6 +130,7 @@ struct Shared {
     u32 matches;
     u32 d0;
     u32 lead;
+    u32 last;  // this block completes its query's pieces (`piece_done`)
     u32 fence[THREADS];  // AND: every stride-th ordinal of the list being searched
 };
 
@@ -136,7 +138,8 @@ struct Shared {
 // every thread of the block (block-uniform), after a barrier. Sorts the smallest power of
 // two holding the candidates (padded with the worst entry), not the whole buffer: most
 // blocks end with a few dozen candidates, and pruned OR compacts early and often.
-__device__ void compact(Shared& sh, u32 k) {
+template <class S>
+__device__ void compact(S& sh, u32 k) {
     const u32 tid = threadIdx.x;
     const u32 n = sh.ncand;
     u32 size_all = 2;
@@ -175,13 +178,15 @@ __device__ void compact(Shared& sh, u32 k) {
 
 // Make room for one candidate per thread (block-uniform: every thread reads the count
 // before the barrier, and nothing changes it until after).
-__device__ __forceinline__ void room(Shared& sh, u32 k) {
+template <class S>
+__device__ __forceinline__ void room(S& sh, u32 k) {
     const bool full = sh.ncand + THREADS > CAP;
     __syncthreads();
     if (full) compact(sh, k);
 }
 
-__device__ __forceinline__ void offer(Shared& sh, double s, u32 ord) {
+template <class S>
+__device__ __forceinline__ void offer(S& sh, double s, u32 ord) {
     if (s > sh.theta) {
         u32 pos = atomicAdd(&sh.ncand, 1u);
         sh.cs[pos] = s;
@@ -497,7 +502,8 @@ __device__ void or_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_
 
 // The k best of the block's candidates to `out_*` at row `row` (doc ids), or to a piece's slot
 // (ordinals, for `bm25_merge`). Called by every thread after `compact`.
-__device__ __forceinline__ void write_answer(const Shared& sh, u32 n, u64 at,
+template <class S>
+__device__ __forceinline__ void write_answer(const S& sh, u32 n, u64 at,
                                              const u32* __restrict__ ord_doc, u32* out_doc,
                                              double* out_score, bool as_ordinals) {
     for (u32 i = threadIdx.x; i < n; i += THREADS) {
@@ -524,7 +530,8 @@ __device__ __forceinline__ void write_answer(const Shared& sh, u32 n, u64 at,
 #define SHORT_TERMS 32
 #define FULL_MASK 0xffffffffu
 
-__device__ void and_short(Shared& sh, const Item it, const u32* __restrict__ q_off,
+template <class S>
+__device__ void and_short(S& sh, const Item it, const u32* __restrict__ q_off,
                           const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
                           const double* __restrict__ post_imp,
                           const double* __restrict__ ord_static, const u32* __restrict__ ord_doc,
@@ -622,6 +629,215 @@ __device__ void and_short(Shared& sh, const Item it, const u32* __restrict__ q_o
     if (lane == 0) out_count[q] = kept;
 }
 
+// ---------------------------------------------------------------------------------------
+// `bm25_topk_and`: the same items for a batch of AND queries only (the host launches it
+// instead of `bm25_topk` when the batch's mode is AND). Its blocks hold no OR tile (18 KB of
+// shared memory instead of 41) and none of OR's registers, and a long item's chunk is AND_G
+// candidates a thread (AND_G * THREADS of the lead list), their searches side by side: the
+// searches of one list run in lockstep (the same number of halvings), so a thread has AND_G
+// independent loads in flight where `and_phase` has one. A long item's time is its chunks'
+// chains of dependent loads, one after the other (a cost model of the benchmark's blocks:
+// the longest is a two-list query of 3,626 candidates, 15 chunks of 256). Its fences hold
+// AND_FENCE entries (256 in `and_phase`), so each search is log2(AND_FENCE / 256) halvings
+// shorter. The sum is still added in slot order, the candidates are offered a slice of
+// THREADS at a time in ascending ordinal order (the threshold's tie rule), so the answers are
+// `and_phase`'s.
+#ifndef AND_G
+#define AND_G 4
+#endif
+#ifndef AND_FENCE
+#define AND_FENCE 1024
+#endif
+
+struct SharedAnd {
+    double cs[CAP];
+    u32 co[CAP];
+    u64 ls[MAX_TERMS];
+    u32 ll[MAX_TERMS];
+    u32 beg[MAX_TERMS];
+    u32 cur[MAX_TERMS];
+    u32 nxt[MAX_TERMS];
+    double theta;
+    u32 ncand;
+    u32 matches;
+    u32 lead;
+    u32 last;
+    u32 fence[AND_FENCE];
+};
+
+template <bool B, class T, class F>
+struct Pick {
+    typedef T type;
+};
+template <class T, class F>
+struct Pick<false, T, F> {
+    typedef F type;
+};
+
+// Lower bound of x in a[from, from + n) where positions at or past `to` read as above every
+// ordinal; the number of halvings depends on n alone (Khuong and Morin's branch-free
+// search), so searches of equal n issued together run in lockstep. n >= 1.
+template <u32 G>
+__device__ __forceinline__ void lower_bounds(const u32* __restrict__ a, u32 (&b)[G],
+                                             const u32 (&to)[G], const u32 (&x)[G],
+                                             const bool (&live)[G], u32 n) {
+    while (n > 1) {
+        const u32 half = n >> 1;
+        n -= half;
+        u32 v[G];
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            const u32 at = b[g] + half - 1;
+            v[g] = live[g] && at < to[g] ? a[at] : 0xffffffffu;
+        }
+#pragma unroll
+        for (u32 g = 0; g < G; g++) b[g] = v[g] < x[g] ? b[g] + half : b[g];
+    }
+}
+
+__device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
+                               const double* __restrict__ post_imp,
+                               const double* __restrict__ ord_static) {
+    constexpr u32 G = AND_G;
+    constexpr u32 CHUNK = G * THREADS;
+    const u32 tid = threadIdx.x;
+    if (tid == 0) {
+        u32 lead = 0;
+        for (u32 j = 1; j < m; j++) {
+            if (sh.ll[j] - sh.beg[j] < sh.ll[lead] - sh.beg[lead]) lead = j;
+        }
+        sh.lead = lead;
+    }
+    if (tid < m) sh.cur[tid] = sh.beg[tid];
+    __syncthreads();
+    const u32 lead = sh.lead;
+    const u32 n = sh.ll[lead];
+    const u64 lead_at = sh.ls[lead];
+    for (u32 base = sh.beg[lead]; base < n; base += CHUNK) {
+        const u32 top = base + CHUNK < n ? base + CHUNK : n;
+        // The chunk's last candidate: slice glast, thread tlast.
+        const u32 glast = (top - 1 - base) / THREADS;
+        const bool last = tid == (top - 1 - base) % THREADS;
+        u32 ord[G];
+        double s[G];
+        bool ok[G];
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            const u32 i = base + g * THREADS + tid;
+            ok[g] = i < top;
+            ord[g] = ok[g] ? post_ord[lead_at + i] : 0u;
+            s[g] = 0.0;
+        }
+        for (u32 j = 0; j < m; j++) {  // slot order (the sum's); block-uniform
+            if (j == lead) {
+#pragma unroll
+                for (u32 g = 0; g < G; g++) {
+                    if (ok[g]) s[g] += post_imp[lead_at + base + g * THREADS + tid];
+                }
+                continue;
+            }
+            const u32* a = post_ord + sh.ls[j];
+            const u32 lo = sh.cur[j], hi = sh.ll[j];
+            const u32 range = hi - lo;
+            const bool fence = range >= FENCE_MIN;
+            u32 stride = 0, nf = 0;
+            if (fence) {
+                stride = (range + AND_FENCE - 1) / AND_FENCE;
+                nf = (range + stride - 1) / stride;
+                __syncthreads();  // the previous list's fence is no longer read
+                for (u32 f = tid; f < nf; f += THREADS) sh.fence[f] = a[lo + f * stride];
+                __syncthreads();
+            }
+            bool live[G];
+            bool any = false;
+#pragma unroll
+            for (u32 g = 0; g < G; g++) {
+                live[g] = ok[g] || (last && g == glast);
+                any |= live[g];
+            }
+            if (!any) continue;
+            // Each live candidate's window: [b, to), searched as n_win positions.
+            u32 b[G], to[G];
+            u32 n_win;
+            if (fence) {
+                n_win = stride - 1;
+#pragma unroll
+                for (u32 g = 0; g < G; g++) {
+                    u32 f0 = 0, f1 = nf;
+                    while (f0 < f1) {
+                        const u32 mid = (f0 + f1) >> 1;
+                        if (sh.fence[mid] < ord[g]) {
+                            f0 = mid + 1;
+                        } else {
+                            f1 = mid;
+                        }
+                    }
+                    // f0 == 0: the answer is lo (an empty window there).
+                    b[g] = f0 == 0 ? lo : lo + (f0 - 1) * stride + 1;
+                    to[g] = f0 == 0 ? lo : (f0 < nf ? lo + f0 * stride : hi);
+                }
+            } else {
+                n_win = range;
+#pragma unroll
+                for (u32 g = 0; g < G; g++) {
+                    b[g] = lo;
+                    to[g] = hi;
+                }
+            }
+            u32 pos[G];
+            bool hit[G];
+            if (n_win == 0) {
+#pragma unroll
+                for (u32 g = 0; g < G; g++) {
+                    pos[g] = b[g];
+                    hit[g] = live[g] && pos[g] < hi && a[pos[g]] == ord[g];
+                }
+            } else {
+                lower_bounds<G>(a, b, to, ord, live, n_win);
+                // The lower bound is b or b + 1 (b <= to <= hi; the window's end, when b
+                // reaches it, is read as it is: the fence entry there may be ord itself).
+                u32 v[G];
+#pragma unroll
+                for (u32 g = 0; g < G; g++) {
+                    v[g] = live[g] && b[g] < hi ? a[b[g]] : 0xffffffffu;
+                }
+#pragma unroll
+                for (u32 g = 0; g < G; g++) {
+                    pos[g] = v[g] < ord[g] ? b[g] + 1 : b[g];
+                    hit[g] = live[g] && pos[g] < hi &&
+                             (pos[g] == b[g] ? v[g] == ord[g] : a[pos[g]] == ord[g]);
+                }
+            }
+            if (last) sh.nxt[j] = pos[glast] + hit[glast];
+#pragma unroll
+            for (u32 g = 0; g < G; g++) {
+                if (ok[g] && hit[g]) {
+                    s[g] += post_imp[sh.ls[j] + pos[g]];
+                } else {
+                    ok[g] = false;
+                }
+            }
+        }
+        // The slices in ascending order, room made before each (the tie rule: a candidate
+        // offered after a compaction lies above every ordinal offered before it).
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            if (base + g * THREADS >= top) break;  // block-uniform
+            if (g > 0) __syncthreads();  // the previous slice's offers are in the count
+            room(sh, k);
+            if (ok[g]) {
+                atomicAdd(&sh.matches, 1u);
+                double sg = s[g];
+                if (ord_static) sg += ord_static[ord[g]];
+                offer(sh, sg, ord[g]);
+            }
+        }
+        __syncthreads();
+        if (tid < m && tid != lead) sh.cur[tid] = sh.nxt[tid];
+        __syncthreads();  // the next chunk reads the cursors
+    }
+}
+
 // One block per item (see `Item`): the items are the first n_items of `order` or, when
 // `n_items_dev` is not null, the first min(n_items, *n_items_dev) (a device-planned batch
 // launches an upper bound of blocks without waiting for `bm25_plan`'s count; the blocks past
@@ -631,7 +847,8 @@ __device__ void and_short(Shared& sh, const Item it, const u32* __restrict__ q_o
 // piece_count[s] hits at piece_ord / piece_score[s * k ..]; an AND_ONLY item also writes its
 // match count to and_count[q]. With `n_short_dev` (not null), the last *n_short_dev of those
 // items are short (`and_short`): the blocks after the others' take THREADS / 32 of them each.
-extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
+template <bool AND_K>
+__device__ __forceinline__ void topk_items(
     u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,
     const u32* __restrict__ order,
     const Item* __restrict__ items,
@@ -642,8 +859,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     u32* __restrict__ out_doc, double* __restrict__ out_score,
     const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
     u32* __restrict__ piece_ord, double* __restrict__ piece_score,
-    u32* __restrict__ and_count) {
-    __shared__ Shared sh;
+    u32* __restrict__ and_count, u32* __restrict__ piece_done) {
+    __shared__ typename Pick<AND_K, SharedAnd, Shared>::type sh;
     const u32 tid = threadIdx.x;
     if (n_items_dev != nullptr && *n_items_dev < n_items) n_items = *n_items_dev;
     u32 n_short = n_short_dev != nullptr ? *n_short_dev : 0u;
@@ -664,9 +881,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
     const u32 first = q_off[q];
     const u32 m = q_off[q + 1] - first;
     const u32 mode = q_mode[q];
-    for (u32 i = tid; i < TILE; i += THREADS) {
-        sh.acc[i] = 0.0;
-        sh.cnt[i] = 0;
+    if constexpr (!AND_K) {
+        for (u32 i = tid; i < TILE; i += THREADS) {
+            sh.acc[i] = 0.0;
+            sh.cnt[i] = 0;
+        }
     }
     // The block's ordinal range, then within each list: its start found by thread j, its end
     // by thread MAX_TERMS + j (two searches side by side).
@@ -682,7 +901,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
         const u64 start = lists[first + tid].start;
         const u32 len = lists[first + tid].len;
         sh.ls[tid] = start;
-        sh.lm[tid] = (double)lists[first + tid].max;
+        if constexpr (!AND_K) sh.lm[tid] = (double)lists[first + tid].max;
         sh.beg[tid] = lo == 0 ? 0u : lower_bound(post_ord + start, 0, len, lo);
     } else if (tid >= MAX_TERMS && tid < MAX_TERMS + m) {
         const u32 j = tid - MAX_TERMS;
@@ -694,25 +913,30 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
         sh.ncand = 0;
         sh.matches = 0;
         sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
-        sh.floor = q_floor[q];
+        if constexpr (!AND_K) sh.floor = q_floor[q];
     }
     __syncthreads();
-    if (kind == PIECE && mode != 0) {
-        or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
-    } else if (mode != 1) {
-        and_phase(sh, m, k, post_ord, post_imp, ord_static);
-        __syncthreads();
-        if (kind == WHOLE && mode == 2 && sh.matches < k) {
+    if constexpr (AND_K) {
+        // The host launches this kernel for AND batches only: mode 0, no AND_ONLY items.
+        and_phase_wide(sh, m, k, post_ord, post_imp, ord_static);
+    } else {
+        if (kind == PIECE && mode != 0) {
+            or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
+        } else if (mode != 1) {
+            and_phase(sh, m, k, post_ord, post_imp, ord_static);
             __syncthreads();
-            if (tid == 0) {
-                sh.ncand = 0;
-                sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+            if (kind == WHOLE && mode == 2 && sh.matches < k) {
+                __syncthreads();
+                if (tid == 0) {
+                    sh.ncand = 0;
+                    sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+                }
+                __syncthreads();
+                or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
             }
-            __syncthreads();
+        } else {
             or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
         }
-    } else {
-        or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);
     }
     __syncthreads();
     compact(sh, k);
@@ -728,6 +952,93 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
             if (kind == AND_ONLY) and_count[q] = sh.matches;
         }
     }
+    // A device-planned batch's split query is merged by the block that completes it: the
+    // last of its pieces (and of its AND_ONLY item, for AND-then-OR) to count itself in
+    // piece_done[first piece slot] (cleared by `bm25_plan`). An AND_ONLY item carries its
+    // query's first piece slot in ks and its piece count in `part`.
+    if (piece_done != nullptr && (kind == PIECE || (kind == AND_ONLY && it.part > 1))) {
+        const u32 slot = it.ks & PIECE_MASK;
+        const u32 p0 = kind == PIECE ? slot - it.part : slot;
+        const u32 pieces = kind == PIECE ? np : it.part;
+        const u32 expect = pieces + (mode == 2 ? 1u : 0u);
+        __threadfence();  // this block's answer is visible before it is counted
+        __syncthreads();
+        if (tid == 0) sh.last = atomicAdd(piece_done + p0, 1u) + 1 == expect;
+        __syncthreads();
+        if (sh.last) {  // block-uniform
+            __threadfence();
+            if (!(mode == 2 && __ldcg(and_count + q) >= k)) {
+                merge_query(sh, q, p0, pieces, k, true, piece_count, piece_ord, piece_score,
+                            ord_doc, out_count, out_doc, out_score);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
+    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,
+    const u32* __restrict__ order,
+    const Item* __restrict__ items,
+    const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
+    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
+    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
+    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
+    u32* __restrict__ out_doc, double* __restrict__ out_score,
+    const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
+    u32* __restrict__ piece_ord, double* __restrict__ piece_score,
+    u32* __restrict__ and_count, u32* __restrict__ piece_done) {
+    topk_items<false>(n_items, n_items_dev, n_short_dev, order, items, q_off, q_mode, lists, post_ord, post_imp, ord_static, ord_doc, k, out_count, out_doc, out_score, q_floor, static_max, piece_count, piece_ord, piece_score, and_count, piece_done);
+}
+
+// The same for a batch of AND queries only (`and_phase_wide`, see above). AND_MIN_BLOCKS:
+// the blocks a multiprocessor should hold (a register budget for the compiler).
+#ifndef AND_MIN_BLOCKS
+#define AND_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(THREADS, AND_MIN_BLOCKS) bm25_topk_and(
+    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,
+    const u32* __restrict__ order,
+    const Item* __restrict__ items,
+    const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
+    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
+    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
+    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
+    u32* __restrict__ out_doc, double* __restrict__ out_score,
+    const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
+    u32* __restrict__ piece_ord, double* __restrict__ piece_score,
+    u32* __restrict__ and_count, u32* __restrict__ piece_done) {
+    topk_items<true>(n_items, n_items_dev, n_short_dev, order, items, q_off, q_mode, lists, post_ord, post_imp, ord_static, ord_doc, k, out_count, out_doc, out_score, q_floor, static_max, piece_count, piece_ord, piece_score, and_count, piece_done);
+}
+
+// The k best of query q's pieces p0 .. p0 + np (at most CAP / k of them), its answer. Called
+// by every thread of the block; `sh`'s candidate buffer is free. With `l2` the pieces are
+// read through L2 (`__ldcg`): other blocks of the same launch wrote them (`piece_done`).
+template <class S>
+__device__ void merge_query(S& sh, u32 q, u32 p0, u32 np, u32 k, bool l2,
+                            const u32* __restrict__ piece_count, const u32* __restrict__ piece_ord,
+                            const double* __restrict__ piece_score,
+                            const u32* __restrict__ ord_doc, u32* __restrict__ out_count,
+                            u32* __restrict__ out_doc, double* __restrict__ out_score) {
+    const u32 tid = threadIdx.x;
+    __syncthreads();  // the buffer's last readers are done
+    if (tid == 0) sh.ncand = 0;
+    __syncthreads();
+    for (u32 i = tid; i < np * k; i += THREADS) {
+        const u32 p = p0 + i / k;
+        const u32 j = i % k;
+        const u32 have = l2 ? __ldcg(piece_count + p) : piece_count[p];
+        if (j < have) {
+            const u64 at_p = (u64)p * k + j;
+            const u32 at = atomicAdd(&sh.ncand, 1u);
+            sh.cs[at] = l2 ? __ldcg(piece_score + at_p) : piece_score[at_p];
+            sh.co[at] = l2 ? __ldcg(piece_ord + at_p) : piece_ord[at_p];
+        }
+    }
+    __syncthreads();
+    compact(sh, k);
+    const u32 n = sh.ncand;
+    write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
+    if (tid == 0) out_count[q] = n;
 }
 
 // Split queries, block-strided: split_q[b]'s answer is the k best of the pieces
@@ -735,7 +1046,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
 // AND-then-OR query whose AND found k matches (its AND_ONLY item has written that answer).
 // There are n_split of them or, when `n_split_dev` is not null, min(n_split, *n_split_dev)
 // (the device-planned batch's count, not waited for). (A host-staged batch passes its piece
-// offsets as split_lo and, one further, split_hi.)
+// offsets as split_lo and, one further, split_hi. A device-planned batch's pieces merge
+// themselves instead: `piece_done`.)
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
     u32 n_split, const u32* __restrict__ n_split_dev, const u32* __restrict__ split_q,
     const u32* __restrict__ split_lo, const u32* __restrict__ split_hi,
@@ -744,30 +1056,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
     const double* __restrict__ piece_score, const u32* __restrict__ ord_doc,
     u32* __restrict__ out_count, u32* __restrict__ out_doc, double* __restrict__ out_score) {
     __shared__ Shared sh;
-    const u32 tid = threadIdx.x;
     if (n_split_dev != nullptr && *n_split_dev < n_split) n_split = *n_split_dev;
     for (u32 b = blockIdx.x; b < n_split; b += gridDim.x) {
         const u32 q = split_q[b];
         if (q_mode[q] == 2 && and_count[q] >= k) continue;  // block-uniform
-        const u32 p0 = split_lo[b];
-        const u32 np = split_hi[b] - p0;
-        __syncthreads();  // the previous split's answer is written
-        if (tid == 0) sh.ncand = 0;
-        __syncthreads();
-        for (u32 i = tid; i < np * k; i += THREADS) {
-            const u32 p = p0 + i / k;
-            const u32 j = i % k;
-            if (j < piece_count[p]) {
-                const u32 at = atomicAdd(&sh.ncand, 1u);
-                sh.cs[at] = piece_score[(u64)p * k + j];
-                sh.co[at] = piece_ord[(u64)p * k + j];
-            }
-        }
-        __syncthreads();
-        compact(sh, k);
-        const u32 n = sh.ncand;
-        write_answer(sh, n, (u64)q * k, ord_doc, out_doc, out_score, false);
-        if (tid == 0) out_count[q] = n;
+        merge_query(sh, q, split_lo[b], split_hi[b] - split_lo[b], k, false, piece_count,
+                    piece_ord, piece_score, ord_doc, out_count, out_doc, out_score);
     }
 }
 
@@ -813,7 +1107,7 @@ extern "C" __global__ void bm25_plan(
     u32 max_pieces, ListRef* __restrict__ lists, double* __restrict__ q_floor,
     Item* __restrict__ items, unsigned char* __restrict__ keys, u32* __restrict__ split_q,
     u32* __restrict__ split_lo, u32* __restrict__ split_hi, u32* __restrict__ counters,
-    u32* __restrict__ out_count) {
+    u32* __restrict__ out_count, u32* __restrict__ piece_done) {
     const u32 q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= nq) return;
     out_count[q] = 0;  // a query left unranked answers empty; the ranking kernels come after
@@ -908,9 +1202,11 @@ extern "C" __global__ void bm25_plan(
     }
     const bool and_or = mode == 2;
     const unsigned char key = (unsigned char)(work_bucket(work / pieces) + 1u);
+    piece_done[base] = 0;  // `bm25_topk`'s count of the query's completed blocks
     u32 at = atomicAdd(&counters[C_ITEMS], pieces + (and_or ? 1u : 0u));
     if (and_or) {
-        items[at] = Item{q, 0, 1, AND_ONLY << 30};
+        // Its query's first piece slot and piece count, for `piece_done`.
+        items[at] = Item{q, pieces, 1, (AND_ONLY << 30) | base};
         keys[at++] = key;
     }
     for (u32 j = 0; j < pieces; j++) {
@@ -971,135 +1267,132 @@ extern "C" __global__ void __launch_bounds__(1024) bm25_order(
 // ---------------------------------------------------------------------------------------
 // The answers packed for the copy down: after `bm25_topk` / `bm25_merge`, query q's hits lie
 // at out_doc / out_score[q * k ..] (out_count[q] of them). The host reads them as one flat
-// list (its `Ranked`, the Arrow list's layout): `bm25_pack_offsets` writes each query's first
-// position, `bm25_pack` moves the hits there, so that the host copies two dense runs instead
-// of a short run per query (10,000 small copies out of memory the copy down has just written).
-
-#ifndef PACK_THREADS
-#define PACK_THREADS 1024
-#endif
-
-__device__ __forceinline__ u32 hits_of(const u32* __restrict__ count, u32 q, u32 k) {
-    return count[q] < k ? count[q] : k;
-}
-
-// One block of PACK_THREADS: off[q] = hits of the queries before q, off[n] = all hits. The
-// counts go through shared memory in chunks of PACK_THREADS * PACK_PER: loaded side by side
-// (every load of a chunk in flight at once), each thread sums and then numbers a run of
-// PACK_PER consecutive ones, the block scans the runs' sums (warp shuffles, then the warps'
-// totals) on top of the chunks before, and the offsets go out side by side again: each warp's
-// stores are consecutive, which matters for `off_copy`, the host's pinned memory across the
-// bus (one strided run per thread took ~20 us for 10,000 queries on an H200). A count above
-// k (never written by the kernels above) is read as k, as `bm25_pack` copies at most k, and
-// marked: off[0] is then not 0, which the host refuses.
-#ifndef PACK_PER
-#define PACK_PER 8
-#endif
-extern "C" __global__ void __launch_bounds__(PACK_THREADS) bm25_pack_offsets(
-    u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off,
-    u32* __restrict__ off_copy) {
-    constexpr u32 CHUNK = PACK_THREADS * PACK_PER;
-    __shared__ u32 buf[CHUNK];
-    __shared__ u32 warp_total[PACK_THREADS / 32];
-    __shared__ u32 above_k;
-    __shared__ u32 carry;
-    const u32 tid = threadIdx.x;
-    const u32 lane = tid & 31, warp = tid >> 5, warps = PACK_THREADS / 32;
-    if (tid == 0) {
-        above_k = 0;
-        carry = 0;
-    }
-    __syncthreads();
-    for (u32 c0 = 0; c0 < n; c0 += CHUNK) {
-        for (u32 j = tid; j < CHUNK; j += PACK_THREADS) {
-            const u32 i = c0 + j;
-            u32 h = 0;
-            if (i < n) {
-                const u32 c = count[i];
-                if (c > k) above_k = 1;
-                h = c < k ? c : k;
-            }
-            buf[j] = h;
-        }
-        __syncthreads();
-        u32 sum = 0;
-        for (u32 p = 0; p < PACK_PER; p++) sum += buf[tid * PACK_PER + p];
-        u32 x = sum;  // inclusive scan within the warp
-        for (u32 d = 1; d < 32; d <<= 1) {
-            const u32 y = __shfl_up_sync(0xffffffffu, x, d);
-            if (lane >= d) x += y;
-        }
-        if (lane == 31) warp_total[warp] = x;
-        __syncthreads();
-        if (warp == 0) {
-            u32 w = lane < warps ? warp_total[lane] : 0u;
-            for (u32 d = 1; d < 32; d <<= 1) {
-                const u32 y = __shfl_up_sync(0xffffffffu, w, d);
-                if (lane >= d) w += y;
-            }
-            if (lane < warps) warp_total[lane] = w;  // inclusive over the warps
-        }
-        __syncthreads();
-        u32 at = carry + x - sum + (warp > 0 ? warp_total[warp - 1] : 0u);
-        for (u32 p = 0; p < PACK_PER; p++) {
-            const u32 h = buf[tid * PACK_PER + p];
-            buf[tid * PACK_PER + p] = at;
-            at += h;
-        }
-        __syncthreads();  // every thread has read `carry` and written its run
-        for (u32 j = tid; j < CHUNK; j += PACK_THREADS) {
-            const u32 i = c0 + j;
-            if (i < n) {
-                off[i] = buf[j];
-                if (off_copy != nullptr) off_copy[i] = buf[j];
-            }
-        }
-        if (tid == PACK_THREADS - 1) carry = at;  // the chunk's last run ends there
-        __syncthreads();  // `buf` and `warp_total` are free for the next chunk
-    }
-    if (tid == 0) {
-        off[n] = carry;
-        if (off_copy != nullptr) off_copy[n] = carry;
-        if (above_k) {
-            off[0] = 0xffffffffu;
-            if (off_copy != nullptr) off_copy[0] = 0xffffffffu;
-        }
-    }
-}
+// list (its `Ranked`, the Arrow list's layout): `bm25_pack` writes each query's first
+// position and moves the hits there, so that the host copies two dense runs instead of a
+// short run per query (10,000 small copies out of memory the copy down has just written).
 
 #define PACK_QUERIES 256
+// At most this many blocks: each block sums the counts of every query before its own, so
+// the reads grow with blocks x queries (10,000 queries: 40 blocks, ~200,000 reads of 40 KB
+// that sit in L2).
+#ifndef PACK_BLOCKS
+#define PACK_BLOCKS 64
+#endif
 
-// A block per PACK_QUERIES consecutive queries (256 threads): the hits of queries q0 .. q1
-// are one run pk_doc / pk_score[off[q0] .. off[q1]]; thread t writes every 256th place of
-// it, finding its query among the block's offsets (shared memory), so that each warp's stores
-// are consecutive (the packed answers may lie in the host's pinned memory, written across
-// the bus).
-extern "C" __global__ void __launch_bounds__(256) bm25_pack(
-    u32 n, u32 k, const u32* __restrict__ count, const u32* __restrict__ off,
-    const u32* __restrict__ out_doc, const double* __restrict__ out_score,
-    u32* __restrict__ pk_doc, double* __restrict__ pk_score) {
-    __shared__ u32 so[PACK_QUERIES + 1];
-    const u32 q0 = blockIdx.x * PACK_QUERIES;
-    if (q0 >= n) return;
-    const u32 nb = n - q0 < PACK_QUERIES ? n - q0 : PACK_QUERIES;
-    // off[0] may hold the mark of a count above k: query 0 starts at 0. Each query's own
-    // run is min(count, k) long from its offset (as `bm25_pack_offsets` summed them).
-    for (u32 i = threadIdx.x; i <= nb; i += blockDim.x) {
-        const u32 q = q0 + i;
-        so[i] = q == 0 ? 0u : off[q];
+__device__ __forceinline__ u32 hits_of(u32 count, u32 k) { return count < k ? count : k; }
+
+// Exclusive scan of one value a thread over the block (PACK_QUERIES threads); *total gets
+// the sum. Every thread calls it; `wsum` is free on entry and on return.
+__device__ __forceinline__ u32 block_exclusive(u32 v, u32* wsum, u32* total) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr u32 WARPS = PACK_QUERIES / 32;
+    u32 x = v;
+    for (u32 d = 1; d < 32; d <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
     }
+    if (lane == 31) wsum[warp] = x;
     __syncthreads();
-    const u32 lo = so[0], hi = so[nb];
-    for (u32 at = lo + threadIdx.x; at < hi; at += blockDim.x) {
-        // The last query of the block starting at or before `at` (queries with no hits share
-        // their start with the next one).
-        u32 a = 0, b = nb;  // so[a] <= at < so[b]
-        while (b - a > 1) {
-            const u32 m = (a + b) / 2;
-            if (so[m] <= at) a = m; else b = m;
+    u32 before = 0, all = 0;
+    for (u32 w = 0; w < WARPS; w++) {
+        const u32 t = wsum[w];
+        before += w < warp ? t : 0u;
+        all += t;
+    }
+    *total = all;
+    __syncthreads();  // wsum is read by every thread before anyone writes it again
+    return before + x - v;
+}
+
+// The answers packed in one launch: off[q] = hits of the queries before q, off[n] = all hits,
+// and the hits of every query moved to pk_doc / pk_score[off[q] ..] (at most k a query: a
+// count above k, never written by the kernels above, is read as k and marked: off[0] is
+// then not 0, which the host refuses). `off_copy` (the host's pinned memory, or null) gets
+// the offsets too. Block b of the grid (at most PACK_BLOCKS) takes `per` consecutive queries
+// (a multiple of PACK_QUERIES): it sums the hits of all queries before its first (reads side
+// by side, nothing to wait for from other blocks), then, PACK_QUERIES at a time, scans its
+// own, writes their offsets and moves their hits, each warp's stores consecutive (the packed
+// answers may lie in the host's pinned memory, written across the bus). off[0] is written by
+// the block holding the last query, the only one that has read every count. (Two kernels
+// before, one block scanning every count: ~13 + 5 us for 10,000 queries on an H100.)
+extern "C" __global__ void __launch_bounds__(PACK_QUERIES) bm25_pack(
+    u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off,
+    u32* __restrict__ off_copy, const u32* __restrict__ out_doc,
+    const double* __restrict__ out_score, u32* __restrict__ pk_doc,
+    double* __restrict__ pk_score) {
+    __shared__ u32 so[PACK_QUERIES + 1];
+    __shared__ u32 wsum[PACK_QUERIES / 32];
+    __shared__ u32 above_k;
+    const u32 tid = threadIdx.x;
+    if (n == 0) {
+        if (blockIdx.x == 0 && tid == 0) {
+            off[0] = 0;
+            if (off_copy != nullptr) off_copy[0] = 0;
         }
-        const u64 from = (u64)(q0 + a) * k + (at - so[a]);
-        pk_doc[at] = out_doc[from];
-        pk_score[at] = out_score[from];
+        return;
+    }
+    const u32 blocks = (n + PACK_QUERIES - 1) / PACK_QUERIES;
+    const u32 grid = blocks < PACK_BLOCKS ? blocks : PACK_BLOCKS;
+    const u32 per = (n + grid - 1) / grid;
+    const u32 per_r = (per + PACK_QUERIES - 1) / PACK_QUERIES * PACK_QUERIES;
+    const u32 q0 = blockIdx.x * per_r;
+    if (q0 >= n) return;  // block-uniform
+    const u32 q1 = n - q0 < per_r ? n : q0 + per_r;
+    if (tid == 0) above_k = 0;
+    // The hits before q0.
+    u32 mine = 0;
+    bool above = false;
+#pragma unroll 8
+    for (u32 i = tid; i < q0; i += PACK_QUERIES) {
+        const u32 c = count[i];
+        above |= c > k;
+        mine += hits_of(c, k);
+    }
+    u32 carry;
+    block_exclusive(mine, wsum, &carry);
+    for (u32 c0 = q0; c0 < q1; c0 += PACK_QUERIES) {
+        const u32 nb = q1 - c0 < PACK_QUERIES ? q1 - c0 : PACK_QUERIES;
+        const u32 i = c0 + tid;
+        u32 h = 0;
+        if (tid < nb) {
+            const u32 c = count[i];
+            above |= c > k;
+            h = hits_of(c, k);
+        }
+        u32 total;
+        const u32 at = carry + block_exclusive(h, wsum, &total);
+        if (tid < nb) so[tid] = at;
+        if (tid == 0) so[nb] = carry + total;
+        if (tid < nb && i > 0) {
+            off[i] = at;
+            if (off_copy != nullptr) off_copy[i] = at;
+        }
+        __syncthreads();
+        const u32 lo = so[0], hi = so[nb];
+        for (u32 p = lo + tid; p < hi; p += PACK_QUERIES) {
+            // The last query of the chunk starting at or before p (queries with no hits
+            // share their start with the next one).
+            u32 a = 0, b = nb;  // so[a] <= p < so[b]
+            while (b - a > 1) {
+                const u32 m = (a + b) / 2;
+                if (so[m] <= p) a = m; else b = m;
+            }
+            const u64 from = (u64)(c0 + a) * k + (p - so[a]);
+            pk_doc[p] = out_doc[from];
+            pk_score[p] = out_score[from];
+        }
+        carry += total;
+        __syncthreads();  // so[] is rewritten by the next chunk
+    }
+    if (above) above_k = 1;
+    __syncthreads();
+    if (q1 == n && tid == 0) {
+        const u32 first = above_k ? 0xffffffffu : 0u;
+        off[0] = first;
+        off[n] = carry;
+        if (off_copy != nullptr) {
+            off_copy[0] = first;
+            off_copy[n] = carry;
+        }
     }
 }

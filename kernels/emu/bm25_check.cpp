@@ -118,10 +118,11 @@ static void pack(u32 nq, u32 k, const std::vector<u32>& out_count, const std::ve
     // The offsets on the device and their copy (the host's, when the answers are written into
     // its pinned memory) must agree.
     std::vector<u32> off_copy(nq + 1, 0xdeadbeef);
-    launch(1, PACK_THREADS, [&] { bm25_pack_offsets(nq, k, out_count.data(), off.data(), off_copy.data()); });
-    launch((nq + PACK_QUERIES - 1) / PACK_QUERIES, 256, [&] {
-        bm25_pack(nq, k, out_count.data(), off.data(), out_doc.data(), out_score.data(), pk_doc.data(),
-                  pk_score.data());
+    // The host's grid: a block per PACK_QUERIES queries, at most PACK_BLOCKS (one at least).
+    const u32 grid = std::max<u32>(1, std::min<u32>((nq + PACK_QUERIES - 1) / PACK_QUERIES, PACK_BLOCKS));
+    launch(grid, PACK_QUERIES, [&] {
+        bm25_pack(nq, k, out_count.data(), off.data(), off_copy.data(), out_doc.data(), out_score.data(),
+                  pk_doc.data(), pk_score.data());
     });
     if (off_copy != off) off[0] = 0xdeadbeef;  // read as a wrong offset by every check
 }
@@ -133,6 +134,9 @@ static int pack_suite(std::mt19937_64& rng, u32 nq, u32 k) {
     std::vector<double> out_score((size_t)nq * k);
     const bool some_above = nq == 5 || nq == 3000;  // counts above k in some batches
     for (u32 q = 0; q < nq; q++) out_count[q] = some_above && rng() % 7 == 0 ? k + 1 + rng() % 3 : rng() % (k + 1);
+    // One batch with a single count above k, the first: only the block that reads every count
+    // (the last) can mark it.
+    if (nq == 1000) out_count[0] = k + 1;
     for (size_t i = 0; i < out_doc.size(); i++) {
         out_doc[i] = rng();
         out_score[i] = (double)(rng() % 1000) / 7.0;
@@ -188,7 +192,8 @@ static int wrong_answers(const Corpus& c, const std::vector<std::vector<u32>>& q
     return bad;
 }
 
-static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsigned nq) {
+// and_k: an AND batch (every query mode 0) ranked by `bm25_topk_and`, as the host launches it.
+static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsigned nq, bool and_k = false) {
     Corpus c = corpus(rng, 700 + rng() % 600, 40, with_static);
     std::vector<u32> post_ord;
     std::vector<double> post_imp;
@@ -211,7 +216,8 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     for (unsigned q = 0; q < nq; q++) {
         std::vector<u32> ts = random_query(rng, c);
         qs.push_back(ts);
-        q_mode.push_back(rng() % 3);
+        const unsigned char md = rng() % 3;
+        q_mode.push_back(and_k ? 0 : md);
         for (u32 t : ts) {
             double mx = 0.0;
             for (double w : c.imp[t]) mx = std::max(mx, w);
@@ -247,10 +253,10 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
     std::vector<double> piece_score((pieces + 1) * k);
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
     launch(items.size(), THREADS, [&] {
-        bm25_topk(items.size(), nullptr, nullptr, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+        (and_k ? bm25_topk_and : bm25_topk)(items.size(), nullptr, nullptr, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
-                  piece_ord.data(), piece_score.data(), and_count.data());
+                  piece_ord.data(), piece_score.data(), and_count.data(), nullptr);
     });
     if (!split_q.empty()) {
         // Fewer blocks than split queries in some suites: each block strides over them.
@@ -262,14 +268,14 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
         });
     }
     int bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, 0);
-    std::printf("static=%d split=%d k=%u queries=%u pieces=%u bad=%d\n", with_static, split, k, nq, pieces, bad);
+    std::printf("%sstatic=%d split=%d k=%u queries=%u pieces=%u bad=%d\n", and_k ? "AND kernel: " : "", with_static, split, k, nq, pieces, bad);
     return bad;
 }
 
 // The batch planned on the device (bm25_plan, bm25_order), then ranked as above: every term's
 // ListRef in a table, per-term floors (or none), small pieces so that queries split, and
 // sometimes a piece budget too small for all of them (those queries are ranked whole).
-static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned nq) {
+static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned nq, bool and_k = false) {
     Corpus c = corpus(rng, 700 + rng() % 600, 40, with_static);
     std::vector<u32> post_ord;
     std::vector<double> post_imp;
@@ -304,7 +310,9 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
         std::vector<u32> ts = random_query(rng, c);
         if (rng() % 8 == 0) ts.clear();
         qs.push_back(ts);
-        q_mode.push_back(rng() % 6 == 0 ? MODE_NONE : rng() % 3);
+        unsigned char md = rng() % 6 == 0 ? MODE_NONE : rng() % 3;
+        if (and_k && md != MODE_NONE) md = 0;
+        q_mode.push_back(md);
         q_terms.insert(q_terms.end(), ts.begin(), ts.end());
         q_off.push_back(q_terms.size());
     }
@@ -320,11 +328,14 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(8, 0), order(cap_items, 0xffffffffu);
     // Not cleared: `bm25_plan` clears each query's count.
     std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
+    // Not cleared either: `bm25_plan` clears the count of each split query's completed blocks.
+    std::vector<u32> piece_done(max_pieces + 1, 0xdeadbeef);
     launch((nq + 63) / 64, 64, [&] {
         bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), refs.size(), refs.data(),
                   floors ? term_floor.data() : nullptr, static_max, k, piece, most, max_pieces,
                   lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
-                  split_lo.data(), split_hi.data(), counters.data(), out_count.data());
+                  split_lo.data(), split_hi.data(), counters.data(), out_count.data(),
+                  piece_done.data());
     });
     // The counters' copy for the host, in some suites (null in the others, as with
     // DFSETS_BM25_ZERO_COPY=0).
@@ -373,21 +384,15 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
     const u32 topk_grid = std::min(item_bound, n_items + 1 + (u32)(rng() % 40));
     launch(topk_grid, THREADS, [&] {
-        bm25_topk(item_bound, &counters[C_ITEMS], &counters[C_SHORT], order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+        (and_k ? bm25_topk_and : bm25_topk)(item_bound, &counters[C_ITEMS], &counters[C_SHORT], order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
-                  piece_ord.data(), piece_score.data(), and_count.data());
+                  piece_ord.data(), piece_score.data(), and_count.data(), piece_done.data());
     });
-    if (n_split > 0) {
-        launch(1 + rng() % 4, THREADS, [&] {
-            bm25_merge(nq, &counters[C_SPLITS], split_q.data(), split_lo.data(), split_hi.data(), q_mode.data(),
-                       and_count.data(), k, piece_count.data(), piece_ord.data(), piece_score.data(),
-                       ord_doc.data(), out_count.data(), out_doc.data(), out_score.data());
-        });
-    }
+    // No `bm25_merge`: the block completing a split query merges it (`piece_done`).
     bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, bad);
-    std::printf("device plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
-                with_static, k, nq, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
+    std::printf("%sdevice plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
+                and_k ? "AND kernel: " : "", with_static, k, nq, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
     return bad;
 }
 
@@ -398,6 +403,13 @@ int main() {
         for (int st = 0; st < 2; st++) {
             for (int split = 0; split < 2; split++) bad += suite(rng, st, split, k, 24);
             for (int rep = 0; rep < 2; rep++) bad += device_suite(rng, st, k, 24);
+        }
+    }
+    // AND batches through `bm25_topk_and`: host-planned (whole and split) and device-planned.
+    for (u32 k : {1u, 10u, 100u}) {
+        for (int st = 0; st < 2; st++) {
+            for (int split = 0; split < 2; split++) bad += suite(rng, st, split, k, 24, true);
+            bad += device_suite(rng, st, k, 24, true);
         }
     }
     for (u32 nq : {0u, 1u, 5u, 1000u, 3000u, 20000u}) bad += pack_suite(rng, nq, nq > 5000 ? 2 : 10);
@@ -411,7 +423,7 @@ int main() {
         launch(1, 32, [&] {
             bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 40, refs.data(), nullptr, 0.0, 10, 16, 64,
                       2, lists.data(), q_floor.data(), items.data(), keys.data(), sq.data(), sl.data(), sh.data(),
-                      counters.data(), cnt.data());
+                      counters.data(), cnt.data(), nullptr);
         });
         const bool ok = counters[C_BAD] == 1 && counters[C_ITEMS] == 0 && cnt[0] == 0;
         std::printf("device plan: a term beyond the index %s\n", ok ? "refused" : "NOT refused");

@@ -113,6 +113,10 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(x); }
 inline void __trap() { std::abort(); }
+// Blocks run one after another here: every store is seen by the later blocks.
+inline void __threadfence() {}
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
 
 inline void launch(unsigned grid, unsigned block, std::function<void()> k) {
     using namespace emu;

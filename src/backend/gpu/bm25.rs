@@ -59,10 +59,11 @@ const PIECE: u32 = 2 << 30;
 /// The two kernels of bm25.cu.
 struct Kernels {
     topk: CudaFunction,
+    /// `bm25_topk` for batches of AND queries only (`bm25_topk_and`).
+    topk_and: CudaFunction,
     merge: CudaFunction,
     plan: CudaFunction,
     order: CudaFunction,
-    pack_offsets: CudaFunction,
     pack: CudaFunction,
 }
 
@@ -80,10 +81,10 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
             let load = |name| module.load_function(name).map_err(drv("kernel lookup"));
             Ok(Kernels {
                 topk: load("bm25_topk")?,
+                topk_and: load("bm25_topk_and")?,
                 merge: load("bm25_merge")?,
                 plan: load("bm25_plan")?,
                 order: load("bm25_order")?,
-                pack_offsets: load("bm25_pack_offsets")?,
                 pack: load("bm25_pack")?,
             })
         })
@@ -213,8 +214,11 @@ fn plan(
     split(work, ess.max_by_key(|&j| lens[j]).unwrap_or(0))
 }
 
-/// NVRTC options beyond C++17: the OR tile's size when `DFSETS_BM25_TILE` asks for another
-/// (a power of two in 256..=4096; a measurement knob, anything else is ignored).
+/// NVRTC options beyond C++17, from measurement knobs (anything out of range is ignored):
+/// the OR tile (`DFSETS_BM25_TILE`, a power of two in 256..=4096), short AND queries' bound
+/// (`DFSETS_BM25_SHORT_LEAD`, at most 64), `bm25_topk_and`'s candidates a thread
+/// (`DFSETS_BM25_AND_G`, 1..=8), fence entries (`DFSETS_BM25_AND_FENCE`, a power of two in
+/// 256..=2048) and blocks a multiprocessor should hold (`DFSETS_BM25_AND_MIN_BLOCKS`, 1..=8).
 fn compile_options() -> Vec<String> {
     let knob = |name: &str, ok: &dyn Fn(u32) -> bool| {
         std::env::var(format!("DFSETS_BM25_{name}"))
@@ -230,6 +234,11 @@ fn compile_options() -> Vec<String> {
             t.is_power_of_two() && (256..=4096).contains(&t)
         }),
         knob("SHORT_LEAD", &|t| t <= 64),
+        knob("AND_G", &|t| (1..=8).contains(&t)),
+        knob("AND_FENCE", &|t| {
+            t.is_power_of_two() && (256..=2048).contains(&t)
+        }),
+        knob("AND_MIN_BLOCKS", &|t| (1..=8).contains(&t)),
     ]
     .into_iter()
     .flatten()
@@ -847,6 +856,8 @@ struct Layout {
     pord: usize,
     pscore: usize,
     and: usize,
+    /// Each split query's count of completed blocks (device-planned batches only).
+    done: usize,
     piece_bytes: usize,
 }
 
@@ -1093,7 +1104,8 @@ fn stage(
     lay.pord = align(n_pieces * 4);
     lay.pscore = lay.pord + align(n_pieces * k * 4);
     lay.and = lay.pscore + align(n_pieces * k * 8);
-    lay.piece_bytes = lay.and + align(gq * 4);
+    lay.done = lay.and + align(gq * 4);
+    lay.piece_bytes = lay.done;
     ask(part.in_bytes + part.items_bytes + part.down_bytes)?;
     let items_bytes = part.items_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_items, items_bytes)?.as_mut_slice()[..items_bytes];
@@ -1207,6 +1219,7 @@ fn launch(
         out: d_out,
         piece: d_piece,
         packed_host,
+        piece_done: 0,
     };
     // SAFETY: the part's input region holds n_items order entries and items (queries < gq,
     // piece slots < n_pieces, a piece's lead list among its query's lists and its part below
@@ -1256,7 +1269,7 @@ fn answers_down(
 }
 
 /// Bytes the device wrote into the host's buffer for answers packed there: the offsets and
-/// the hits (`off[gq]` of them, as `bm25_pack_offsets` counted them).
+/// the hits (`off[gq]` of them, as `bm25_pack` counted them).
 fn packed_bytes(ws: &Workspace, part: &Staged) -> u64 {
     let Some(pin) = ws.pin_out.as_ref() else {
         return 0;
@@ -1316,11 +1329,21 @@ struct RankArgs {
     /// (`Some`: its address, written across the bus by `bm25_pack`, nothing to copy down) or
     /// the device's `out` (`None`: copied down by [`copy_down`]).
     packed_host: Option<u64>,
+    /// A device-planned batch's count of each split query's completed blocks (cleared by
+    /// `bm25_plan`): the block completing a split query merges it, and `bm25_merge` is not
+    /// launched. 0: a host-staged batch, merged by `bm25_merge`.
+    piece_done: u64,
+}
+
+/// Whether AND batches use `bm25_topk_and` (`DFSETS_BM25_AND_KERNEL`, default 1).
+fn and_kernel() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| env_knob("DFSETS_BM25_AND_KERNEL", 1) == 1)
 }
 
 /// The launches of `bm25_topk` over a batch's items (longest first), then `bm25_merge` over
-/// its split queries, then `bm25_pack_offsets` and `bm25_pack` (the answers packed for the
-/// host: into its pinned buffer, or on the device for the copy down), in order, for
+/// its split queries, then `bm25_pack` (the answers packed for the host: into its pinned
+/// buffer, or on the device for the copy down), in order, for
 /// [`submit`]. Queueing them is sound when every address of `a` holds what `bm25_topk` and
 /// `bm25_merge` (kernels/bm25.cu) read and write for `a.n_items` items and `a.n_split` split
 /// queries: items naming queries with 1 to 64 lists whose postings lie in the resident
@@ -1344,8 +1367,15 @@ fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<La
     // The parameters of `bm25_topk` and `bm25_merge` in kernels/bm25.cu, in their order;
     // ord_static is null without static scores; the merge reads what the first launch wrote,
     // on the same stream.
+    // An AND batch's blocks through the AND-only kernel (no OR tile, AND_G searches in flight
+    // a thread); `DFSETS_BM25_AND_KERNEL=0` keeps them on the general one (measurements).
+    let topk = if c.batch.mode == Mode::And && and_kernel() {
+        &f.topk_and
+    } else {
+        &f.topk
+    };
     launches.push(Launch {
-        f: f.topk.cu_function(),
+        f: topk.cu_function(),
         grid: a.n_items,
         block: THREADS,
         args: vec![
@@ -1371,9 +1401,10 @@ fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<La
             p_pord.into(),
             p_pscore.into(),
             p_and.into(),
+            a.piece_done.into(),
         ],
     });
-    if a.n_split > 0 {
+    if a.n_split > 0 && a.piece_done == 0 {
         launches.push(Launch {
             f: f.merge.cu_function(),
             grid: a.merge_blocks.clamp(1, a.n_split),
@@ -1406,26 +1437,15 @@ fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<La
     let p_pk_doc = packed + (lay.pk_doc - lay.pk_off) as u64;
     let p_pk_score = packed + (lay.pk_score - lay.pk_off) as u64;
     launches.push(Launch {
-        f: f.pack_offsets.cu_function(),
-        grid: 1,
-        block: PACK_THREADS,
+        f: f.pack.cu_function(),
+        grid: gq.div_ceil(PACK_QUERIES).clamp(1, PACK_BLOCKS),
+        block: PACK_QUERIES,
         args: vec![
             gq.into(),
             k32.into(),
             p_cnt.into(),
             p_pk_off.into(),
             p_off_copy.into(),
-        ],
-    });
-    launches.push(Launch {
-        f: f.pack.cu_function(),
-        grid: gq.div_ceil(PACK_QUERIES),
-        block: PACK_BLOCK,
-        args: vec![
-            gq.into(),
-            k32.into(),
-            p_cnt.into(),
-            p_pk_off.into(),
             p_docs.into(),
             p_scores.into(),
             p_pk_doc.into(),
@@ -1477,11 +1497,10 @@ unsafe fn submit(
     Ok(())
 }
 
-/// Threads of `bm25_pack_offsets`' one block (`PACK_THREADS` in bm25.cu).
-const PACK_THREADS: u32 = 1024;
-/// Queries per block of `bm25_pack` (`PACK_QUERIES` in bm25.cu), and its threads.
+/// Queries per chunk of `bm25_pack` and its threads (`PACK_QUERIES` in bm25.cu), and its
+/// most blocks (`PACK_BLOCKS`).
 const PACK_QUERIES: u32 = 256;
-const PACK_BLOCK: u32 = 256;
+const PACK_BLOCKS: u32 = 64;
 
 /// The batch's answers in batch order (the device's, once the stream is synchronized, and
 /// the CPU's share). The device's come packed (`bm25_pack`): query slot `s`'s hits are
@@ -1510,7 +1529,7 @@ fn unpack(
             &view::<f64>(&pin[s0..])[..gq * k],
         )
     };
-    // The offsets as `bm25_pack_offsets` writes them: from 0, at most k a query.
+    // The offsets as `bm25_pack` writes them: from 0, at most k a query.
     if off[0] != 0
         || off
             .windows(2)

@@ -35,9 +35,6 @@ const PLAN_THREADS: u32 = 128;
 const ORDER_THREADS: u32 = 1024;
 /// Bytes the pieces' answers may take on the device (the piece budget at large k).
 const PIECE_BYTES_MAX: usize = 64 << 20;
-/// Blocks of `bm25_merge` (each strides over the split queries; most batches split a few
-/// dozen to a few hundred queries).
-const MERGE_BLOCKS: u32 = 512;
 
 /// What a device-planned batch adds to [`Staged`]: where its upload and the device's planning
 /// buffers lie, and its budget of piece slots and items.
@@ -157,7 +154,8 @@ pub(super) fn stage(
     lay.pord = align(pl.max_pieces * 4);
     lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
-    lay.piece_bytes = lay.and + align(gq * 4);
+    lay.done = lay.and + align(gq * 4);
+    lay.piece_bytes = lay.done + align(pl.max_pieces * 4);
     // The counters come back through the items' pinned buffer (written there by
     // `bm25_order`, or copied down).
     part.items_bytes = align(COUNTER_BYTES);
@@ -314,6 +312,7 @@ pub(super) fn launch(
     let p_splitlo = d_plan + pl.splitlo as u64;
     let p_splithi = d_plan + pl.splithi as u64;
     let p_cnt = d_out + lay.cnt as u64;
+    let p_done = d_piece + lay.done as u64;
     let static_max = c.scored.static_max.to_bits();
     let piece = c.piece;
     let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
@@ -334,7 +333,8 @@ pub(super) fn launch(
     // max_pieces items and keys (a query adds at most 1 + pieces items, pieces within the
     // budget), gq splits; the COUNTERS counters (cleared in the upload) lie in `d_in`, their
     // host copy in as many pinned words; `d_out` holds gq answer counts (cleared by the
-    // plan).
+    // plan); the piece region holds max_pieces completion counts at `lay.done` (a split
+    // query's, at its first piece slot, cleared by the plan).
     let mut launches = vec![
         Launch {
             f: f.plan.cu_function(),
@@ -362,6 +362,7 @@ pub(super) fn launch(
                 p_splithi.into(),
                 p_counters.into(),
                 p_cnt.into(),
+                p_done.into(),
             ],
         },
         Launch {
@@ -390,20 +391,22 @@ pub(super) fn launch(
         floor: p_floor,
         n_split: split_bound,
         n_split_dev: p_counters + 4 * C_SPLITS as u64,
-        merge_blocks: split_bound.min(MERGE_BLOCKS),
+        merge_blocks: 0, // no `bm25_merge` (`piece_done`)
         split_q: p_splitq,
         split_lo: p_splitlo,
         split_hi: p_splithi,
         out: d_out,
         piece: d_piece,
         packed_host,
+        piece_done: p_done,
     };
     // The ranking launches read the items, order, lists and floors that `bm25_plan` /
     // `bm25_order` write before them on the same stream: at most `item_bound` items
     // (`bounds`; the kernels read the plan's own count and take the smaller) and
     // `split_bound` split queries, queries of 1 to 64 terms (by `stage`), piece slots below
     // max_pieces, each split query's at most CAP / k; the piece region is sized for
-    // max_pieces, the output for gq queries.
+    // max_pieces (answers and completion counts), the output for gq queries. No
+    // `bm25_merge`: the block completing a split query merges it (`piece_done`).
     launches.extend(rank_launches(f, c, &part.layout, &rank));
     // SAFETY: the launches' parameters are as the two notes above say.
     unsafe { submit(g, ws, &launches, events, t)? };
