@@ -30,14 +30,25 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
     // six with known order and searches, fifteen through `wmerge`, three of them with a piece
     // size per step, the second time in blocks of 2,048 threads); BM25: sixteen suites (four
     // k, with and without static scores, whole and split) and sixteen planned on the device,
-    // then all again with AND's fences on short lists; the answers' packing on six batch
-    // sizes in each BM25 build; every one without a bad row.
-    assert_eq!(stdout.matches(" bad=").count(), 54 + 64 + 12, "{stdout}");
-    assert_eq!(stdout.matches(" bad=0\n").count(), 54 + 64 + 12, "{stdout}");
+    // eighteen AND batches through `bm25_topk_and` (three k, with and without static scores:
+    // host-planned whole and split, and planned on the device), then all again with AND's
+    // fences on short lists; the answers' packing on six batch sizes in each BM25 build; every
+    // one without a bad row.
+    assert_eq!(
+        stdout.matches(" bad=").count(),
+        54 + 64 + 36 + 12,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches(" bad=0\n").count(),
+        54 + 64 + 36 + 12,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("AND kernel: ").count(), 36, "{stdout}");
     assert_eq!(stdout.matches("pack: queries=").count(), 12, "{stdout}");
     assert_eq!(
         stdout.matches("device plan: static").count(),
-        32,
+        32 + 12,
         "{stdout}"
     );
     assert_eq!(
@@ -47,6 +58,6 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
     );
     assert_eq!(stdout.matches(" warp").count(), 30, "{stdout}");
     assert_eq!(stdout.matches("pieces per step").count(), 6, "{stdout}");
-    assert_eq!(stdout.matches(" split=1 ").count(), 16, "{stdout}");
+    assert_eq!(stdout.matches(" split=1 ").count(), 16 + 12, "{stdout}");
     assert_eq!(stdout.matches("\nOK").count(), 4, "{stdout}");
 }
