@@ -251,9 +251,28 @@ __device__ __forceinline__ u32 fenced(const Shared& sh, const u32* __restrict__ 
     return lower_bound(a, from, to, ord);
 }
 
-__device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
-                          const double* __restrict__ post_imp,
-                          const double* __restrict__ ord_static) {
+// Every stride-th posting of a's range [lo, hi) into sh.fence (N entries at most), when
+// the range holds FENCE_MIN postings or more; returns whether it did (block-uniform: every
+// thread calls it, and the barriers around the load are the block's).
+template <u32 N, class S>
+__device__ __forceinline__ bool load_fence(S& sh, const u32* __restrict__ a, u32 lo, u32 hi,
+                                           u32& stride, u32& nf) {
+    const u32 range = hi - lo;
+    stride = 0;
+    nf = 0;
+    if (range < FENCE_MIN) return false;
+    stride = (range + N - 1) / N;
+    nf = (range + stride - 1) / stride;
+    __syncthreads();  // the previous list's fence is no longer read
+    for (u32 f = threadIdx.x; f < nf; f += THREADS) sh.fence[f] = a[lo + f * stride];
+    __syncthreads();
+    return true;
+}
+
+// The AND phase's start (every thread): the lead, the list with the fewest postings in the
+// block's range (the first of them), and each list's search floor at its range's start.
+template <class S>
+__device__ __forceinline__ u32 start_and(S& sh, u32 m) {
     const u32 tid = threadIdx.x;
     if (tid == 0) {
         u32 lead = 0;
@@ -262,9 +281,16 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
         }
         sh.lead = lead;
     }
-    if (tid < m) sh.cur[tid] = sh.beg[tid];  // search floor of each list
+    if (tid < m) sh.cur[tid] = sh.beg[tid];
     __syncthreads();
-    const u32 lead = sh.lead;
+    return sh.lead;
+}
+
+__device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
+                          const double* __restrict__ post_imp,
+                          const double* __restrict__ ord_static) {
+    const u32 tid = threadIdx.x;
+    const u32 lead = start_and(sh, m);
     const u32 n = sh.ll[lead];
     for (u32 base = sh.beg[lead]; base < n; base += THREADS) {
         room(sh, k);
@@ -283,16 +309,8 @@ __device__ void and_phase(Shared& sh, u32 m, u32 k, const u32* __restrict__ post
             }
             const u32* a = post_ord + sh.ls[j];
             const u32 lo = sh.cur[j], hi = sh.ll[j];
-            const u32 range = hi - lo;
-            const bool fence = range >= FENCE_MIN;
-            u32 stride = 0, nf = 0;
-            if (fence) {
-                stride = (range + THREADS - 1) / THREADS;
-                nf = (range + stride - 1) / stride;
-                __syncthreads();  // the previous list's fence is no longer read
-                if (tid < nf) sh.fence[tid] = a[lo + tid * stride];
-                __syncthreads();
-            }
+            u32 stride, nf;
+            const bool fence = load_fence<THREADS>(sh, a, lo, hi, stride, nf);
             if (!(ok || last)) continue;
             const u32 pos = fence ? fenced(sh, a, lo, hi, stride, nf, ord) : lower_bound(a, lo, hi, ord);
             const bool hit = pos < hi && a[pos] == ord;
@@ -701,16 +719,7 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
     constexpr u32 G = AND_G;
     constexpr u32 CHUNK = G * THREADS;
     const u32 tid = threadIdx.x;
-    if (tid == 0) {
-        u32 lead = 0;
-        for (u32 j = 1; j < m; j++) {
-            if (sh.ll[j] - sh.beg[j] < sh.ll[lead] - sh.beg[lead]) lead = j;
-        }
-        sh.lead = lead;
-    }
-    if (tid < m) sh.cur[tid] = sh.beg[tid];
-    __syncthreads();
-    const u32 lead = sh.lead;
+    const u32 lead = start_and(sh, m);
     const u32 n = sh.ll[lead];
     const u64 lead_at = sh.ls[lead];
     for (u32 base = sh.beg[lead]; base < n; base += CHUNK) {
@@ -738,16 +747,8 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
             }
             const u32* a = post_ord + sh.ls[j];
             const u32 lo = sh.cur[j], hi = sh.ll[j];
-            const u32 range = hi - lo;
-            const bool fence = range >= FENCE_MIN;
-            u32 stride = 0, nf = 0;
-            if (fence) {
-                stride = (range + AND_FENCE - 1) / AND_FENCE;
-                nf = (range + stride - 1) / stride;
-                __syncthreads();  // the previous list's fence is no longer read
-                for (u32 f = tid; f < nf; f += THREADS) sh.fence[f] = a[lo + f * stride];
-                __syncthreads();
-            }
+            u32 stride, nf;
+            const bool fence = load_fence<AND_FENCE>(sh, a, lo, hi, stride, nf);
             bool live[G];
             bool any = false;
 #pragma unroll
@@ -777,7 +778,7 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
                     to[g] = f0 == 0 ? lo : (f0 < nf ? lo + f0 * stride : hi);
                 }
             } else {
-                n_win = range;
+                n_win = hi - lo;
 #pragma unroll
                 for (u32 g = 0; g < G; g++) {
                     b[g] = lo;
@@ -847,19 +848,26 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
 // piece_count[s] hits at piece_ord / piece_score[s * k ..]; an AND_ONLY item also writes its
 // match count to and_count[q]. With `n_short_dev` (not null), the last *n_short_dev of those
 // items are short (`and_short`): the blocks after the others' take THREADS / 32 of them each.
+// The ranking kernels' parameters (`bm25_topk`, `bm25_topk_and`: one list, as the host
+// passes it to either), and the same names as arguments.
+#define TOPK_PARAMS                                                                             \
+    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,      \
+        const u32* __restrict__ order, const Item* __restrict__ items,                          \
+        const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,                \
+        const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,                    \
+        const double* __restrict__ post_imp, const double* __restrict__ ord_static,             \
+        const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,                    \
+        u32* __restrict__ out_doc, double* __restrict__ out_score,                              \
+        const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,   \
+        u32* __restrict__ piece_ord, double* __restrict__ piece_score,                          \
+        u32* __restrict__ and_count, u32* __restrict__ piece_done
+#define TOPK_ARGS                                                                               \
+    n_items, n_items_dev, n_short_dev, order, items, q_off, q_mode, lists, post_ord, post_imp,  \
+        ord_static, ord_doc, k, out_count, out_doc, out_score, q_floor, static_max, piece_count, \
+        piece_ord, piece_score, and_count, piece_done
+
 template <bool AND_K>
-__device__ __forceinline__ void topk_items(
-    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,
-    const u32* __restrict__ order,
-    const Item* __restrict__ items,
-    const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
-    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
-    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
-    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
-    u32* __restrict__ out_doc, double* __restrict__ out_score,
-    const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
-    u32* __restrict__ piece_ord, double* __restrict__ piece_score,
-    u32* __restrict__ and_count, u32* __restrict__ piece_done) {
+__device__ __forceinline__ void topk_items(TOPK_PARAMS) {
     __shared__ typename Pick<AND_K, SharedAnd, Shared>::type sh;
     const u32 tid = threadIdx.x;
     if (n_items_dev != nullptr && *n_items_dev < n_items) n_items = *n_items_dev;
@@ -975,19 +983,8 @@ __device__ __forceinline__ void topk_items(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
-    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,
-    const u32* __restrict__ order,
-    const Item* __restrict__ items,
-    const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
-    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
-    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
-    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
-    u32* __restrict__ out_doc, double* __restrict__ out_score,
-    const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
-    u32* __restrict__ piece_ord, double* __restrict__ piece_score,
-    u32* __restrict__ and_count, u32* __restrict__ piece_done) {
-    topk_items<false>(n_items, n_items_dev, n_short_dev, order, items, q_off, q_mode, lists, post_ord, post_imp, ord_static, ord_doc, k, out_count, out_doc, out_score, q_floor, static_max, piece_count, piece_ord, piece_score, and_count, piece_done);
+extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(TOPK_PARAMS) {
+    topk_items<false>(TOPK_ARGS);
 }
 
 // The same for a batch of AND queries only (`and_phase_wide`, see above). AND_MIN_BLOCKS:
@@ -997,19 +994,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(
 #ifndef AND_MIN_BLOCKS
 #define AND_MIN_BLOCKS 5
 #endif
-extern "C" __global__ void __launch_bounds__(THREADS, AND_MIN_BLOCKS) bm25_topk_and(
-    u32 n_items, const u32* __restrict__ n_items_dev, const u32* __restrict__ n_short_dev,
-    const u32* __restrict__ order,
-    const Item* __restrict__ items,
-    const u32* __restrict__ q_off, const unsigned char* __restrict__ q_mode,
-    const ListRef* __restrict__ lists, const u32* __restrict__ post_ord,
-    const double* __restrict__ post_imp, const double* __restrict__ ord_static,
-    const u32* __restrict__ ord_doc, u32 k, u32* __restrict__ out_count,
-    u32* __restrict__ out_doc, double* __restrict__ out_score,
-    const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,
-    u32* __restrict__ piece_ord, double* __restrict__ piece_score,
-    u32* __restrict__ and_count, u32* __restrict__ piece_done) {
-    topk_items<true>(n_items, n_items_dev, n_short_dev, order, items, q_off, q_mode, lists, post_ord, post_imp, ord_static, ord_doc, k, out_count, out_doc, out_score, q_floor, static_max, piece_count, piece_ord, piece_score, and_count, piece_done);
+extern "C" __global__ void __launch_bounds__(THREADS, AND_MIN_BLOCKS) bm25_topk_and(TOPK_PARAMS) {
+    topk_items<true>(TOPK_ARGS);
 }
 
 // The k best of query q's pieces p0 .. p0 + np (at most CAP / k of them), its answer. Called
