@@ -36,11 +36,12 @@
 // same code restricted to the range (an AND query's pieces run the AND, an OR or
 // AND-then-OR query's the OR); each piece keeps its own k best (ordinals and scores), and
 // `bm25_merge` takes the k best of the query's pieces (in a device-planned batch, the block
-// that completes the query does, counting the blocks done in `piece_done`). The k best of the union are among
-// the pieces' k best, and the order (score descending, ordinal ascending) is total, so the
-// answer is the unsplit one. An AND-then-OR query so split gets one more block running its
-// AND alone; the merge keeps the AND answer when it found k matches. A long query otherwise
-// holds one block for as long as all the others take together (the kernel's tail).
+// that completes the query does, counting the blocks done in `piece_done`). The k best of
+// the union are among the pieces' k best, and the order (score descending, ordinal
+// ascending) is total, so the answer is the unsplit one. An AND-then-OR query so split gets
+// one more block running its AND alone; the merge keeps the AND answer when it found k
+// matches. A long query otherwise holds one block for as long as all the others take
+// together (the kernel's tail).
 //
 // Top-k: candidates that beat the current threshold go to a shared buffer of CAP entries;
 // when a chunk could overflow it, the buffer is bitonic-sorted (score descending, ordinal
