@@ -234,9 +234,9 @@ __device__ __forceinline__ void advance(Shared& sh, u32 m, u32 skip) {
 
 // First position in [lo, hi) of list `a` holding an ordinal >= ord, through the fence of
 // `lo`'s range (`stride` postings apart, `nf` of them) already in sh.fence.
-__device__ __forceinline__ u32 fenced(const Shared& sh, const u32* __restrict__ a, u32 lo,
-                                      u32 hi, u32 stride, u32 nf, u32 ord) {
-    // t: fence entries below ord (entry f is a[lo + f * stride]).
+// How many of the fence's nf entries lie below ord (entry f is a[lo + f * stride]).
+template <class S>
+__device__ __forceinline__ u32 fence_below(const S& sh, u32 nf, u32 ord) {
     u32 f0 = 0, f1 = nf;
     while (f0 < f1) {
         const u32 mid = (f0 + f1) >> 1;
@@ -246,6 +246,12 @@ __device__ __forceinline__ u32 fenced(const Shared& sh, const u32* __restrict__ 
             f1 = mid;
         }
     }
+    return f0;
+}
+
+__device__ __forceinline__ u32 fenced(const Shared& sh, const u32* __restrict__ a, u32 lo,
+                                      u32 hi, u32 stride, u32 nf, u32 ord) {
+    const u32 f0 = fence_below(sh, nf, ord);
     if (f0 == 0) return lo;
     const u32 from = lo + (f0 - 1) * stride + 1;
     const u32 to = f0 < nf ? lo + f0 * stride : hi;
@@ -765,15 +771,7 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
                 n_win = stride - 1;
 #pragma unroll
                 for (u32 g = 0; g < G; g++) {
-                    u32 f0 = 0, f1 = nf;
-                    while (f0 < f1) {
-                        const u32 mid = (f0 + f1) >> 1;
-                        if (sh.fence[mid] < ord[g]) {
-                            f0 = mid + 1;
-                        } else {
-                            f1 = mid;
-                        }
-                    }
+                    const u32 f0 = fence_below(sh, nf, ord[g]);
                     // f0 == 0: the answer is lo (an empty window there).
                     b[g] = f0 == 0 ? lo : lo + (f0 - 1) * stride + 1;
                     to[g] = f0 == 0 ? lo : (f0 < nf ? lo + f0 * stride : hi);

@@ -6,10 +6,10 @@
 //! (kernels/NOTES.md, "The device waits for the host"). A graph puts the whole sequence on the
 //! stream with one `cuGraphLaunch`, once the host has prepared it; the device runs its nodes
 //! back to back (measured: a few µs less than the same launches one by one; "One submission
-//! per call"). A `topk_bm25` batch's five launches (plan, order, rank, merge, pack; six
-//! before the answers' offsets and moves became one kernel) go the same way: its AND k 10 call of 10,000 queries took 0.25-0.27 ms with them
-//! queued one by one and 0.21-0.26 ms through a graph on an H200 (kernels/NOTES.md,
-//! "topk_bm25: a batch in one submission, short AND queries a warp each").
+//! per call"). A `topk_bm25` batch's launches (plan, order, rank, merge, pack) go the same
+//! way: its AND k 10 call of 10,000 queries took 0.25-0.27 ms with them queued one by one
+//! and 0.21-0.26 ms through a graph on an H200 (kernels/NOTES.md, "topk_bm25: a batch in one
+//! submission, short AND queries a warp each").
 //!
 //! Graphs are kept per workspace, one per kernel sequence (function and block size of each
 //! launch, in order: a call's k and its element and offset types pick it), a few at most. A
