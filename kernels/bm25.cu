@@ -110,6 +110,35 @@ struct Item {
 #define PIECE 2u
 #define PIECE_MASK 0x3fffffffu
 
+// Diagnostics only (`-DBM25_TRACE`, the host's `DFSETS_BM25_TRACE=1`): the ranking kernels
+// record, for each place of `order`, when its block (or, for a short item, its warp) started
+// and ended on the device's global timer (ns) and what it ranked (query, kind: WHOLE, AND_ONLY,
+// PIECE or 3 for a short item, and the multiprocessor). The host reads `bm25_trace` back.
+#ifdef BM25_TRACE
+#define TRACE_MAX 65536
+__device__ unsigned long long bm25_trace[TRACE_MAX * 3];
+__device__ __forceinline__ unsigned long long trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void trace_put(u32 pos, unsigned long long start, u32 q, u32 kind) {
+    if (pos >= TRACE_MAX) return;
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    bm25_trace[pos * 3] = start;
+    bm25_trace[pos * 3 + 1] = trace_now();
+    bm25_trace[pos * 3 + 2] = (unsigned long long)q | (unsigned long long)kind << 32 |
+                              (unsigned long long)sm << 40;
+}
+#define TRACE_START() const unsigned long long trace_start_ = trace_now()
+#define TRACE_END(cond, pos, q, kind) \
+    if (cond) trace_put(pos, trace_start_, q, kind)
+#else
+#define TRACE_START()
+#define TRACE_END(cond, pos, q, kind)
+#endif
+
 struct Shared {
     double acc[TILE];
     u32 cnt[TILE];
@@ -878,10 +907,14 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
         if (w0 >= n_items) return;  // block-uniform
         const u32 idx = w0 + (tid >> 5);
         if (idx >= n_items) return;  // warp-uniform; no block barrier follows
-        and_short(sh, items[order[idx]], q_off, lists, post_ord, post_imp, ord_static, ord_doc, k,
-                  out_count, out_doc, out_score);
+        TRACE_START();
+        const Item its = items[order[idx]];
+        and_short(sh, its, q_off, lists, post_ord, post_imp, ord_static, ord_doc, k, out_count,
+                  out_doc, out_score);
+        TRACE_END((tid & 31) == 0, idx, its.q, 3u);
         return;
     }
+    TRACE_START();
     const Item it = items[order[blockIdx.x]];
     const u32 q = it.q;
     const u32 kind = it.ks >> 30;
@@ -980,6 +1013,7 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
             }
         }
     }
+    TRACE_END(tid == 0, blockIdx.x, q, kind);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(TOPK_PARAMS) {

@@ -426,6 +426,46 @@ fn read_parquet(path: &str, columns: &[&str]) -> Vec<RecordBatch> {
         .collect()
 }
 
+/// With `DFSETS_BM25_TRACE=1` (kernels compiled with their timeline, `gpu::bm25_trace_take`):
+/// one more device-planned call of the batch, and each ranking block's (or short item's warp's)
+/// start and end, query, kind and multiprocessor, with the query's lists and shortest list, to
+/// `$DFSETS_BENCH_OUT.trace_<tag>.csv` (times in ns from the first start).
+fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &InvertedIndex) {
+    if std::env::var("DFSETS_BM25_TRACE").as_deref() != Ok("1") {
+        return;
+    }
+    gpu::set_bm25_device_plan(true);
+    gpu::bm25_trace_take().unwrap();
+    std::hint::black_box(call());
+    let trace = gpu::bm25_trace_take().unwrap();
+    let t0 = trace
+        .iter()
+        .filter(|e| e[0] != 0)
+        .map(|e| e[0])
+        .min()
+        .unwrap_or(0);
+    let mut csv = String::from("pos,start_ns,end_ns,q,kind,sm,lists,shortest\n");
+    for (pos, e) in trace.iter().enumerate().filter(|(_, e)| e[0] != 0) {
+        let q = (e[2] & 0xffff_ffff) as usize;
+        let ids = &qs[q].ids;
+        let shortest = ids
+            .iter()
+            .map(|&t| index.postings_len(t))
+            .min()
+            .unwrap_or(0);
+        csv += &format!(
+            "{pos},{},{},{q},{},{},{},{shortest}\n",
+            e[0] - t0,
+            e[1] - t0,
+            (e[2] >> 32) & 0xff,
+            e[2] >> 40,
+            ids.len()
+        );
+    }
+    let path = std::env::var("DFSETS_BENCH_OUT").unwrap_or_else(|_| "bench".into());
+    std::fs::write(format!("{path}.trace_{tag}.csv"), csv).unwrap();
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -530,8 +570,9 @@ fn bench_gpu_bm25() {
          share; unpack = results into the output layout; launch = queueing copies and launches; \
          inside = the whole of bm25_topk\n\
          plan = (device-planned) queueing the copy up, the planning and the ranking launches (no wait), part of launch\n\
-         copy = (device-planned) the part of fill that copies the term ids and offsets\n\
-         | mode | k | call | inside | lookup | fill (copy) | sort | launch | plan | wait (kernel) | cpu | unpack | on GPU (calls through a kernel graph) |\n\
+         copy / modes = (device-planned) the parts of fill that copy the term ids and offsets / set each query's mode and place\n\
+         copy up / submit = the parts of launch that queue the copy up (and its event) / the kernels (a graph launch)\n\
+         | mode | k | call | inside | lookup | fill (copy / modes) | sort | launch (copy up / submit) | plan | wait (kernel) | cpu | unpack | on GPU (calls through a kernel graph) |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let batch: Queries = qs.iter().collect();
@@ -601,13 +642,16 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} ({}/{}) |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3} / {:.3}) | {:.3} | {:.3} ({:.3} / {:.3}) | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} ({}/{}) |\n",
                 med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
                 med(|t| t.copy_ms),
+                med(|t| t.modes_ms),
                 med(|t| t.sort_ms),
                 med(|t| t.launch_ms),
+                med(|t| t.queue_copy_ms),
+                med(|t| t.submit_ms),
                 med(|t| t.plan_ms),
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),
@@ -619,6 +663,12 @@ fn bench_gpu_bm25() {
             );
             eprint!("{line}");
             breakdown += &line;
+            trace_csv(
+                &format!("{mode:?}_k{k}"),
+                &|| rank(k, mode, BackendChoice::Gpu),
+                &qs,
+                &index,
+            );
         }
     }
     report += &breakdown;
@@ -697,6 +747,13 @@ fn bench_gpu_bm25() {
         median(after_sleep),
         batch.all_ids().len(),
         median(copy)
+    );
+    // How fast the host reads page-locked memory the device wrote (the unpack reads the
+    // answers there), plain and with streaming loads, against ordinary memory.
+    let p = gpu::pinned_read_probe(4 << 20).unwrap();
+    report += &format!(
+        "Host reads of 4 MiB, one thread, GB/s: page-locked after a copy down {:.1} plain / {:.1} streaming; ordinary {:.1} / {:.1}\n",
+        p.pinned_plain_gbs, p.pinned_stream_gbs, p.ordinary_plain_gbs, p.ordinary_stream_gbs
     );
     println!("{report}");
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {

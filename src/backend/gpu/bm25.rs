@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use cudarc::driver::result;
-use cudarc::driver::{CudaEvent, CudaFunction};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaModule};
 use rayon::prelude::*;
 
 use super::cuda::{
@@ -58,6 +58,8 @@ const PIECE: u32 = 2 << 30;
 
 /// The two kernels of bm25.cu.
 struct Kernels {
+    /// The module (its `bm25_trace` global, compiled with `DFSETS_BM25_TRACE=1`).
+    module: Arc<CudaModule>,
     topk: CudaFunction,
     /// `bm25_topk` for batches of AND queries only (`bm25_topk_and`).
     topk_and: CudaFunction,
@@ -80,6 +82,7 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
             let module = compile_module(&g.ctx, arch, source, "bm25.cu", compile_options())?;
             let load = |name| module.load_function(name).map_err(drv("kernel lookup"));
             Ok(Kernels {
+                module: module.clone(),
                 topk: load("bm25_topk")?,
                 topk_and: load("bm25_topk_and")?,
                 merge: load("bm25_merge")?,
@@ -239,6 +242,8 @@ fn compile_options() -> Vec<String> {
             t.is_power_of_two() && (256..=2048).contains(&t)
         }),
         knob("AND_MIN_BLOCKS", &|t| (1..=8).contains(&t)),
+        // Diagnostics: the ranking blocks' timeline (`bm25_trace_take`).
+        (std::env::var("DFSETS_BM25_TRACE").as_deref() == Ok("1")).then(|| "-DBM25_TRACE".into()),
     ]
     .into_iter()
     .flatten()
@@ -1630,6 +1635,38 @@ fn unpack_seq_max() -> usize {
     *M.get_or_init(|| env_knob("DFSETS_BM25_UNPACK_SEQ_MAX", UNPACK_SEQ_MAX as u64) as usize)
 }
 const UNPACK_SEQ_MAX: usize = 262_144;
+
+/// Diagnostics (kernels compiled with `DFSETS_BM25_TRACE=1`, else empty): for each place of
+/// the last ranking launches' `order`, the start and end (ns, the device's global timer) of
+/// the block or short item's warp that ranked it, and the query, kind and multiprocessor
+/// (`bm25_trace` in bm25.cu: query in the low 32 bits, kind in the next 8, SM above). Places
+/// no block reached are all zero. The record is cleared for the next batch.
+pub fn bm25_trace_take() -> Result<Vec<[u64; 3]>, GpuError> {
+    if std::env::var("DFSETS_BM25_TRACE").as_deref() != Ok("1") {
+        return Ok(Vec::new());
+    }
+    let g = gpu()?;
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let f = kernel(g)?;
+    let _ws = g.workspace.lock().unwrap_or_else(|p| p.into_inner());
+    g.sync()?;
+    let mut view = f
+        .module
+        .get_global("bm25_trace", &g.stream)
+        .map_err(drv("trace symbol"))?;
+    let bytes = view.len();
+    let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut view, &g.stream);
+    let mut host = vec![0u64; bytes / 8];
+    // SAFETY: the symbol holds `bytes` bytes; the stream is synchronized before and after.
+    unsafe { result::memcpy_dtoh_async(&mut host[..], ptr, g.stream.cu_stream()) }
+        .map_err(drv("device-to-host copy"))?;
+    g.sync()?;
+    // SAFETY: as above, the whole symbol.
+    unsafe { result::memset_d8_async(ptr, 0, bytes, g.stream.cu_stream()) }
+        .map_err(drv("memset"))?;
+    g.sync()?;
+    Ok(host.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
+}
 
 /// Drop the resident index (tests; frees its device memory).
 pub fn bm25_evict() {

@@ -2159,6 +2159,63 @@ fn run_chunk<T: SetElem>(
     Ok(())
 }
 
+/// One host thread reading `bytes` (GB/s, best of 5): page-locked memory the device has just
+/// written (a copy down), with plain and with streaming loads, and ordinary memory the same
+/// two ways (`pinned_read::sum_words`; streaming falls back to plain loads without SSE4.1).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PinnedReads {
+    pub pinned_plain_gbs: f64,
+    pub pinned_stream_gbs: f64,
+    pub ordinary_plain_gbs: f64,
+    pub ordinary_stream_gbs: f64,
+}
+
+/// See [`PinnedReads`] (diagnostics: the benchmarks print it beside the host's timings).
+pub fn pinned_read_probe(bytes: usize) -> Result<PinnedReads, GpuError> {
+    use super::pinned_read::sum_words;
+    let g = gpu()?;
+    let mut ws = g
+        .workspace
+        .lock()
+        .map_err(|_| GpuError::Broken("workspace lock poisoned".into()))?;
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let words = bytes.max(1 << 20) / 8;
+    let bytes = words * 8;
+    let dev = ws.dev("probe_src", bytes)?;
+    let cs = g.stream.cu_stream();
+    // SAFETY: `dev` holds at least `bytes` bytes.
+    unsafe { result::memset_d8_async(dev, 0x11, bytes, cs) }.map_err(drv("memset"))?;
+    let ordinary = vec![0x1111_1111_1111_1111u64; words];
+    let pin = Workspace::pinned(&mut ws.pin_out, bytes)?;
+    let mut best = [f64::MAX; 4];
+    let mut check = 0u64;
+    for _ in 0..5 {
+        for (i, streaming) in [(0, false), (1, true)] {
+            // SAFETY: `pin` holds at least `bytes` bytes, read after the synchronize.
+            unsafe { result::memcpy_dtoh_async(&mut pin.as_mut_slice()[..bytes], dev, cs) }
+                .map_err(drv("device-to-host copy"))?;
+            g.sync()?;
+            let host = &pin.as_mut_slice()[..bytes];
+            // SAFETY: the pinned allocation is page-aligned, so its words are aligned.
+            let w = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u64>(), words) };
+            let t = Instant::now();
+            check = check.wrapping_add(sum_words(w, streaming));
+            best[i] = best[i].min(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            check = check.wrapping_add(sum_words(std::hint::black_box(&ordinary), streaming));
+            best[2 + i] = best[2 + i].min(t.elapsed().as_secs_f64());
+        }
+    }
+    std::hint::black_box(check);
+    let gbs = |s: f64| bytes as f64 / s / 1e9;
+    Ok(PinnedReads {
+        pinned_plain_gbs: gbs(best[0]),
+        pinned_stream_gbs: gbs(best[1]),
+        ordinary_plain_gbs: gbs(best[2]),
+        ordinary_stream_gbs: gbs(best[3]),
+    })
+}
+
 /// Measure the device's copy ceilings with `bytes`-byte buffers: device-to-device (bytes
 /// read plus written), pinned host-to-device and device-to-pinned-host; median of 5.
 pub fn measure_ceilings(bytes: usize) -> Result<Ceilings, GpuError> {

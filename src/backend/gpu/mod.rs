@@ -41,13 +41,15 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod graph;
 #[cfg(feature = "cuda")]
+mod pinned_read;
+#[cfg(feature = "cuda")]
 mod simjoin;
 #[cfg(feature = "cuda")]
-pub use bm25::{bm25_evict, bm25_topk};
+pub use bm25::{bm25_evict, bm25_topk, bm25_trace_take};
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    device, intersect, intersect_resident, kernel_graphs_off, launch_group_bytes, measure_ceilings,
-    set_next_epoch,
+    PinnedReads, device, intersect, intersect_resident, kernel_graphs_off, launch_group_bytes,
+    measure_ceilings, pinned_read_probe, set_next_epoch,
 };
 #[cfg(feature = "cuda")]
 pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
@@ -56,9 +58,9 @@ pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_p
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    DeviceSets, PendingVerify, bm25_evict, bm25_topk, device, intersect, intersect_resident,
-    kernel_graphs_off, launch_group_bytes, measure_ceilings, set_next_epoch, submit_pairs,
-    upload_sets, verify_pairs,
+    DeviceSets, PendingVerify, PinnedReads, bm25_evict, bm25_topk, bm25_trace_take, device,
+    intersect, intersect_resident, kernel_graphs_off, launch_group_bytes, measure_ceilings,
+    pinned_read_probe, set_next_epoch, submit_pairs, upload_sets, verify_pairs,
 };
 
 /// Whether a BM25 batch with the whole index resident is planned on the device (the host
@@ -313,12 +315,18 @@ pub struct Bm25Timings {
     pub fill_ms: f64,
     /// Part of `fill_ms`, a device-planned batch: the term ids and offsets copied into it.
     pub copy_ms: f64,
+    /// Part of `fill_ms`, a device-planned batch: each query's mode and place.
+    pub modes_ms: f64,
     /// Part of `stage_ms`: the blocks' items and their order (longest first).
     pub sort_ms: f64,
     /// A device-planned batch: host time from queueing its copy up to reading the device's
     /// counts of items (the copy, `bm25_plan`, `bm25_order` and one wait); part of
     /// `launch_ms`.
     pub plan_ms: f64,
+    /// Part of `launch_ms`: queueing the copy up (and its timing event).
+    pub queue_copy_ms: f64,
+    /// Part of `launch_ms`: queueing the kernels (one graph launch, or one by one).
+    pub submit_ms: f64,
     /// Host time queueing the copies and launches.
     pub launch_ms: f64,
     /// Host time blocked on the device (the synchronize, after the CPU's share).

@@ -136,7 +136,9 @@ pub(super) fn stage(
     // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
     // answers (10,000 queries split 105 pieces under AND, 1,509 under OR at k 10). Every slot
     // is a block of `bm25_topk` launched, most of them returning at once.
+    let t_modes = std::time::Instant::now();
     let (modes, ranked, long) = device_modes(batch);
+    t.modes_ms += ms(t_modes);
     pl.max_pieces = (ranked / 2)
         .max(2048)
         .min(PIECE_BYTES_MAX / (k * 12))
@@ -183,6 +185,7 @@ pub(super) fn stage(
     // AND queries: a pass through `terms(i)` / `mode(i)`, branching on each query's empty
     // term list, took 0.13-0.15 ms; one pass over the batch without branches takes
     // 0.013-0.02 ms there.)
+    let t_modes = std::time::Instant::now();
     for (i, slot) in part.slot.iter_mut().enumerate() {
         *slot = i as u32;
     }
@@ -195,6 +198,7 @@ pub(super) fn stage(
         }
     }
     modes_b[..gq].copy_from_slice(&modes);
+    t.modes_ms += ms(t_modes);
     // The CPU's queries' term ids are checked here; the device checks those of the queries it
     // ranks (`bm25_plan`'s C_BAD) and reads no others.
     let n_index_terms = c.index.terms();
@@ -283,6 +287,7 @@ pub(super) fn launch(
     let cs = g.stream.cu_stream();
     let events = batch_events(g)?;
     let p_counters = d_in + pl.counters as u64;
+    let t_copy = std::time::Instant::now();
     g.record(&events[0])?;
     {
         let pin = ws
@@ -296,6 +301,7 @@ pub(super) fn launch(
                 .map_err(drv("host-to-device copy"))?;
         }
     }
+    t.queue_copy_ms += t_copy.elapsed().as_secs_f64() * 1e3;
     let gq32 = part.gq as u32;
     let k32 = c.k as u32;
     let n_index_terms = c.index.terms() as u32;
@@ -408,8 +414,10 @@ pub(super) fn launch(
     // max_pieces (answers and completion counts), the output for gq queries. No
     // `bm25_merge`: the block completing a split query merges it (`piece_done`).
     launches.extend(rank_launches(f, c, &part.layout, &rank));
+    let t_submit = std::time::Instant::now();
     // SAFETY: the launches' parameters are as the two notes above say.
     unsafe { submit(g, ws, &launches, events, t)? };
+    t.submit_ms += t_submit.elapsed().as_secs_f64() * 1e3;
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     if counters_host.is_none() {
         let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()
