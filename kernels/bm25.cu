@@ -954,6 +954,14 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
         sh.matches = 0;
         sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
         if constexpr (!AND_K) sh.floor = q_floor[q];
+        if constexpr (AND_K) {
+            // A one-term query's floor (positive, or -inf: `bm25_plan`) is at most its k-th best
+            // score: the threshold starts just below it, so `score > theta` keeps every score at
+            // or above the floor (ties included) and nearly nothing is offered.
+            if (m == 1 && q_floor != nullptr && q_floor[q] > 0.0) {
+                sh.theta = nextafter(q_floor[q], -__longlong_as_double(0x7ff0000000000000ULL));
+            }
+        }
     }
     __syncthreads();
     if constexpr (AND_K) {
@@ -1138,6 +1146,7 @@ extern "C" __global__ void bm25_plan(
     if (mode == MODE_NONE || m == 0) return;
     const double neg_inf = -__longlong_as_double(0x7ff0000000000000ULL);
     double floor = neg_inf;
+    const bool floored = mode != 0 || m == 1;
     for (u32 j = 0; j < m; j++) {
         const u32 t = q_terms[first + j];
         if (t >= n_terms) {
@@ -1145,10 +1154,12 @@ extern "C" __global__ void bm25_plan(
             return;
         }
         lists[first + j] = refs[t];
-        if (term_floor != nullptr && mode != 0) floor = fmax(floor, term_floor[t]);
+        if (term_floor != nullptr && floored) floor = fmax(floor, term_floor[t]);
     }
-    // `Scored::floor_of_terms`: the largest own floor, if positive. AND never reads it.
-    if (!(floor > 0.0) || mode == 0) floor = neg_inf;
+    // `Scored::floor_of_terms`: the largest own floor, if positive. AND reads it for a one-term
+    // query only (`bm25_topk_and`): its answer is its list's top k, whose k-th score the floor
+    // bounds from below; the floor of one of several terms bounds nothing under AND.
+    if (!(floor > 0.0) || !floored) floor = neg_inf;
     q_floor[q] = floor;
     // `plan`: the work (candidates times the lists each is searched in) and the lead list.
     const u64 searched = m > 1 ? m - 1 : 1;
