@@ -2159,26 +2159,22 @@ fn run_chunk<T: SetElem>(
     Ok(())
 }
 
-/// One host thread reading `bytes` (GB/s, best of 5): page-locked memory the device has just
-/// written (a copy down), with plain and with streaming loads, and ordinary memory the same
-/// two ways (`pinned_read::sum_words`; streaming falls back to plain loads without SSE4.1).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PinnedReads {
-    pub pinned_plain_gbs: f64,
-    pub pinned_stream_gbs: f64,
-    pub ordinary_plain_gbs: f64,
-    pub ordinary_stream_gbs: f64,
-}
-
-/// See [`PinnedReads`] (diagnostics: the benchmarks print it beside the host's timings).
-pub fn pinned_read_probe(bytes: usize) -> Result<PinnedReads, GpuError> {
-    use super::pinned_read::sum_words;
+/// The process's GPU, its workspace locked and its context bound to this thread (the
+/// diagnostics below).
+fn locked() -> Result<(&'static Gpu, std::sync::MutexGuard<'static, Workspace>), GpuError> {
     let g = gpu()?;
-    let mut ws = g
+    let ws = g
         .workspace
         .lock()
         .map_err(|_| GpuError::Broken("workspace lock poisoned".into()))?;
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    Ok((g, ws))
+}
+
+/// See [`super::PinnedReads`] (diagnostics: the benchmarks print it beside the host's timings).
+pub fn pinned_read_probe(bytes: usize) -> Result<super::PinnedReads, GpuError> {
+    use super::pinned_read::sum_words;
+    let (g, mut ws) = locked()?;
     let words = bytes.max(1 << 20) / 8;
     let bytes = words * 8;
     let dev = ws.dev("probe_src", bytes)?;
@@ -2208,7 +2204,7 @@ pub fn pinned_read_probe(bytes: usize) -> Result<PinnedReads, GpuError> {
     }
     std::hint::black_box(check);
     let gbs = |s: f64| bytes as f64 / s / 1e9;
-    Ok(PinnedReads {
+    Ok(super::PinnedReads {
         pinned_plain_gbs: gbs(best[0]),
         pinned_stream_gbs: gbs(best[1]),
         ordinary_plain_gbs: gbs(best[2]),
@@ -2219,12 +2215,7 @@ pub fn pinned_read_probe(bytes: usize) -> Result<PinnedReads, GpuError> {
 /// Measure the device's copy ceilings with `bytes`-byte buffers: device-to-device (bytes
 /// read plus written), pinned host-to-device and device-to-pinned-host; median of 5.
 pub fn measure_ceilings(bytes: usize) -> Result<Ceilings, GpuError> {
-    let g = gpu()?;
-    let mut ws = g
-        .workspace
-        .lock()
-        .map_err(|_| GpuError::Broken("workspace lock poisoned".into()))?;
-    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let (g, mut ws) = locked()?;
     let bytes = bytes.max(1 << 20);
     let a = ws.dev("ceil_a", bytes)?;
     let b = ws.dev("ceil_b", bytes)?;

@@ -48,8 +48,8 @@ mod simjoin;
 pub use bm25::{bm25_evict, bm25_topk, bm25_trace_take};
 #[cfg(feature = "cuda")]
 pub use cuda::{
-    PinnedReads, device, intersect, intersect_resident, kernel_graphs_off, launch_group_bytes,
-    measure_ceilings, pinned_read_probe, set_next_epoch,
+    device, intersect, intersect_resident, kernel_graphs_off, launch_group_bytes, measure_ceilings,
+    pinned_read_probe, set_next_epoch,
 };
 #[cfg(feature = "cuda")]
 pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_pairs};
@@ -58,9 +58,9 @@ pub use simjoin::{DeviceSets, PendingVerify, submit_pairs, upload_sets, verify_p
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    DeviceSets, PendingVerify, PinnedReads, bm25_evict, bm25_topk, bm25_trace_take, device,
-    intersect, intersect_resident, kernel_graphs_off, launch_group_bytes, measure_ceilings,
-    pinned_read_probe, set_next_epoch, submit_pairs, upload_sets, verify_pairs,
+    DeviceSets, PendingVerify, bm25_evict, bm25_topk, bm25_trace_take, device, intersect,
+    intersect_resident, kernel_graphs_off, launch_group_bytes, measure_ceilings, pinned_read_probe,
+    set_next_epoch, submit_pairs, upload_sets, verify_pairs,
 };
 
 /// Whether a BM25 batch with the whole index resident is planned on the device (the host
@@ -617,6 +617,17 @@ pub struct Ceilings {
     pub h2d_gbps: f64,
     /// Device to pinned host.
     pub d2h_gbps: f64,
+}
+
+/// One host thread reading a buffer (GB/s, best of 5, `pinned_read_probe`): page-locked
+/// memory the device has just written (a copy down), with plain and with streaming loads, and
+/// ordinary memory the same two ways (streaming falls back to plain loads without SSE4.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PinnedReads {
+    pub pinned_plain_gbs: f64,
+    pub pinned_stream_gbs: f64,
+    pub ordinary_plain_gbs: f64,
+    pub ordinary_stream_gbs: f64,
 }
 
 #[cfg(test)]

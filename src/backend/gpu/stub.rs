@@ -73,17 +73,8 @@ pub fn bm25_topk(
 /// Drop the resident BM25 index: nothing to drop without the `cuda` feature.
 pub fn bm25_evict() {}
 
-/// Host reads of page-locked memory: see the `cuda` build's `PinnedReads`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PinnedReads {
-    pub pinned_plain_gbs: f64,
-    pub pinned_stream_gbs: f64,
-    pub ordinary_plain_gbs: f64,
-    pub ordinary_stream_gbs: f64,
-}
-
 /// Host reads of page-locked memory: not available without the `cuda` feature.
-pub fn pinned_read_probe(_bytes: usize) -> Result<PinnedReads, GpuError> {
+pub fn pinned_read_probe(_bytes: usize) -> Result<super::PinnedReads, GpuError> {
     Err(GpuError::NotCompiled)
 }
 
