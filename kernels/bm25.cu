@@ -749,6 +749,106 @@ __device__ __forceinline__ void lower_bounds(const u32* __restrict__ a, u32 (&b)
     }
 }
 
+// A long item whose lead holds few candidates in the block's range (at most THREADS) and
+// whose searches (candidates times the other lists) fit in AND_FENCE: every search at once,
+// one per (candidate, list) slot, AND_G slots a thread side by side, each a lower bound over
+// the list's whole range in the block (no fence: the searches of one list share their first
+// halvings, which stay in L1). Each slot leaves the posting it found (or NO_POS) in
+// sh.fence[candidate * (m - 1) + list]; then each candidate's thread adds its impacts in
+// slot order, as `and_phase_wide` does, and offers the matches in one slice. `and_phase_wide`
+// searches the lists one after the other, a chain of dependent loads per list: an item of 11
+// lists and 100 candidates took 40 µs there (H200 trace, session 49). AND_SMALL: the fewest
+// lists an item needs to take this path (0: never).
+#ifndef AND_SMALL
+#define AND_SMALL 3
+#endif
+#define NO_POS 0xffffffffu
+
+__device__ void and_small(SharedAnd& sh, u32 m, u32 k, u32 lead, const u32* __restrict__ post_ord,
+                          const double* __restrict__ post_imp,
+                          const double* __restrict__ ord_static) {
+    constexpr u32 G = AND_G;
+    const u32 tid = threadIdx.x;
+    const u32 others = m - 1;
+    const u32 c0 = sh.beg[lead];
+    const u32 nc = sh.ll[lead] - c0;  // candidates: nc <= THREADS, nc * others <= AND_FENCE
+    const u64 lead_at = sh.ls[lead] + c0;
+    const u32 slots = nc * others;
+    // Slot t = g * THREADS + tid: candidate t / others, list t % others (past the lead).
+    u32 b[G], n[G], x[G];
+    const u32* a[G];
+#pragma unroll
+    for (u32 g = 0; g < G; g++) {
+        const u32 t = g * THREADS + tid;
+        const bool live = t < slots;
+        const u32 c = live ? t / others : 0u;
+        const u32 j0 = live ? t % others : 0u;
+        const u32 j = j0 < lead ? j0 : j0 + 1;
+        a[g] = post_ord + sh.ls[j];
+        b[g] = sh.beg[j];
+        n[g] = live ? sh.ll[j] - sh.beg[j] : 0u;
+        x[g] = live ? post_ord[lead_at + c] : 0u;
+    }
+    // Branch-free lower bounds of x in a[b, b + n), all of a thread's at once: each step
+    // halves every window still longer than one.
+    for (;;) {
+        bool more = false;
+        u32 v[G];
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            more |= n[g] > 1;
+            v[g] = n[g] > 1 ? a[g][b[g] + (n[g] >> 1) - 1] : 0u;
+        }
+        if (!more) break;
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            if (n[g] > 1) {
+                const u32 half = n[g] >> 1;
+                b[g] = v[g] < x[g] ? b[g] + half : b[g];
+                n[g] -= half;
+            }
+        }
+    }
+    // The window is one posting (or none): the candidate's posting if it is there.
+#pragma unroll
+    for (u32 g = 0; g < G; g++) {
+        const u32 t = g * THREADS + tid;
+        if (t < slots) {
+            const u32 j0 = t % others;
+            const u32 j = j0 < lead ? j0 : j0 + 1;
+            const u32 end = sh.ll[j];
+            u32 pos = b[g];
+            if (n[g] == 1 && a[g][pos] < x[g]) pos++;
+            sh.fence[t] = n[g] != 0 && pos < end && a[g][pos] == x[g] ? pos : NO_POS;
+        }
+    }
+    __syncthreads();
+    bool ok = tid < nc;
+    double s = 0.0;
+    u32 ord = 0;
+    if (ok) {
+        ord = post_ord[lead_at + tid];
+        for (u32 j = 0; j < m && ok; j++) {  // slot order (the sum's)
+            if (j == lead) {
+                s += post_imp[lead_at + tid];
+                continue;
+            }
+            const u32 pos = sh.fence[tid * others + (j < lead ? j : j - 1)];
+            if (pos == NO_POS) {
+                ok = false;
+            } else {
+                s += post_imp[sh.ls[j] + pos];
+            }
+        }
+    }
+    room(sh, k);
+    if (ok) {
+        atomicAdd(&sh.matches, 1u);
+        if (ord_static) s += ord_static[ord];
+        offer(sh, s, ord);
+    }
+}
+
 __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restrict__ post_ord,
                                const double* __restrict__ post_imp,
                                const double* __restrict__ ord_static) {
@@ -758,6 +858,13 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
     const u32 lead = start_and(sh, m);
     const u32 n = sh.ll[lead];
     const u64 lead_at = sh.ls[lead];
+    if (AND_SMALL != 0 && m >= AND_SMALL) {  // block-uniform
+        const u32 nc = n - sh.beg[lead];
+        if (nc <= THREADS && nc * (m - 1) <= G * THREADS && nc * (m - 1) <= AND_FENCE) {
+            and_small(sh, m, k, lead, post_ord, post_imp, ord_static);
+            return;
+        }
+    }
     for (u32 base = sh.beg[lead]; base < n; base += CHUNK) {
         const u32 top = base + CHUNK < n ? base + CHUNK : n;
         // The chunk's last candidate: slice glast, thread tlast.
@@ -1119,19 +1226,26 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
     return 4u * (lz - 1u) + frac;
 }
 
+#ifndef AND2_PIECE
+#define AND2_PIECE 1024
+#endif
+
 // A query the device leaves unranked (q_mode): no terms under its mode's rule, or ranked on
 // the CPU. Its answer count stays as the host cleared it (0); it has no items.
 #define MODE_NONE 3
 
-// One thread per query; each clears its query's answer count (out_count[q]). `term_floor`
-// is null when k has no floors. `most` is the most pieces
+// One thread per query; each clears its query's answer count (out_count[q]) and turns its
+// unknown-term flag (q_mode[q] as the host uploads it: 1 when the query had a term the index
+// does not hold) into its mode (0 AND, 1 OR, 2 AND-then-OR, MODE_NONE), from the batch's
+// mode (`batch_mode`, 0..2). `term_floor` is null when k has no floors. `most` is the most pieces
 // of one query (min(CAP / k, 64)), `piece` the work a piece should hold (0: never split).
 // Pieces come from a budget of `max_pieces` slots; a query that does not find room in it is
 // ranked whole (exact either way). Splits: split_lo[s] .. split_hi[s] are split_q[s]'s
 // piece slots.
 extern "C" __global__ void bm25_plan(
     u32 nq, const u32* __restrict__ q_off, const u32* __restrict__ q_terms,
-    const unsigned char* __restrict__ q_mode, u32 n_terms, const ListRef* __restrict__ refs,
+    unsigned char* __restrict__ q_mode, u32 batch_mode, u32 n_terms,
+    const ListRef* __restrict__ refs,
     const double* __restrict__ term_floor, double static_max, u32 k, u64 piece, u32 most,
     u32 max_pieces, ListRef* __restrict__ lists, double* __restrict__ q_floor,
     Item* __restrict__ items, unsigned char* __restrict__ keys, u32* __restrict__ split_q,
@@ -1141,9 +1255,14 @@ extern "C" __global__ void bm25_plan(
     if (q >= nq) return;
     out_count[q] = 0;  // a query left unranked answers empty; the ranking kernels come after
     const u32 first = q_off[q];
-    const u32 m = q_off[q + 1] - first;
-    const u32 mode = q_mode[q];
-    if (mode == MODE_NONE || m == 0) return;
+    // The query's mode from its unknown-term flag (the host's `Bm25Batch::terms` and `mode`):
+    // under AND an unknown term leaves no terms; AND-then-OR with one is OR. Unranked: no
+    // terms, or more than MAX_TERMS (the host ranks those on the CPU).
+    const bool unknown = q_mode[q] != 0;
+    const u32 m = batch_mode == 0 && unknown ? 0u : q_off[q + 1] - first;
+    const u32 mode = m == 0 || m > MAX_TERMS ? MODE_NONE : (batch_mode == 2 && unknown ? 1u : batch_mode);
+    q_mode[q] = (unsigned char)mode;  // for the ranking kernels, launched after this one
+    if (mode == MODE_NONE) return;
     const double neg_inf = -__longlong_as_double(0x7ff0000000000000ULL);
     double floor = neg_inf;
     const bool floored = mode != 0 || m == 1;
@@ -1215,7 +1334,16 @@ extern "C" __global__ void bm25_plan(
     }
     u32 pieces = 1;
     if (can_split && piece != 0 && most >= 2) {
-        const u64 p = (work + piece - 1) / piece;
+        u64 p = (work + piece - 1) / piece;
+        // A two-list AND query is also cut every AND2_PIECE candidates: its chunks of
+        // AND_G * THREADS candidates cost ~14 µs each alone on a multiprocessor (fence, search,
+        // offers of a dense intersection), where the work above prices them as a few-list
+        // query's searches (H200 trace, session 49: 3,626 candidates, unsplit, the AND batch's
+        // last block at 56 µs). The host-staged path's `plan` does not cut them.
+        if (mode == 0 && m == 2 && AND2_PIECE != 0) {
+            const u64 p2 = (shortest + AND2_PIECE - 1) / AND2_PIECE;
+            p = p2 > p ? p2 : p;
+        }
         pieces = p < 1 ? 1u : (p > most ? most : (u32)p);
     }
     u32 base = 0;

@@ -30,8 +30,9 @@ g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -o "$dir/bm25-check" bm25_c
 "$dir/bm25-check"
 # AND's fences on every list of 16 postings or more (the device uses them from 1,024; the
 # harness's lists are shorter), `bm25_topk_and`'s of 4 entries (strides of several postings)
-# and chunks of two candidates a thread; the answers packed by at most 3 blocks instead of 64
+# and chunks of two candidates a thread; two-list AND queries of the device's plan cut every
+# 64 candidates (the device: 1,024); the answers packed by at most 3 blocks instead of 64
 # (each block then scans several chunks of 256 queries in the pack suite's larger batches).
 echo "bm25 top-k, AND through fences from 16 postings, packing by at most 3 blocks"
-g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -DFENCE_MIN=16 -DAND_FENCE=4 -DAND_G=2 -DPACK_BLOCKS=3 -o "$dir/bm25-fence-check" bm25_check.cpp
+g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -DFENCE_MIN=16 -DAND_FENCE=4 -DAND_G=2 -DAND2_PIECE=64 -DPACK_BLOCKS=3 -o "$dir/bm25-fence-check" bm25_check.cpp
 "$dir/bm25-fence-check"

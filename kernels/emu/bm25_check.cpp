@@ -44,6 +44,24 @@ static Corpus corpus(std::mt19937_64& rng, unsigned docs, unsigned terms, bool w
         c.ord.push_back(o);
         c.imp.push_back(w);
     }
+    // Three banded terms (`random_query` asks for all three at times): 40 in 45% of all
+    // documents, 41 in every document of the upper half, 42 in 90% of all. AND over them leads
+    // with 40 (with `bm25_topk_and`'s chunks of two candidates a thread, in two chunks or
+    // more), whose first chunks lie in the lower half and match nothing: the cursors must
+    // still move on for the later chunks, which match.
+    for (unsigned t = 0; t < 3; t++) {
+        std::vector<u32> o;
+        std::vector<double> w;
+        for (u32 d = 0; d < docs; d++) {
+            const bool in = t == 0 ? rng() % 100 < 45 : t == 1 ? d >= docs / 2 : rng() % 10 != 0;
+            if (in) {
+                o.push_back(d);
+                w.push_back(0.25 * (1 + rng() % 12));
+            }
+        }
+        c.ord.push_back(o);
+        c.imp.push_back(w);
+    }
     if (with_static) {
         for (u32 d = 0; d < docs; d++) c.stat.push_back(0.125 * (rng() % 9));
     }
@@ -99,8 +117,10 @@ static float max_up(double x) {
     return (double)f < x ? std::nextafter(f, INFINITY) : f;
 }
 
-// 1-5 distinct non-empty terms, ascending; a quarter of them among the three common terms.
+// 1-5 distinct non-empty terms, ascending; a quarter of them among the three common terms;
+// one query in eight is the three banded terms.
 static std::vector<u32> random_query(std::mt19937_64& rng, const Corpus& c) {
+    if (rng() % 8 == 0) return {40, 41, 42};  // the banded terms (`corpus`)
     std::vector<u32> ts;
     unsigned m = 1 + rng() % 5;
     while (ts.size() < m) {
@@ -304,15 +324,22 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<std::vector<u32>> qs;
     std::vector<u32> q_off{0}, q_terms;
     std::vector<unsigned char> q_mode;
-    // Some queries left unranked (MODE_NONE, their terms uploaded all the same) and some with
-    // no terms, as the host sends a whole batch.
+    // The batch's mode, and each query's unknown-term flag as the host uploads it (in q_mode,
+    // which `bm25_plan` turns into the query's mode); some queries with no terms and a few
+    // with more than MAX_TERMS, as the host sends a whole batch. want_mode: the modes by the
+    // host's rules (AND with an unknown term has no terms; AND-then-OR with one is OR; no terms
+    // or too many: unranked).
+    const u32 batch_mode = and_k ? 0u : (u32)(rng() % 3);
+    std::vector<unsigned char> want_mode;
     for (unsigned q = 0; q < nq; q++) {
         std::vector<u32> ts = random_query(rng, c);
         if (rng() % 8 == 0) ts.clear();
+        if (rng() % 40 == 0) ts.assign(MAX_TERMS + 1 + rng() % 3, 7);  // read by no kernel
+        const bool unknown = rng() % 6 == 0;
+        const size_t m = batch_mode == 0 && unknown ? 0 : ts.size();
+        want_mode.push_back(m == 0 || m > MAX_TERMS ? MODE_NONE : batch_mode == 2 && unknown ? 1 : batch_mode);
         qs.push_back(ts);
-        unsigned char md = rng() % 6 == 0 ? MODE_NONE : rng() % 3;
-        if (and_k && md != MODE_NONE) md = 0;
-        q_mode.push_back(md);
+        q_mode.push_back(unknown);
         q_terms.insert(q_terms.end(), ts.begin(), ts.end());
         q_off.push_back(q_terms.size());
     }
@@ -331,7 +358,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     // Not cleared either: `bm25_plan` clears the count of each split query's completed blocks.
     std::vector<u32> piece_done(max_pieces + 1, 0xdeadbeef);
     launch((nq + 63) / 64, 64, [&] {
-        bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), refs.size(), refs.data(),
+        bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), batch_mode, refs.size(), refs.data(),
                   floors ? term_floor.data() : nullptr, static_max, k, piece, most, max_pieces,
                   lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
                   split_lo.data(), split_hi.data(), counters.data(), out_count.data(),
@@ -347,6 +374,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     });
     const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
     int bad = counters[C_BAD] != 0;
+    bad += q_mode != want_mode;
     // Entries 0 ..= C_SHORT are the host's; the rest is not written.
     for (u32 i = 0; i < 8; i++) bad += counters_host[i] != (to_host && i <= C_SHORT ? counters[i] : 0xdeadbeef);
     // The short items (key 0: pure AND, whole, at most SHORT_TERMS lists, the shortest at most
@@ -375,7 +403,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     // (the queries ranked plus the piece budget: `planned::launch`), `bm25_merge` on at most
     // as many blocks as split queries can be, each reading the device's count.
     u32 ranked = 0;
-    for (u32 q = 0; q < nq; q++) ranked += q_mode[q] != MODE_NONE && !qs[q].empty();
+    for (u32 q = 0; q < nq; q++) ranked += want_mode[q] != MODE_NONE;
     const u32 item_bound = ranked + max_pieces;
     bad += n_items > item_bound || n_split > std::min(ranked, max_pieces / 2);
     std::vector<double> out_score(nq * k);
@@ -390,7 +418,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
                   piece_ord.data(), piece_score.data(), and_count.data(), piece_done.data());
     });
     // No `bm25_merge`: the block completing a split query merges it (`piece_done`).
-    bad = wrong_answers(c, qs, q_mode, k, ord_doc, out_count, out_doc, out_score, bad);
+    bad = wrong_answers(c, qs, want_mode, k, ord_doc, out_count, out_doc, out_score, bad);
     std::printf("%sdevice plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
                 and_k ? "AND kernel: " : "", with_static, k, nq, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
     return bad;
@@ -416,12 +444,12 @@ int main() {
     {
         // A term id beyond the table: counted as an error, nothing looked up.
         std::vector<u32> q_off{0, 2}, q_terms{1, 40}, counters(4, 0), sq(1), sl(1), sh(1), cnt(1, 7);
-        std::vector<unsigned char> q_mode{1}, keys(4);
+        std::vector<unsigned char> q_mode{0}, keys(4);  // no unknown term; an OR batch
         std::vector<ListRef> refs(40, ListRef{0, 1, 1.0f}), lists(2);
         std::vector<double> q_floor(1);
         std::vector<Item> items(4);
         launch(1, 32, [&] {
-            bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 40, refs.data(), nullptr, 0.0, 10, 16, 64,
+            bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 1, 40, refs.data(), nullptr, 0.0, 10, 16, 64,
                       2, lists.data(), q_floor.data(), items.data(), keys.data(), sq.data(), sl.data(), sh.data(),
                       counters.data(), cnt.data(), nullptr);
         });

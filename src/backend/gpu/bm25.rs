@@ -242,6 +242,10 @@ fn compile_options() -> Vec<String> {
             t.is_power_of_two() && (256..=2048).contains(&t)
         }),
         knob("AND_MIN_BLOCKS", &|t| (1..=8).contains(&t)),
+        // AND items of few candidates searched in every list at once from this many lists
+        // (0: never); two-list AND queries cut every AND2_PIECE candidates (0: by work only).
+        knob("AND_SMALL", &|t| t <= 64),
+        knob("AND2_PIECE", &|t| t <= 1 << 20),
         // Diagnostics: the ranking blocks' timeline (`bm25_trace_take`).
         (std::env::var("DFSETS_BM25_TRACE").as_deref() == Ok("1")).then(|| "-DBM25_TRACE".into()),
     ]

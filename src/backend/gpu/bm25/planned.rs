@@ -16,7 +16,7 @@ use cudarc::driver::result;
 
 use super::super::cuda::{DevBuf, Gpu, Workspace, align, bytes_of, drv, view, view_mut};
 use super::super::graph::Launch;
-use super::super::{BM25_MAX_TERMS, Bm25Batch, Bm25Timings, GpuError};
+use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
 use super::{
     CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, answers_down,
     batch_events, malformed, packed_on_host, rank_launches, submit,
@@ -96,11 +96,15 @@ impl Resident {
 }
 
 /// Stage the batch for the device's planning: the whole batch goes up as it lies (`Queries`:
-/// every term id in one copy, the offsets, a mode per query), each query in the device slot
-/// of its batch index. A query with no terms under its mode's rule is left unranked on the
-/// device ([`MODE_NONE`]: its count stays the cleared 0, its answer empty, as the CPU's rule
-/// says); one with more than [`BM25_MAX_TERMS`] terms too, and it goes to the CPU's share.
-/// One pass on the calling thread, no compaction: the device skips what it does not rank.
+/// every term id in one copy, the offsets, each query's unknown-term flag), each query in the
+/// device slot of its batch index; `bm25_plan` gives each query its mode from its flag and
+/// the batch's mode. A query with no terms under its mode's rule is left unranked on the
+/// device (`MODE_NONE` in bm25.cu: its count stays the cleared 0, its answer empty, as the
+/// CPU's rule says); one with more than [`BM25_MAX_TERMS`] terms too, and it goes to the
+/// CPU's share. Copies and one counting pass on the calling thread, no compaction: the device
+/// skips what it does not rank. (Session 50, H200 hosts: a pass writing each query's mode
+/// byte into the pinned buffer, or into ordinary memory and then copied there, took
+/// 0.017-0.033 ms of a 10,000-query batch.)
 /// (Staging only the ranked queries, compacted, took 0.14 ms of a 10,000-query AND batch in
 /// parallel groups and 0.39 ms on the calling thread, on the H200 host; session 43.)
 pub(super) fn stage(
@@ -121,8 +125,13 @@ pub(super) fn stage(
             "{n_terms} query terms in one topk_bm25 batch (the device takes fewer than 2^32)"
         )));
     }
-    // The device's slots are the batch's indices (set with the modes, below).
-    let mut part = Staged::new(nq, nq);
+    // The device's slots are the batch's indices.
+    let mut part = Staged {
+        slot: (0..nq as u32).collect(),
+        ..Staged::new(0, 0)
+    };
+    part.gq = nq;
+    part.on_device = nq;
     t.lookup_ms += ms(t0);
     let t_fill = std::time::Instant::now();
     let gq = nq;
@@ -133,12 +142,28 @@ pub(super) fn stage(
     part.in_bytes = pl.counters + COUNTER_BYTES;
     let mut lay = Layout::default();
     (part.out_bytes, part.down_bytes) = lay.answers(gq, k);
+    // The counters come back through the items' pinned buffer (written there by
+    // `bm25_order`, or copied down).
+    part.items_bytes = align(COUNTER_BYTES);
+    if !hold(part.in_bytes + part.items_bytes + part.down_bytes) {
+        return Err(GpuError::MemoryLimit(format!(
+            "{} bytes of topk_bm25's GPU staging",
+            part.in_bytes + part.items_bytes + part.down_bytes
+        )));
+    }
+    // The offsets as the device reads them (u32), in ordinary memory: the counting pass reads
+    // them back (reads of the pinned buffer the host had just written were slow on the GPU
+    // hosts, session 49), then one copy into the pinned buffer.
+    let t_copy = std::time::Instant::now();
+    let off32: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
+    t.copy_ms += ms(t_copy);
+    let t_modes = std::time::Instant::now();
+    let unknown = batch.queries.unknown_flags();
+    let (ranked, long) = query_counts(&off32, unknown, batch.mode);
+    t.modes_ms += ms(t_modes);
     // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
     // answers (10,000 queries split 105 pieces under AND, 1,509 under OR at k 10). Every slot
     // is a block of `bm25_topk` launched, most of them returning at once.
-    let t_modes = std::time::Instant::now();
-    let (modes, ranked, long) = device_modes(batch);
-    t.modes_ms += ms(t_modes);
     pl.max_pieces = (ranked / 2)
         .max(2048)
         .min(PIECE_BYTES_MAX / (k * 12))
@@ -158,15 +183,6 @@ pub(super) fn stage(
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
     lay.done = lay.and + align(gq * 4);
     lay.piece_bytes = lay.done + align(pl.max_pieces * 4);
-    // The counters come back through the items' pinned buffer (written there by
-    // `bm25_order`, or copied down).
-    part.items_bytes = align(COUNTER_BYTES);
-    if !hold(part.in_bytes + part.items_bytes + part.down_bytes) {
-        return Err(GpuError::MemoryLimit(format!(
-            "{} bytes of topk_bm25's GPU staging",
-            part.in_bytes + part.items_bytes + part.down_bytes
-        )));
-    }
     let in_bytes = part.in_bytes;
     let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
     let (head, tail) = pin.split_at_mut(pl.modes);
@@ -175,20 +191,16 @@ pub(super) fn stage(
     let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
     let t_copy = std::time::Instant::now();
     view_mut::<u32>(terms_b)[..n_terms].copy_from_slice(ids);
-    for (o, &x) in view_mut::<u32>(qoff_b)[..gq + 1].iter_mut().zip(offsets) {
-        *o = x as u32;
+    view_mut::<u32>(qoff_b)[..gq + 1].copy_from_slice(&off32);
+    // Each query's unknown-term flag, which `bm25_plan` turns into its mode in place.
+    for (m, &u) in modes_b[..gq].iter_mut().zip(unknown) {
+        *m = u8::from(u);
     }
     t.copy_ms += ms(t_copy);
-    // Each query's place (the modes came from `device_modes` above: one pass without
-    // data-dependent branches, into ordinary memory, copied into the pinned buffer below),
-    // then the rare query past BM25_MAX_TERMS moved to the CPU. (Session 43, H200 host, 10,000
-    // AND queries: a pass through `terms(i)` / `mode(i)`, branching on each query's empty
-    // term list, took 0.13-0.15 ms; one pass over the batch without branches takes
-    // 0.013-0.02 ms there.)
+    // The rare query past BM25_MAX_TERMS goes to the CPU. (The modes above: one pass without
+    // data-dependent branches. Session 43, H200 host, 10,000 AND queries: a pass through
+    // `terms(i)` / `mode(i)`, branching on each query's empty term list, took 0.13-0.15 ms.)
     let t_modes = std::time::Instant::now();
-    for (i, slot) in part.slot.iter_mut().enumerate() {
-        *slot = i as u32;
-    }
     if long > 0 {
         for i in 0..nq {
             if batch.terms(i).len() > BM25_MAX_TERMS {
@@ -197,7 +209,6 @@ pub(super) fn stage(
             }
         }
     }
-    modes_b[..gq].copy_from_slice(&modes);
     t.modes_ms += ms(t_modes);
     // The CPU's queries' term ids are checked here; the device checks those of the queries it
     // ranks (`bm25_plan`'s C_BAD) and reads no others.
@@ -230,36 +241,28 @@ pub(super) fn stage(
     Ok(part)
 }
 
-/// `q_mode` of a query the device leaves unranked (`MODE_NONE` in bm25.cu).
-const MODE_NONE: u8 = 3;
-
-/// Each query's `q_mode` (0 AND, 1 OR, 2 AND-then-OR, [`MODE_NONE`]: no terms under the
-/// batch's rules, or more than [`BM25_MAX_TERMS`]), how many the device ranks and how many
-/// have too many terms: [`Bm25Batch::terms`] and [`Bm25Batch::mode`] on the flat layout,
-/// without data-dependent branches.
-fn device_modes(batch: &Bm25Batch<'_>) -> (Vec<u8>, usize, usize) {
-    let offsets = batch.queries.offsets();
-    let unknown = batch.queries.unknown_flags();
-    let drop_unknown = batch.mode == Mode::And;
-    let or_if_unknown = batch.mode == Mode::AndOr;
-    let code = match batch.mode {
-        Mode::And => 0u8,
-        Mode::Or => 1,
-        Mode::AndOr => 2,
-    };
-    let mut modes = vec![0u8; batch.len()];
-    let (mut ranked, mut long) = (0usize, 0usize);
-    for (i, m) in modes.iter_mut().enumerate() {
-        let unk = unknown[i];
-        let n = (offsets[i + 1] - offsets[i]) * usize::from(!(drop_unknown & unk));
-        let is_long = n > BM25_MAX_TERMS;
-        let none = (n == 0) | is_long;
-        let mode = if or_if_unknown & unk { 1 } else { code };
-        *m = if none { MODE_NONE } else { mode };
-        ranked += usize::from(!none);
-        long += usize::from(is_long);
+/// How many of the batch's queries the device ranks (1 ..= [`BM25_MAX_TERMS`] terms under the
+/// batch's rules: [`Bm25Batch::terms`]; `bm25_plan` gives the others `MODE_NONE`) and how many
+/// have too many terms (the CPU ranks those), from the batch's offsets as the device's u32
+/// and its unknown-term flags: 32-bit lanes without data-dependent branches, which the
+/// compiler vectorizes (10,000 queries: ~4 µs on this machine's Zen 5, where a pass over the
+/// 64-bit offsets took 13).
+///
+/// [`Bm25Batch::terms`]: super::super::Bm25Batch::terms
+fn query_counts(off: &[u32], unknown: &[bool], batch_mode: Mode) -> (usize, usize) {
+    let n = unknown.len();
+    let (lo, hi) = (&off[..n], &off[1..=n]);
+    let drop_unknown = u8::from(batch_mode == Mode::And);
+    let max = BM25_MAX_TERMS as u32;
+    let (mut ranked, mut long) = (0u32, 0u32);
+    for ((&a, &b), &unk) in lo.iter().zip(hi).zip(unknown) {
+        // All ones unless the query's unknown term empties it (AND).
+        let keep = 0u32.wrapping_sub(u32::from((u8::from(unk) & drop_unknown) ^ 1));
+        let terms = b.wrapping_sub(a) & keep;
+        ranked += u32::from(terms.wrapping_sub(1) < max); // 1 ..= max terms
+        long += u32::from(terms > max);
     }
-    (modes, ranked, long)
+    (ranked as usize, long as usize)
 }
 
 /// Queue the batch: its copy up, the planning launches, the ranking launches on upper
@@ -305,6 +308,12 @@ pub(super) fn launch(
     let gq32 = part.gq as u32;
     let k32 = c.k as u32;
     let n_index_terms = c.index.terms() as u32;
+    // `bm25_plan`'s batch_mode (the q_mode codes).
+    let batch_mode: u32 = match c.batch.mode {
+        Mode::And => 0,
+        Mode::Or => 1,
+        Mode::AndOr => 2,
+    };
     let (p_refs, p_term_floor) = tables;
     let p_qoff = d_in;
     let p_terms = d_in + pl.terms as u64;
@@ -351,6 +360,7 @@ pub(super) fn launch(
                 p_qoff.into(),
                 p_terms.into(),
                 p_mode.into(),
+                batch_mode.into(),
                 n_index_terms.into(),
                 p_refs.into(),
                 p_term_floor.into(),
@@ -496,12 +506,13 @@ const COUNTER_BYTES: usize = COUNTERS * 4;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::gpu::Bm25Batch;
     use crate::search::queries::{Queries, QueryTerms};
 
     proptest::proptest! {
-        /// The branch-free modes say what `Bm25Batch::terms` and `mode` say, query by query.
+        /// The branch-free counts say what `Bm25Batch::terms` says, query by query.
         #[test]
-        fn device_modes_follow_the_batch_rules(
+        fn query_counts_follow_the_batch_rules(
             qs in proptest::collection::vec((0usize..70, proptest::bool::ANY), 0..200),
             mode in 0usize..3,
         ) {
@@ -511,21 +522,12 @@ mod tests {
                 .collect();
             let mode = [Mode::And, Mode::Or, Mode::AndOr][mode];
             let batch = Bm25Batch { queries: &queries, mode };
-            let (modes, ranked, long) = device_modes(&batch);
+            let off: Vec<u32> = queries.offsets().iter().map(|&o| o as u32).collect();
+            let (ranked, long) = query_counts(&off, queries.unknown_flags(), mode);
             let (mut want_ranked, mut want_long) = (0, 0);
-            for (i, &m) in modes.iter().enumerate() {
+            for i in 0..batch.len() {
                 let n = batch.terms(i).len();
-                let want = if n == 0 || n > BM25_MAX_TERMS {
-                    MODE_NONE
-                } else {
-                    match batch.mode(i) {
-                        Mode::And => 0,
-                        Mode::Or => 1,
-                        Mode::AndOr => 2,
-                    }
-                };
-                proptest::prop_assert_eq!(m, want, "query {} of {:?}", i, qs[i]);
-                want_ranked += usize::from(want != MODE_NONE);
+                want_ranked += usize::from(n > 0 && n <= BM25_MAX_TERMS);
                 want_long += usize::from(n > BM25_MAX_TERMS);
             }
             proptest::prop_assert_eq!((ranked, long), (want_ranked, want_long));
