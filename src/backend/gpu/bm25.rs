@@ -127,6 +127,15 @@ struct Plan {
     and_or: bool,
 }
 
+/// A mode as the kernels' `q_mode` (and `bm25_plan`'s `batch_mode`) codes it.
+fn mode_code(mode: Mode) -> u8 {
+    match mode {
+        Mode::And => 0,
+        Mode::Or => 1,
+        Mode::AndOr => 2,
+    }
+}
+
 /// A batch naming a term the index does not hold (the caller resolves terms through it).
 fn malformed() -> GpuError {
     GpuError::Unsupported("malformed BM25 batch: a term id beyond the index".into())
@@ -1075,11 +1084,7 @@ fn stage(
             }
             *slot = (s.q0 + q) as u32;
             s.qoff[q] = (s.l0 + l) as u32;
-            s.modes[q] = match batch.mode(i) {
-                Mode::And => 0,
-                Mode::Or => 1,
-                Mode::AndOr => 2,
-            };
+            s.modes[q] = mode_code(batch.mode(i));
             let p = c.plan_of(i);
             s.floors[q] = p.floor;
             s.blocks.push((s.q0 + q) as u32, &p);

@@ -19,7 +19,7 @@ use super::super::graph::Launch;
 use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
 use super::{
     CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, answers_down,
-    batch_events, malformed, packed_on_host, rank_launches, submit,
+    batch_events, malformed, mode_code, packed_on_host, rank_launches, submit,
 };
 use crate::search::topk::Mode;
 
@@ -197,7 +197,7 @@ pub(super) fn stage(
         *m = u8::from(u);
     }
     t.copy_ms += ms(t_copy);
-    // The rare query past BM25_MAX_TERMS goes to the CPU. (The modes above: one pass without
+    // The rare query past BM25_MAX_TERMS goes to the CPU. (The counts above: one pass without
     // data-dependent branches. Session 43, H200 host, 10,000 AND queries: a pass through
     // `terms(i)` / `mode(i)`, branching on each query's empty term list, took 0.13-0.15 ms.)
     let t_modes = std::time::Instant::now();
@@ -308,12 +308,7 @@ pub(super) fn launch(
     let gq32 = part.gq as u32;
     let k32 = c.k as u32;
     let n_index_terms = c.index.terms() as u32;
-    // `bm25_plan`'s batch_mode (the q_mode codes).
-    let batch_mode: u32 = match c.batch.mode {
-        Mode::And => 0,
-        Mode::Or => 1,
-        Mode::AndOr => 2,
-    };
+    let batch_mode = u32::from(mode_code(c.batch.mode));
     let (p_refs, p_term_floor) = tables;
     let p_qoff = d_in;
     let p_terms = d_in + pl.terms as u64;
