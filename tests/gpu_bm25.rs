@@ -240,6 +240,61 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
     assert_eq!(stats.on_gpu, 0);
 }
 
+/// A device-planned batch with every query on the device hands its answers to the caller in
+/// the page-locked block the device packed them into (no copy). Such a result must stay as it
+/// was while later batches run (each takes another block while it is held), and its block
+/// must serve a later batch once it is dropped.
+#[test]
+fn answers_lent_to_the_result_stay_put() {
+    if !gpu_or_skip("answers_lent_to_the_result_stay_put") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    gpu::set_bm25_device_plan(true);
+    let mut rng = StdRng::seed_from_u64(0x1e47);
+    let index = corpus(&mut rng, 6000, 150, false);
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    // Only queries the device takes whole (more than 64 terms would leave one to the CPU,
+    // and the answers would be copied out).
+    let mut batch = || -> Queries {
+        queries(&mut rng, &index, 300, 150)
+            .iter()
+            .filter(|q| q.ids.len() <= gpu::BM25_MAX_TERMS)
+            .collect()
+    };
+    let (a, b) = (batch(), batch());
+    for (k, mode) in [(10, Mode::Or), (7, Mode::And), (100, Mode::AndOr)] {
+        let rank = |qs: &Queries, backend| {
+            rank_terms(&index, &scored, qs, k, mode, backend, None, &mut |_| true)
+        };
+        let (want_a, _) = rank(&a, BackendChoice::Cpu);
+        let (want_b, _) = rank(&b, BackendChoice::Cpu);
+        let (got_a, sa) = rank(&a, BackendChoice::Gpu);
+        let lent = sa.timings.as_ref().map_or(0, |t| t.lent_bytes);
+        assert_eq!(
+            lent,
+            got_a.docs.len() as u64 * 12,
+            "{mode:?} k {k}: answers copied out"
+        );
+        assert!(lent > 0, "{mode:?} k {k}: no hits");
+        // Two more batches while `got_a` is held: their blocks are others.
+        let (got_b, _) = rank(&b, BackendChoice::Gpu);
+        let (again_a, _) = rank(&a, BackendChoice::Gpu);
+        assert!(got_a == want_a, "{mode:?} k {k}: the held result changed");
+        assert!(got_b == want_b, "{mode:?} k {k}: batch b");
+        assert!(again_a == want_a, "{mode:?} k {k}: batch a again");
+        // A buffer of the result outlives the result itself.
+        let docs = got_a.docs.clone();
+        drop((got_a, got_b, again_a));
+        let (last_b, _) = rank(&b, BackendChoice::Gpu);
+        assert!(
+            last_b == want_b,
+            "{mode:?} k {k}: after the blocks came back"
+        );
+        assert_eq!(&docs[..], &want_a.docs[..], "{mode:?} k {k}: a kept buffer");
+    }
+}
+
 /// Equal scores in disjoint lists of one device tile: documents alternate between terms
 /// (one term each, same length: every score equal), so the top-k is the k smallest doc ids
 /// and a dense tile has to keep the tie rule across its lists (a compaction in the middle of

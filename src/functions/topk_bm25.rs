@@ -321,8 +321,8 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         let values = StructArray::try_new(
             hit_fields(),
             vec![
-                Arc::new(UInt32Array::from(ranked.docs)) as ArrayRef,
-                Arc::new(Float64Array::from(ranked.scores)) as ArrayRef,
+                Arc::new(UInt32Array::new(ranked.docs, None)) as ArrayRef,
+                Arc::new(Float64Array::new(ranked.scores, None)) as ArrayRef,
             ],
             None,
         )?;

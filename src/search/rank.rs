@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, StringArray};
+use datafusion::arrow::buffer::ScalarBuffer;
 use rayon::prelude::*;
 
 use super::index::InvertedIndex;
@@ -76,12 +77,24 @@ pub fn rank_one(
 }
 
 /// A batch's results in one flat (columnar) layout: query `i`'s hits, best first, are
-/// `docs[offsets[i]..offsets[i + 1]]` with `scores[..]` alike (the Arrow list's layout).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// `docs[offsets[i]..offsets[i + 1]]` with `scores[..]` alike (the Arrow list's layout). The
+/// doc ids and scores are Arrow buffers: the GPU's may lie where the device wrote them (a
+/// page-locked block the buffers hold), and they become the result's columns uncopied.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Ranked {
     pub offsets: Vec<usize>,
-    pub docs: Vec<u32>,
-    pub scores: Vec<f64>,
+    pub docs: ScalarBuffer<u32>,
+    pub scores: ScalarBuffer<f64>,
+}
+
+impl Default for Ranked {
+    fn default() -> Self {
+        Self {
+            offsets: Vec::new(),
+            docs: Vec::new().into(),
+            scores: Vec::new().into(),
+        }
+    }
 }
 
 impl Ranked {
@@ -151,8 +164,8 @@ impl Ranked {
         }
         Self {
             offsets,
-            docs,
-            scores,
+            docs: docs.into(),
+            scores: scores.into(),
         }
     }
 

@@ -24,11 +24,12 @@ use std::time::Instant;
 
 use cudarc::driver::result;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaModule};
+use datafusion::arrow::buffer::ScalarBuffer;
 use rayon::prelude::*;
 
 use super::cuda::{
-    DevBuf, Gpu, Workspace, align, bytes_of, compile_module, drv, env_knob, gpu, panic_message,
-    source_from_env, view, view_mut,
+    DevBuf, Gpu, LentPinned, Pinned, Workspace, align, bytes_of, compile_module, drv, env_knob,
+    gpu, panic_message, source_from_env, view, view_mut,
 };
 use super::graph::Launch;
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
@@ -723,6 +724,9 @@ fn run(
     let t_unpack = Instant::now();
     let out = unpack(ws, &part, k, &cpu_hits)?;
     t.unpack_ms = ms(t_unpack);
+    if part.lent {
+        t.lent_bytes = (out.docs.len() * 12) as u64;
+    }
     if let Some(ev) = &part.events {
         let elapsed = |a: &CudaEvent, b: &CudaEvent| {
             a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"))
@@ -825,6 +829,8 @@ struct Staged {
     /// Whether `bm25_pack` wrote the answers straight into the host's pinned buffer (nothing
     /// copied down).
     packed_on_host: bool,
+    /// Whether that buffer is the workspace's block lent to the result (`lends`).
+    lent: bool,
 }
 
 impl Staged {
@@ -846,6 +852,7 @@ impl Staged {
             events: None,
             planned: None,
             packed_on_host: false,
+            lent: false,
         }
     }
 }
@@ -1181,6 +1188,7 @@ fn launch(
     if part.gq == 0 {
         return Ok(part);
     }
+    let packed_host = packed_on_host(ws, &mut part)?;
     let lay = &part.layout;
     let d_in = ws.dev("bm25_in", part.in_bytes)?;
     let d_items = ws.dev("bm25_items", part.items_bytes)?;
@@ -1212,7 +1220,6 @@ fn launch(
     let p_splitq = d_items + lay.splitq as u64;
     let p_splitp = d_items + lay.splitp as u64;
     let p_splitp_hi = p_splitp + 4;
-    let packed_host = packed_on_host(ws, &part)?;
     let rank = RankArgs {
         n_queries: part.gq as u32,
         n_items: n_items32,
@@ -1251,17 +1258,60 @@ fn launch(
     Ok(part)
 }
 
-/// Where `bm25_pack` writes a batch's packed answers: into the host's pinned buffer that
-/// `unpack` reads (its device address), unless `DFSETS_BM25_ZERO_COPY=0` (then on the device,
-/// and [`copy_down`] copies the whole packed region: k places a query, most of them unused).
-fn packed_on_host(ws: &mut Workspace, part: &Staged) -> Result<Option<u64>, GpuError> {
+/// Where `bm25_pack` writes a batch's packed answers: into host memory that `unpack` reads
+/// (its device address), unless `DFSETS_BM25_ZERO_COPY=0` (then on the device, and
+/// [`copy_down`] copies the whole packed region: k places a query, most of them unused).
+/// A batch whose answers are the packed layout as it lies ([`lends`]) gets a block that its
+/// result keeps (`Workspace::pin_lent`, from the pool of lent blocks); others the workspace's
+/// pinned buffer.
+fn packed_on_host(ws: &mut Workspace, part: &mut Staged) -> Result<Option<u64>, GpuError> {
     static ON: OnceLock<bool> = OnceLock::new();
     if !*ON.get_or_init(|| env_knob("DFSETS_BM25_ZERO_COPY", 1) == 1) {
         return Ok(None);
     }
+    part.lent = lends(part);
+    if part.lent {
+        if ws
+            .pin_lent
+            .as_ref()
+            .is_none_or(|b| b.bytes() < part.down_bytes)
+        {
+            ws.pin_lent = None;
+            ws.pin_lent = Some(LentPinned::take(part.down_bytes)?);
+        }
+        let block = ws.pin_lent.as_mut().expect("set above");
+        let dev = block.device_ptr().ok();
+        part.lent = dev.is_some();
+        if dev.is_some() {
+            return Ok(dev);
+        }
+    }
     let pin = Workspace::pinned(&mut ws.pin_out, part.down_bytes)?;
     // A driver that does not map the buffer: the answers are copied down instead.
     Ok(pin.device_ptr().ok())
+}
+
+/// Whether a batch's answers go to the caller in the block `bm25_pack` writes them into:
+/// every query on the device, each in the slot of its batch index (a device-planned batch
+/// with no query left to the CPU), so the packed layout is the result's
+/// (`DFSETS_BM25_LEND=0`: copied out of the workspace's buffer instead).
+fn lends(part: &Staged) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| env_knob("DFSETS_BM25_LEND", 1) == 1)
+        && part.planned.is_some()
+        && part.cpu_q.is_empty()
+        && part.gq == part.slot.len()
+}
+
+/// The host's copy of a batch's packed answers (`part.down_bytes` bytes laid out from
+/// `Layout::pk_off`): the lent block or the workspace's pinned buffer.
+fn packed_region<'a>(ws: &'a Workspace, part: &Staged) -> Result<&'a [u8], GpuError> {
+    let pin = if part.lent {
+        ws.pin_lent.as_ref().map(LentPinned::as_slice)
+    } else {
+        ws.pin_out.as_ref().map(Pinned::as_slice)
+    };
+    Ok(&pin.ok_or(GpuError::OutOfMemory("pinned allocation"))?[..part.down_bytes])
 }
 
 /// After the packing launches: the answers are in the host's buffer already (`packed_host`),
@@ -1285,13 +1335,13 @@ fn answers_down(
 /// Bytes the device wrote into the host's buffer for answers packed there: the offsets and
 /// the hits (`off[gq]` of them, as `bm25_pack` counted them).
 fn packed_bytes(ws: &Workspace, part: &Staged) -> u64 {
-    let Some(pin) = ws.pin_out.as_ref() else {
+    let Ok(pin) = packed_region(ws, part) else {
         return 0;
     };
     if part.gq == 0 {
         return 0;
     }
-    let off = view::<u32>(&pin.as_slice()[..(part.gq + 1) * 4]);
+    let off = view::<u32>(&pin[..(part.gq + 1) * 4]);
     ((part.gq + 1) * 4) as u64 + u64::from(off[part.gq]) * 12
 }
 
@@ -1519,24 +1569,25 @@ const PACK_BLOCKS: u32 = 64;
 /// The batch's answers in batch order (the device's, once the stream is synchronized, and
 /// the CPU's share). The device's come packed (`bm25_pack`): query slot `s`'s hits are
 /// `docs[off[s]..off[s + 1]]`, slots in batch order, so a run of device queries between two
-/// of the CPU's share is one copy.
+/// of the CPU's share is one copy. A lent block (`part.lent`) is the answer as it lies: its
+/// doc ids and scores go to the result uncopied.
 fn unpack(
-    ws: &Workspace,
+    ws: &mut Workspace,
     part: &Staged,
     k: usize,
     cpu_hits: &[Vec<Hit>],
 ) -> Result<Ranked, GpuError> {
     let lay = &part.layout;
     let gq = part.gq;
+    let (d0, s0) = (lay.pk_doc - lay.pk_off, lay.pk_score - lay.pk_off);
+    let pin = if gq == 0 {
+        &[][..]
+    } else {
+        packed_region(ws, part)?
+    };
     let (off, dev_doc, dev_score): (&[u32], &[u32], &[f64]) = if gq == 0 {
         (&[0], &[], &[])
     } else {
-        let pin = &ws
-            .pin_out
-            .as_ref()
-            .ok_or(GpuError::OutOfMemory("pinned allocation"))?
-            .as_slice()[..part.down_bytes];
-        let (d0, s0) = (lay.pk_doc - lay.pk_off, lay.pk_score - lay.pk_off);
         (
             &view::<u32>(&pin[..d0])[..gq + 1],
             &view::<u32>(&pin[d0..s0])[..gq * k],
@@ -1544,16 +1595,32 @@ fn unpack(
         )
     };
     // The offsets as `bm25_pack` writes them: from 0, at most k a query.
-    if off[0] != 0
-        || off
-            .windows(2)
-            .any(|w| w[1] < w[0] || (w[1] - w[0]) as usize > k)
-    {
+    if !packed_offsets_ok(off, k) {
         return Err(GpuError::Kernel(format!(
             "packed answers' offsets out of order or above k = {k}"
         )));
     }
     let dev_hits = off[gq] as usize;
+    if part.lent && gq > 0 {
+        // The hits stay where the device wrote them.
+        let hits = dev_hits;
+        let offsets = off.iter().map(|&o| o as usize).collect();
+        let block = Arc::new(ws.pin_lent.take().expect("a lent batch holds its block"));
+        // SAFETY: `d0` and `s0` are 256-byte aligned offsets into the block, where the
+        // device wrote `hits` doc ids and scores (within gq * k each: checked above); the
+        // stream is synchronized and the block left the workspace, so nothing writes it.
+        let (docs, scores) = unsafe {
+            (
+                LentPinned::buffer(&block, d0, hits * 4),
+                LentPinned::buffer(&block, s0, hits * 8),
+            )
+        };
+        return Ok(Ranked {
+            offsets,
+            docs: ScalarBuffer::new(docs, 0, hits),
+            scores: ScalarBuffer::new(scores, 0, hits),
+        });
+    }
     let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
     if hits > unpack_seq_max() {
         // Many hits: counts first, filled in parallel.
@@ -1593,8 +1660,8 @@ fn unpack(
         // host, the fill 1.0-2.6.)
         return Ok(Ranked {
             offsets: off.iter().map(|&o| o as usize).collect(),
-            docs: dev_doc[..dev_hits].to_vec(),
-            scores: dev_score[..dev_hits].to_vec(),
+            docs: dev_doc[..dev_hits].to_vec().into(),
+            scores: dev_score[..dev_hits].to_vec().into(),
         });
     }
     // One pass on this thread: the device's hits are copied a run of consecutive slots at a
@@ -1632,9 +1699,27 @@ fn unpack(
     flush(&mut docs, &mut scores, lo, next);
     Ok(Ranked {
         offsets,
-        docs,
-        scores,
+        docs: docs.into(),
+        scores: scores.into(),
     })
+}
+
+/// Whether packed answers' offsets are as `bm25_pack` writes them: from 0, each query's
+/// count (the next offset less its own) at most `k` (a decrease wraps above it). One pass
+/// without data-dependent branches, which the compiler vectorizes (a pass that stopped at the
+/// first bad pair was a branch per query).
+fn packed_offsets_ok(off: &[u32], k: usize) -> bool {
+    let Ok(k) = u32::try_from(k) else {
+        return false;
+    };
+    let Some((&first, rest)) = off.split_first() else {
+        return false;
+    };
+    let over = off
+        .iter()
+        .zip(rest)
+        .fold(0u32, |acc, (&a, &b)| acc | u32::from(b.wrapping_sub(a) > k));
+    first == 0 && over == 0
 }
 
 /// Most hits a batch's answers are unpacked on one thread (`DFSETS_BM25_UNPACK_SEQ_MAX`;
@@ -1691,6 +1776,39 @@ mod tests {
     use super::*;
 
     const INF: f64 = f64::INFINITY;
+
+    proptest::proptest! {
+        /// The branch-free check says what a pair-by-pair reading of the rule says.
+        #[test]
+        fn packed_offsets_check_follows_the_rule(
+            steps in proptest::collection::vec(0u32..14, 0..300),
+            start in 0u32..3,
+            k in 1usize..12,
+            dip in proptest::option::of(0usize..300),
+        ) {
+            let mut off = vec![start];
+            for s in &steps {
+                off.push(off.last().unwrap() + s);
+            }
+            if let Some(d) = dip.filter(|&d| d + 1 < off.len()) {
+                off[d + 1] = off[d].saturating_sub(1); // a decrease (or equal, at 0)
+            }
+            let want = off[0] == 0
+                && off.windows(2).all(|w| w[1] >= w[0] && (w[1] - w[0]) as usize <= k);
+            proptest::prop_assert_eq!(packed_offsets_ok(&off, k), want);
+        }
+    }
+
+    #[test]
+    fn packed_offsets_edges() {
+        assert!(!packed_offsets_ok(&[], 10));
+        assert!(packed_offsets_ok(&[0], 10));
+        assert!(!packed_offsets_ok(&[1], 10));
+        assert!(packed_offsets_ok(&[0, 10, 10, 20], 10));
+        assert!(!packed_offsets_ok(&[0, 11], 10));
+        assert!(!packed_offsets_ok(&[0, 5, 4], 10));
+        assert!(!packed_offsets_ok(&[0, u32::MAX], 10));
+    }
 
     #[test]
     fn a_query_is_split_by_its_candidates_times_the_lists_searched() {

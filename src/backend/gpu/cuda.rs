@@ -275,16 +275,25 @@ impl Pinned {
     /// address; asked of the driver once per allocation all the same).
     pub(super) fn device_ptr(&mut self) -> Result<u64, GpuError> {
         if self.dev == 0 {
-            let mut d: sys::CUdeviceptr = 0;
-            // SAFETY: `ptr` is a live page-locked allocation of this context (`malloc_host`);
-            // the driver writes one address into `d`.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr.cast(), 0) }
-                .result()
-                .map_err(drv("mapped host pointer"))?;
-            self.dev = d;
+            // SAFETY: `ptr` is a live page-locked allocation of this context (`malloc_host`).
+            self.dev = unsafe { mapped_address(self.ptr) }?;
         }
         Ok(self.dev)
     }
+}
+
+/// The device's address of a page-locked host allocation (the driver's answer; with unified
+/// addressing, the host's own address).
+///
+/// # Safety
+/// `ptr` must be a live page-locked allocation of the bound context.
+unsafe fn mapped_address(ptr: *mut u8) -> Result<u64, GpuError> {
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: the caller's contract; the driver writes one address into `d`.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr.cast(), 0) }
+        .result()
+        .map_err(drv("mapped host pointer"))?;
+    Ok(d)
 }
 
 impl Drop for Pinned {
@@ -297,20 +306,24 @@ impl Drop for Pinned {
 /// Idle lent blocks kept for reuse, at most this many bytes (the rest are freed).
 const LENT_POOL_BYTES: usize = 1 << 30;
 
-/// Page-locked blocks returned by the Arrow buffers they were lent to: (address, bytes).
-static LENT_POOL: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// Page-locked blocks returned by the Arrow buffers they were lent to: (address, bytes,
+/// device address or 0 when not asked for yet).
+static LENT_POOL: Mutex<Vec<(usize, usize, u64)>> = Mutex::new(Vec::new());
 
-/// A page-locked block lent to an Arrow buffer: a batch's results are copied from the device
-/// into it and handed to DataFusion as they are, with no host copy (a fresh `Vec` of that size
-/// costs its page faults: ~10 ms for 110 MB of results). Dropping the last buffer that holds
-/// it puts the block back in [`LENT_POOL`] for a later batch.
-struct LentPinned {
+/// A page-locked block lent to Arrow buffers: a batch's results land in it (copied from the
+/// device, or written there by a kernel through its mapped address) and go to the caller as
+/// they are, with no host copy (a fresh `Vec` of that size costs its page faults: ~10 ms for
+/// 110 MB of results). Dropping the last buffer that holds it puts the block back in
+/// [`LENT_POOL`] for a later batch.
+pub(super) struct LentPinned {
     ptr: *mut u8,
     bytes: usize,
+    /// Its device address, once asked for (0: not yet); kept with the block in the pool.
+    dev: u64,
 }
 
 // SAFETY: the block is plain host memory owned by this value; Arrow only reads it through
-// the buffers it lends, after the copy into it has completed.
+// the buffers it lends, after the device's writes into it have completed.
 unsafe impl Send for LentPinned {}
 // SAFETY: as above; shared access is read-only.
 unsafe impl Sync for LentPinned {}
@@ -319,39 +332,83 @@ impl std::panic::RefUnwindSafe for LentPinned {}
 impl LentPinned {
     /// A block of at least `bytes` bytes: a pooled one not more than twice as large (plus
     /// 64 MiB), else a new allocation.
-    fn take(bytes: usize) -> Result<Self, GpuError> {
+    pub(super) fn take(bytes: usize) -> Result<Self, GpuError> {
         let bytes = bytes.max(ALIGN);
         if let Ok(mut pool) = LENT_POOL.lock()
             && let Some(i) = pool
                 .iter()
                 .enumerate()
-                .filter(|(_, (_, b))| *b >= bytes && *b <= 2 * bytes + (64 << 20))
-                .min_by_key(|(_, (_, b))| *b)
+                .filter(|(_, (_, b, _))| *b >= bytes && *b <= 2 * bytes + (64 << 20))
+                .min_by_key(|(_, (_, b, _))| *b)
                 .map(|(i, _)| i)
         {
-            let (ptr, bytes) = pool.swap_remove(i);
+            let (ptr, bytes, dev) = pool.swap_remove(i);
             return Ok(LentPinned {
                 ptr: ptr as *mut u8,
                 bytes,
+                dev,
             });
         }
         let grown = bytes + bytes / 4;
         let ptr = alloc_pinned(grown).ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        Ok(LentPinned { ptr, bytes: grown })
+        Ok(LentPinned {
+            ptr,
+            bytes: grown,
+            dev: 0,
+        })
+    }
+
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `bytes` bytes owned by `self`; exclusive while borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
     }
+
+    pub(super) fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+
+    /// The address through which kernels write this block across the bus (as
+    /// [`Pinned::device_ptr`]; the context bound to this thread).
+    pub(super) fn device_ptr(&mut self) -> Result<u64, GpuError> {
+        if self.dev == 0 {
+            // SAFETY: `ptr` is a live page-locked allocation of this process's context
+            // (`alloc_pinned`).
+            self.dev = unsafe { mapped_address(self.ptr) }?;
+        }
+        Ok(self.dev)
+    }
+
+    /// An Arrow buffer over `len` bytes of the block from byte `at`, holding the block.
+    ///
+    /// # Safety
+    /// `at` must be aligned for the values the buffer will be read as, `at + len` within
+    /// the block, those bytes fully written, and nothing may write the block any more.
+    pub(super) unsafe fn buffer(block: &Arc<Self>, at: usize, len: usize) -> Buffer {
+        assert!(at.checked_add(len).is_some_and(|end| end <= block.bytes));
+        // SAFETY: within the block (asserted), non-null (a live allocation); the caller's
+        // contract for the contents; the `Arc` keeps the block alive (and out of the pool)
+        // for as long as the buffer lives.
+        unsafe {
+            Buffer::from_custom_allocation(
+                std::ptr::NonNull::new_unchecked(block.ptr.add(at)),
+                len,
+                Arc::clone(block) as Arc<dyn datafusion::arrow::alloc::Allocation>,
+            )
+        }
+    }
 }
 
 impl Drop for LentPinned {
     fn drop(&mut self) {
         if let Ok(mut pool) = LENT_POOL.lock() {
-            let idle: usize = pool.iter().map(|(_, b)| b).sum();
+            let idle: usize = pool.iter().map(|(_, b, _)| b).sum();
             if idle + self.bytes <= LENT_POOL_BYTES {
-                pool.push((self.ptr as usize, self.bytes));
+                pool.push((self.ptr as usize, self.bytes, self.dev));
                 return;
             }
         }
@@ -415,6 +472,9 @@ pub(super) struct Workspace {
     pub(super) pin_out: Option<Pinned>,
     /// A second upload buffer (the BM25 batch's blocks, laid out after its queries).
     pub(super) pin_items: Option<Pinned>,
+    /// A block the next `topk_bm25` batch's answers are packed into, then lent to its result
+    /// (taken from the pool when a batch needs one; see `bm25::packed_on_host`).
+    pub(super) pin_lent: Option<LentPinned>,
     /// Bytes of input values per launch group (halved when memory runs out).
     budget: usize,
     /// List columns kept on the device between calls (`sets.gpu_resident_columns`).
@@ -529,6 +589,7 @@ impl Workspace {
         self.pin_in = None;
         self.pin_out = None;
         self.pin_items = None;
+        self.pin_lent = None;
         self.columns.clear();
     }
 }
@@ -2085,14 +2146,8 @@ fn run_chunk<T: SetElem>(
 
     // Unstage: flags, offsets (shifted by what earlier launch groups produced), values.
     let t_unstage = Instant::now();
-    let lent_view;
     let pin = match &lent {
-        Some(b) => {
-            // SAFETY: the block holds at least `back_bytes` bytes, written by the copy
-            // above (synchronized); nothing writes it any more.
-            lent_view = unsafe { std::slice::from_raw_parts(b.ptr, back_bytes) };
-            lent_view
-        }
+        Some(b) => &b.as_slice()[..back_bytes],
         None => ws
             .pin_out
             .as_ref()
@@ -2109,17 +2164,10 @@ fn run_chunk<T: SetElem>(
         base + u64::from_le_bytes(w)
     }));
     if let Some(block) = lent {
-        let ptr = block.ptr;
-        // SAFETY: `ptr + vals_out_at` is 256-byte aligned within the block and starts the
-        // `got * esz` bytes of values the device wrote; the `Arc` keeps the block alive (and
-        // out of the pool) for as long as any buffer over it lives.
-        out.shared_values = Some(unsafe {
-            Buffer::from_custom_allocation(
-                std::ptr::NonNull::new_unchecked(ptr.add(vals_out_at)),
-                got * esz,
-                Arc::new(block),
-            )
-        });
+        // SAFETY: `vals_out_at` is 256-byte aligned within the block and starts the
+        // `got * esz` bytes of values the device wrote (the copy is synchronized).
+        out.shared_values =
+            Some(unsafe { LentPinned::buffer(&Arc::new(block), vals_out_at, got * esz) });
     } else if mode == Mode::Values {
         let src = &pin[vals_out_at..vals_out_at + got * esz];
         let old = out.values.len();

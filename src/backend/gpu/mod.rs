@@ -335,6 +335,9 @@ pub struct Bm25Timings {
     pub cpu_ms: f64,
     /// Turning the device's results into the caller's layout.
     pub unpack_ms: f64,
+    /// Bytes of answers (doc ids and scores) handed to the caller in the page-locked block
+    /// the device wrote them into, uncopied (0: copied out; see `Ranked`).
+    pub lent_bytes: u64,
     pub h2d_ms: f64,
     pub kernel_ms: f64,
     pub d2h_ms: f64,

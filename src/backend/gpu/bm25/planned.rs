@@ -327,7 +327,7 @@ pub(super) fn launch(
     let piece = c.piece;
     let most = (CAP / c.k.max(1)).min(MAX_PIECES) as u32;
     let max_pieces = pl.max_pieces as u32;
-    let packed_host = packed_on_host(ws, &part)?;
+    let packed_host = packed_on_host(ws, &mut part)?;
     // The plan's counters for the host: written into its pinned buffer by `bm25_order` when
     // the answers go there too, else copied down after the kernels.
     let counters_host = match packed_host {
