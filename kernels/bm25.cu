@@ -1234,17 +1234,26 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
 // the CPU. Its answer count stays as the host cleared it (0); it has no items.
 #define MODE_NONE 3
 
+// The plan's counters cleared, before `bm25_plan`, when the batch is read where the host
+// wrote it (below); a copied-up batch brings them cleared.
+extern "C" __global__ void bm25_clear(u32* __restrict__ counters, u32 n) {
+    if (threadIdx.x < n) counters[threadIdx.x] = 0;
+}
+
 // One thread per query; each clears its query's answer count (out_count[q]) and turns its
-// unknown-term flag (q_mode[q] as the host uploads it: 1 when the query had a term the index
-// does not hold) into its mode (0 AND, 1 OR, 2 AND-then-OR, MODE_NONE), from the batch's
-// mode (`batch_mode`, 0..2). `term_floor` is null when k has no floors. `most` is the most pieces
-// of one query (min(CAP / k, 64)), `piece` the work a piece should hold (0: never split).
-// Pieces come from a budget of `max_pieces` slots; a query that does not find room in it is
-// ranked whole (exact either way). Splits: split_lo[s] .. split_hi[s] are split_q[s]'s
-// piece slots.
+// unknown-term flag (q_flag[q] as the host uploads it: 1 when the query had a term the index
+// does not hold) into its mode (0 AND, 1 OR, 2 AND-then-OR, MODE_NONE) in q_mode[q], from the
+// batch's mode (`batch_mode`, 0..2). The batch (q_off_in, q_terms, q_flag) is read where the
+// host wrote it, across the bus (page-locked, mapped), and its offsets copied into q_off for
+// the ranking kernels; or it was copied up, and q_off is q_off_in and q_mode is q_flag (each
+// query's flag turned into its mode in place). `term_floor` is null when k has no floors.
+// `most` is the most pieces of one query (min(CAP / k, 64)), `piece` the work a piece
+// should hold (0: never split). Pieces come from a budget of `max_pieces` slots; a query that
+// does not find room in it is ranked whole (exact either way). Splits: split_lo[s] ..
+// split_hi[s] are split_q[s]'s piece slots.
 extern "C" __global__ void bm25_plan(
-    u32 nq, const u32* __restrict__ q_off, const u32* __restrict__ q_terms,
-    unsigned char* __restrict__ q_mode, u32 batch_mode, u32 n_terms,
+    u32 nq, const u32* q_off_in, const u32* __restrict__ q_terms, const unsigned char* q_flag,
+    u32* q_off, unsigned char* q_mode, u32 batch_mode, u32 n_terms,
     const ListRef* __restrict__ refs,
     const double* __restrict__ term_floor, double static_max, u32 k, u64 piece, u32 most,
     u32 max_pieces, ListRef* __restrict__ lists, double* __restrict__ q_floor,
@@ -1254,12 +1263,17 @@ extern "C" __global__ void bm25_plan(
     const u32 q = blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= nq) return;
     out_count[q] = 0;  // a query left unranked answers empty; the ranking kernels come after
-    const u32 first = q_off[q];
+    const u32 first = q_off_in[q];
+    const u32 end = q_off_in[q + 1];
     // The query's mode from its unknown-term flag (the host's `Bm25Batch::terms` and `mode`):
     // under AND an unknown term leaves no terms; AND-then-OR with one is OR. Unranked: no
     // terms, or more than MAX_TERMS (the host ranks those on the CPU).
-    const bool unknown = q_mode[q] != 0;
-    const u32 m = batch_mode == 0 && unknown ? 0u : q_off[q + 1] - first;
+    const bool unknown = q_flag[q] != 0;
+    if (q_off != q_off_in) {
+        q_off[q] = first;
+        if (q + 1 == nq) q_off[nq] = end;
+    }
+    const u32 m = batch_mode == 0 && unknown ? 0u : end - first;
     const u32 mode = m == 0 || m > MAX_TERMS ? MODE_NONE : (batch_mode == 2 && unknown ? 1u : batch_mode);
     q_mode[q] = (unsigned char)mode;  // for the ranking kernels, launched after this one
     if (mode == MODE_NONE) return;

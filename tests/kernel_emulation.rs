@@ -51,6 +51,10 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
         32 + 12,
         "{stdout}"
     );
+    // Device-planned batches read where the host wrote them and copied up, both.
+    for mapped in [" mapped=0 ", " mapped=1 "] {
+        assert!(stdout.matches(mapped).count() >= 8, "{mapped}: {stdout}");
+    }
     assert_eq!(
         stdout.matches("a term beyond the index refused").count(),
         2,

@@ -352,13 +352,23 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<double> q_floor(nq);
     std::vector<Item> items(cap_items);
     std::vector<unsigned char> keys(cap_items);
-    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(8, 0), order(cap_items, 0xffffffffu);
+    // The batch read where the host wrote it (`mapped`: the offsets copied and the modes
+    // written into the device's own arrays, the counters cleared by `bm25_clear`), or copied
+    // up (offsets and flags read and the modes written in place; the counters come cleared).
+    const bool mapped = rng() % 2 == 0;
+    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(8, mapped ? 0xdeadbeefu : 0u), order(cap_items, 0xffffffffu);
+    const std::vector<unsigned char> q_flag(q_mode);
+    std::vector<u32> q_off_dev(nq + 1, 0xdeadbeefu);
+    std::vector<unsigned char> q_mode_dev(nq, 0xee);
+    if (mapped) launch(1, 32, [&] { bm25_clear(counters.data(), 8); });
     // Not cleared: `bm25_plan` clears each query's count.
     std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
     // Not cleared either: `bm25_plan` clears the count of each split query's completed blocks.
     std::vector<u32> piece_done(max_pieces + 1, 0xdeadbeef);
     launch((nq + 63) / 64, 64, [&] {
-        bm25_plan(nq, q_off.data(), q_terms.data(), q_mode.data(), batch_mode, refs.size(), refs.data(),
+        bm25_plan(nq, q_off.data(), q_terms.data(), mapped ? q_flag.data() : q_mode.data(),
+                  mapped ? q_off_dev.data() : q_off.data(), mapped ? q_mode_dev.data() : q_mode.data(),
+                  batch_mode, refs.size(), refs.data(),
                   floors ? term_floor.data() : nullptr, static_max, k, piece, most, max_pieces,
                   lists.data(), q_floor.data(), items.data(), keys.data(), split_q.data(),
                   split_lo.data(), split_hi.data(), counters.data(), out_count.data(),
@@ -374,6 +384,12 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     });
     const u32 n_items = counters[C_ITEMS], n_split = counters[C_SPLITS];
     int bad = counters[C_BAD] != 0;
+    if (mapped) {
+        // The host's copy untouched; the device's offsets are the host's, its modes the
+        // host's rules.
+        bad += q_mode != q_flag || q_off_dev != q_off;
+        q_mode = q_mode_dev;
+    }
     bad += q_mode != want_mode;
     // Entries 0 ..= C_SHORT are the host's; the rest is not written.
     for (u32 i = 0; i < 8; i++) bad += counters_host[i] != (to_host && i <= C_SHORT ? counters[i] : 0xdeadbeef);
@@ -412,15 +428,15 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
     const u32 topk_grid = std::min(item_bound, n_items + 1 + (u32)(rng() % 40));
     launch(topk_grid, THREADS, [&] {
-        (and_k ? bm25_topk_and : bm25_topk)(item_bound, &counters[C_ITEMS], &counters[C_SHORT], order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
+        (and_k ? bm25_topk_and : bm25_topk)(item_bound, &counters[C_ITEMS], &counters[C_SHORT], order.data(), items.data(), (mapped ? q_off_dev : q_off).data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
                   piece_ord.data(), piece_score.data(), and_count.data(), piece_done.data());
     });
     // No `bm25_merge`: the block completing a split query merges it (`piece_done`).
     bad = wrong_answers(c, qs, want_mode, k, ord_doc, out_count, out_doc, out_score, bad);
-    std::printf("%sdevice plan: static=%d k=%u queries=%u floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
-                and_k ? "AND kernel: " : "", with_static, k, nq, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
+    std::printf("%sdevice plan: static=%d k=%u queries=%u mapped=%d floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
+                and_k ? "AND kernel: " : "", with_static, k, nq, mapped, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
     return bad;
 }
 
@@ -449,7 +465,7 @@ int main() {
         std::vector<double> q_floor(1);
         std::vector<Item> items(4);
         launch(1, 32, [&] {
-            bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), 1, 40, refs.data(), nullptr, 0.0, 10, 16, 64,
+            bm25_plan(1, q_off.data(), q_terms.data(), q_mode.data(), q_off.data(), q_mode.data(), 1, 40, refs.data(), nullptr, 0.0, 10, 16, 64,
                       2, lists.data(), q_floor.data(), items.data(), keys.data(), sq.data(), sl.data(), sh.data(),
                       counters.data(), cnt.data(), nullptr);
         });

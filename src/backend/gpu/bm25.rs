@@ -66,6 +66,8 @@ struct Kernels {
     topk_and: CudaFunction,
     merge: CudaFunction,
     plan: CudaFunction,
+    /// `bm25_clear`: the plan's counters, for a batch the device reads where the host wrote it.
+    clear: CudaFunction,
     order: CudaFunction,
     pack: CudaFunction,
 }
@@ -88,6 +90,7 @@ fn kernel(g: &Gpu) -> Result<&'static Kernels, GpuError> {
                 topk_and: load("bm25_topk_and")?,
                 merge: load("bm25_merge")?,
                 plan: load("bm25_plan")?,
+                clear: load("bm25_clear")?,
                 order: load("bm25_order")?,
                 pack: load("bm25_pack")?,
             })
@@ -731,7 +734,9 @@ fn run(
         let elapsed = |a: &CudaEvent, b: &CudaEvent| {
             a.elapsed_ms(b).map(f64::from).map_err(drv("event timing"))
         };
-        t.h2d_ms = elapsed(&ev[0], &ev[1])?;
+        if part.copied_up {
+            t.h2d_ms = elapsed(&ev[0], &ev[1])?;
+        }
         t.kernel_ms = elapsed(&ev[1], &ev[2])?;
         t.d2h_ms = elapsed(&ev[2], &ev[3])?;
     }
@@ -824,6 +829,9 @@ struct Staged {
     /// Queries the device ranks (a device-planned batch also holds slots it leaves unranked).
     on_device: usize,
     events: Option<&'static [CudaEvent; 4]>,
+    /// Whether the batch was copied up (`events[0]` recorded before the copy); a
+    /// device-planned batch may be read where the host wrote it instead (`planned::mapped`).
+    copied_up: bool,
     /// The device's planning buffers (a device-planned batch).
     planned: Option<planned::PlannedLayout>,
     /// Whether `bm25_pack` wrote the answers straight into the host's pinned buffer (nothing
@@ -850,6 +858,7 @@ impl Staged {
             down_bytes: 0,
             on_device: gq,
             events: None,
+            copied_up: true,
             planned: None,
             packed_on_host: false,
             lent: false,

@@ -23,6 +23,15 @@ use super::{
 };
 use crate::search::topk::Mode;
 
+/// Whether the device reads a batch where the host wrote it (the pinned upload buffer, through
+/// its mapped address: `bm25_plan` copies the offsets and writes the modes into device
+/// memory, `bm25_clear` clears the counters) rather than in a copy queued before the kernels
+/// (`DFSETS_BM25_MAPPED_IN`, default on; 0: the copy).
+fn mapped() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| super::super::cuda::env_knob("DFSETS_BM25_MAPPED_IN", 1) == 1)
+}
+
 /// Whether batches go through this path when the whole index is resident
 /// ([`crate::backend::gpu::set_bm25_device_plan`]).
 pub(super) fn enabled() -> bool {
@@ -57,6 +66,11 @@ pub(super) struct PlannedLayout {
     splitq: usize,
     splitlo: usize,
     splithi: usize,
+    /// ... | the offsets (gq + 1) | the modes (gq) | the counters, where a batch the device
+    /// reads in the host's buffer (`mapped`) has them on the device.
+    qoff: usize,
+    mode: usize,
+    counters_dev: usize,
     plan_bytes: usize,
 }
 
@@ -177,7 +191,10 @@ pub(super) fn stage(
     pl.splitq = pl.order + align(pl.cap_items * 4);
     pl.splitlo = pl.splitq + align(gq * 4);
     pl.splithi = pl.splitlo + align(gq * 4);
-    pl.plan_bytes = pl.splithi + align(gq * 4);
+    pl.qoff = pl.splithi + align(gq * 4);
+    pl.mode = pl.qoff + align((gq + 1) * 4);
+    pl.counters_dev = pl.mode + align(gq);
+    pl.plan_bytes = pl.counters_dev + align(COUNTER_BYTES);
     lay.pord = align(pl.max_pieces * 4);
     lay.pscore = lay.pord + align(pl.max_pieces * k * 4);
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
@@ -283,36 +300,60 @@ pub(super) fn launch(
     let pl = part.planned.expect("a device-planned batch");
     let lay = &part.layout;
     let t_plan = std::time::Instant::now();
-    let d_in = ws.dev("bm25_in", part.in_bytes)?;
     let d_plan = ws.dev("bm25_plan", pl.plan_bytes)?;
     let d_out = ws.dev("bm25_out", part.out_bytes)?;
     let d_piece = ws.dev("bm25_piece", lay.piece_bytes)?;
     let cs = g.stream.cu_stream();
     let events = batch_events(g)?;
-    let p_counters = d_in + pl.counters as u64;
     let t_copy = std::time::Instant::now();
-    g.record(&events[0])?;
-    {
+    // Where the device reads the batch: the pinned buffer `stage` wrote, across the bus (its
+    // mapped address), or a copy of it on the device, queued here.
+    let p_in = if mapped() {
         let pin = ws
             .pin_in
-            .as_ref()
+            .as_mut()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        // SAFETY: `d_in` holds at least `in_bytes`; the pinned source, written by `stage`, is
-        // not touched again until the stream is synchronized.
-        unsafe {
-            result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
-                .map_err(drv("host-to-device copy"))?;
+        pin.device_ptr().ok()
+    } else {
+        None
+    };
+    part.copied_up = p_in.is_none();
+    let (p_in, p_qoff, p_mode, p_counters) = match p_in {
+        Some(p) => (
+            p,
+            d_plan + pl.qoff as u64,
+            d_plan + pl.mode as u64,
+            d_plan + pl.counters_dev as u64,
+        ),
+        None => {
+            let d_in = ws.dev("bm25_in", part.in_bytes)?;
+            g.record(&events[0])?;
+            let pin = ws
+                .pin_in
+                .as_ref()
+                .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
+            // SAFETY: `d_in` holds at least `in_bytes`; the pinned source, written by `stage`,
+            // is not touched again until the stream is synchronized.
+            unsafe {
+                result::memcpy_htod_async(d_in, &pin.as_slice()[..part.in_bytes], cs)
+                    .map_err(drv("host-to-device copy"))?;
+            }
+            (
+                d_in,
+                d_in,
+                d_in + pl.modes as u64,
+                d_in + pl.counters as u64,
+            )
         }
-    }
+    };
     t.queue_copy_ms += t_copy.elapsed().as_secs_f64() * 1e3;
     let gq32 = part.gq as u32;
     let k32 = c.k as u32;
     let n_index_terms = c.index.terms() as u32;
     let batch_mode = u32::from(mode_code(c.batch.mode));
     let (p_refs, p_term_floor) = tables;
-    let p_qoff = d_in;
-    let p_terms = d_in + pl.terms as u64;
-    let p_mode = d_in + pl.modes as u64;
+    let p_terms = p_in + pl.terms as u64;
+    let p_flag = p_in + pl.modes as u64;
     let p_lists = d_plan + pl.lists as u64;
     let p_floor = d_plan + pl.floors as u64;
     let p_items = d_plan + pl.items as u64;
@@ -336,24 +377,38 @@ pub(super) fn launch(
             .ok(),
         None => None,
     };
-    // The parameters of `bm25_plan` and `bm25_order` in kernels/bm25.cu: gq + 1 offsets over
-    // n_terms term ids (each checked against the index's term count on the device), gq
-    // modes; `refs` holds the index's terms' ListRefs, `term_floor` their floors at k (or
-    // null); the planning buffer holds n_terms lists, gq floors, cap_items = gq + 2 *
-    // max_pieces items and keys (a query adds at most 1 + pieces items, pieces within the
-    // budget), gq splits; the COUNTERS counters (cleared in the upload) lie in `d_in`, their
-    // host copy in as many pinned words; `d_out` holds gq answer counts (cleared by the
-    // plan); the piece region holds max_pieces completion counts at `lay.done` (a split
-    // query's, at its first piece slot, cleared by the plan).
-    let mut launches = vec![
+    // The parameters of `bm25_clear`, `bm25_plan` and `bm25_order` in kernels/bm25.cu: gq + 1
+    // offsets over n_terms term ids (each checked against the index's term count on the
+    // device) and gq unknown-term flags at `p_in` (the mapped pinned buffer, or its copy in
+    // `d_in`), copied into gq + 1 offsets at `p_qoff` and turned into gq modes at `p_mode`
+    // (the same places in a copy); `refs` holds the index's terms' ListRefs, `term_floor`
+    // their floors at k (or null); the planning buffer holds n_terms lists, gq floors,
+    // cap_items = gq + 2 * max_pieces items and keys (a query adds at most 1 + pieces
+    // items, pieces within the budget), gq splits; the COUNTERS counters (cleared in the
+    // upload, or by `bm25_clear`) lie at `p_counters`, their host copy in as many pinned
+    // words; `d_out` holds gq answer counts (cleared by the plan); the piece region holds
+    // max_pieces completion counts at `lay.done` (a split query's, at its first piece slot,
+    // cleared by the plan).
+    let mut launches = Vec::with_capacity(8);
+    if !part.copied_up {
+        launches.push(Launch {
+            f: f.clear.cu_function(),
+            grid: 1,
+            block: 32,
+            args: vec![p_counters.into(), (COUNTERS as u32).into()],
+        });
+    }
+    launches.extend([
         Launch {
             f: f.plan.cu_function(),
             grid: gq32.div_ceil(PLAN_THREADS),
             block: PLAN_THREADS,
             args: vec![
                 gq32.into(),
-                p_qoff.into(),
+                p_in.into(),
                 p_terms.into(),
+                p_flag.into(),
+                p_qoff.into(),
                 p_mode.into(),
                 batch_mode.into(),
                 n_index_terms.into(),
@@ -387,7 +442,7 @@ pub(super) fn launch(
                 counters_host.unwrap_or(0).into(),
             ],
         },
-    ];
+    ]);
     let (item_bound, split_bound) = bounds(part.on_device, pl.max_pieces);
     let rank = RankArgs {
         n_queries: gq32,
