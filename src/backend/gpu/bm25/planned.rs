@@ -1,11 +1,15 @@
 //! A batch planned on the device (the whole index resident): the host writes each query's
-//! term ids and mode (no lookups), and `bm25_plan` / `bm25_order` (kernels/bm25.cu) look the
+//! term ids and unknown-term flag into a page-locked buffer (no lookups), and `bm25_plan` /
+//! `bm25_order` (kernels/bm25.cu) read them there across the bus (or in a copy), look the
 //! lists up, take the floors, plan the pieces and order the items on the device.
 //!
 //! The host-staged path (`stage` in the parent) reads each term's list reference and floor
 //! and plans every query on the host: ~0.3-0.5 ms of a 10,000-query batch on the H100 host
 //! (cache misses into the term table), longer than AND's kernels. Here the host's share is a
-//! copy of the term ids. It does not wait for the plan: `bm25_topk` goes out on an upper
+//! copy of the term ids into that buffer and one graph launch (session 51, H200 hosts: the
+//! copy up queued beside it cost 0.010-0.017 ms of the host's time and the device's reads
+//! across the bus ~0.007 ms of the kernels'; `DFSETS_BM25_MAPPED_IN=0` queues the copy).
+//! It does not wait for the plan: `bm25_topk` goes out on an upper
 //! bound of blocks (the queries ranked plus the piece budget) and `bm25_merge` on a fixed
 //! number that stride over the split queries, both reading the plan's counts on the device;
 //! the host reads the counts after the batch's one wait (`settle`).
