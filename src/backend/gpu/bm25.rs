@@ -28,8 +28,8 @@ use datafusion::arrow::buffer::ScalarBuffer;
 use rayon::prelude::*;
 
 use super::cuda::{
-    DevBuf, Gpu, LentPinned, Pinned, Workspace, align, bytes_of, compile_module, drv, env_knob,
-    gpu, panic_message, source_from_env, view, view_mut,
+    DevBuf, Gpu, LentPinned, Workspace, align, bytes_of, compile_module, drv, env_knob, gpu,
+    panic_message, source_from_env, view, view_mut,
 };
 use super::graph::Launch;
 use super::{BM25_MAX_K, BM25_MAX_TERMS, Bm25Batch, Bm25Cpu, Bm25Output, Bm25Timings, GpuError};
@@ -1316,9 +1316,9 @@ fn lends(part: &Staged) -> bool {
 /// `Layout::pk_off`): the lent block or the workspace's pinned buffer.
 fn packed_region<'a>(ws: &'a Workspace, part: &Staged) -> Result<&'a [u8], GpuError> {
     let pin = if part.lent {
-        ws.pin_lent.as_ref().map(LentPinned::as_slice)
+        ws.pin_lent.as_ref().map(|b| b.as_slice())
     } else {
-        ws.pin_out.as_ref().map(Pinned::as_slice)
+        ws.pin_out.as_ref().map(|b| b.as_slice())
     };
     Ok(&pin.ok_or(GpuError::OutOfMemory("pinned allocation"))?[..part.down_bytes])
 }

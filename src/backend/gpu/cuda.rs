@@ -250,15 +250,16 @@ pub(super) fn free_pinned(ptr: *mut u8) {
     let _ = unsafe { result::free_host(ptr.cast()) };
 }
 
-/// A page-locked host allocation owned by the workspace.
-pub(super) struct Pinned {
+/// Page-locked host memory: where it lies, its size, and its device address once asked for.
+/// Owned by a [`Pinned`] (the workspace's, freed with it) or a [`LentPinned`] (pooled).
+pub(super) struct HostBlock {
     ptr: *mut u8,
     bytes: usize,
     /// Its device address, once asked for (0: not yet).
     dev: u64,
 }
 
-impl Pinned {
+impl HostBlock {
     pub(super) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `bytes` bytes of host memory owned by `self`, and the
         // exclusive borrow of `self` rules out any other view while the slice lives.
@@ -270,36 +271,48 @@ impl Pinned {
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
     }
 
-    /// The address through which kernels read and write this buffer across the bus (with
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The address through which kernels read and write this memory across the bus (with
     /// unified addressing, where every page-locked allocation is mapped, the host's own
-    /// address; asked of the driver once per allocation all the same).
+    /// address; asked of the driver once per allocation all the same). The context must be
+    /// bound to this thread.
     pub(super) fn device_ptr(&mut self) -> Result<u64, GpuError> {
         if self.dev == 0 {
-            // SAFETY: `ptr` is a live page-locked allocation of this context (`malloc_host`).
-            self.dev = unsafe { mapped_address(self.ptr) }?;
+            let mut d: sys::CUdeviceptr = 0;
+            // SAFETY: `ptr` is a live page-locked allocation of this process's context
+            // (`malloc_host`); the driver writes one address into `d`.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr.cast(), 0) }
+                .result()
+                .map_err(drv("mapped host pointer"))?;
+            self.dev = d;
         }
         Ok(self.dev)
     }
 }
 
-/// The device's address of a page-locked host allocation (the driver's answer; with unified
-/// addressing, the host's own address).
-///
-/// # Safety
-/// `ptr` must be a live page-locked allocation of the bound context.
-unsafe fn mapped_address(ptr: *mut u8) -> Result<u64, GpuError> {
-    let mut d: sys::CUdeviceptr = 0;
-    // SAFETY: the caller's contract; the driver writes one address into `d`.
-    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr.cast(), 0) }
-        .result()
-        .map_err(drv("mapped host pointer"))?;
-    Ok(d)
+/// A page-locked host allocation owned by the workspace.
+pub(super) struct Pinned(HostBlock);
+
+impl std::ops::Deref for Pinned {
+    type Target = HostBlock;
+    fn deref(&self) -> &HostBlock {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Pinned {
+    fn deref_mut(&mut self) -> &mut HostBlock {
+        &mut self.0
+    }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `malloc_host` and is freed once.
-        let _ = unsafe { result::free_host(self.ptr.cast()) };
+        let _ = unsafe { result::free_host(self.0.ptr.cast()) };
     }
 }
 
@@ -315,12 +328,7 @@ static LENT_POOL: Mutex<Vec<(usize, usize, u64)>> = Mutex::new(Vec::new());
 /// they are, with no host copy (a fresh `Vec` of that size costs its page faults: ~10 ms for
 /// 110 MB of results). Dropping the last buffer that holds it puts the block back in
 /// [`LENT_POOL`] for a later batch.
-pub(super) struct LentPinned {
-    ptr: *mut u8,
-    bytes: usize,
-    /// Its device address, once asked for (0: not yet); kept with the block in the pool.
-    dev: u64,
-}
+pub(super) struct LentPinned(HostBlock);
 
 // SAFETY: the block is plain host memory owned by this value; Arrow only reads it through
 // the buffers it lends, after the device's writes into it have completed.
@@ -328,6 +336,19 @@ unsafe impl Send for LentPinned {}
 // SAFETY: as above; shared access is read-only.
 unsafe impl Sync for LentPinned {}
 impl std::panic::RefUnwindSafe for LentPinned {}
+
+impl std::ops::Deref for LentPinned {
+    type Target = HostBlock;
+    fn deref(&self) -> &HostBlock {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LentPinned {
+    fn deref_mut(&mut self) -> &mut HostBlock {
+        &mut self.0
+    }
+}
 
 impl LentPinned {
     /// A block of at least `bytes` bytes: a pooled one not more than twice as large (plus
@@ -343,44 +364,19 @@ impl LentPinned {
                 .map(|(i, _)| i)
         {
             let (ptr, bytes, dev) = pool.swap_remove(i);
-            return Ok(LentPinned {
+            return Ok(LentPinned(HostBlock {
                 ptr: ptr as *mut u8,
                 bytes,
                 dev,
-            });
+            }));
         }
         let grown = bytes + bytes / 4;
         let ptr = alloc_pinned(grown).ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        Ok(LentPinned {
+        Ok(LentPinned(HostBlock {
             ptr,
             bytes: grown,
             dev: 0,
-        })
-    }
-
-    pub(super) fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` points to `bytes` bytes owned by `self`; exclusive while borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
-    }
-
-    pub(super) fn as_slice(&self) -> &[u8] {
-        // SAFETY: as in `as_mut_slice`, shared.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
-    }
-
-    /// The address through which kernels write this block across the bus (as
-    /// [`Pinned::device_ptr`]; the context bound to this thread).
-    pub(super) fn device_ptr(&mut self) -> Result<u64, GpuError> {
-        if self.dev == 0 {
-            // SAFETY: `ptr` is a live page-locked allocation of this process's context
-            // (`alloc_pinned`).
-            self.dev = unsafe { mapped_address(self.ptr) }?;
-        }
-        Ok(self.dev)
+        }))
     }
 
     /// An Arrow buffer over `len` bytes of the block from byte `at`, holding the block.
@@ -405,14 +401,15 @@ impl LentPinned {
 
 impl Drop for LentPinned {
     fn drop(&mut self) {
+        let (ptr, bytes, dev) = (self.0.ptr, self.0.bytes, self.0.dev);
         if let Ok(mut pool) = LENT_POOL.lock() {
             let idle: usize = pool.iter().map(|(_, b, _)| b).sum();
-            if idle + self.bytes <= LENT_POOL_BYTES {
-                pool.push((self.ptr as usize, self.bytes, self.dev));
+            if idle + bytes <= LENT_POOL_BYTES {
+                pool.push((ptr as usize, bytes, dev));
                 return;
             }
         }
-        free_pinned(self.ptr);
+        free_pinned(ptr);
     }
 }
 
@@ -574,11 +571,11 @@ impl Workspace {
             }
             // SAFETY: plain page-locked allocation; the context is bound by the caller.
             let ptr = unsafe { result::malloc_host(grown, 0) }.map_err(drv("pinned allocation"))?;
-            *slot = Some(Pinned {
+            *slot = Some(Pinned(HostBlock {
                 ptr: ptr.cast(),
                 bytes: grown,
                 dev: 0,
-            });
+            }));
         }
         slot.as_mut()
             .ok_or(GpuError::OutOfMemory("pinned allocation"))
