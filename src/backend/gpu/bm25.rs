@@ -842,6 +842,12 @@ struct Staged {
 }
 
 impl Staged {
+    /// Every query on the device, each in the slot of its batch index (a device-planned batch
+    /// with no query left to the CPU): the packed answers are the result's layout.
+    fn in_batch_order(&self) -> bool {
+        self.planned.is_some() && self.cpu_q.is_empty() && self.gq == self.slot.len()
+    }
+
     /// A batch of `nq` queries, `gq` of them for the device, nothing placed or laid out yet.
     fn new(nq: usize, gq: usize) -> Self {
         Staged {
@@ -1306,10 +1312,7 @@ fn packed_on_host(ws: &mut Workspace, part: &mut Staged) -> Result<Option<u64>, 
 /// (`DFSETS_BM25_LEND=0`: copied out of the workspace's buffer instead).
 fn lends(part: &Staged) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_knob("DFSETS_BM25_LEND", 1) == 1)
-        && part.planned.is_some()
-        && part.cpu_q.is_empty()
-        && part.gq == part.slot.len()
+    *ON.get_or_init(|| env_knob("DFSETS_BM25_LEND", 1) == 1) && part.in_batch_order()
 }
 
 /// The host's copy of a batch's packed answers (`part.down_bytes` bytes laid out from
@@ -1612,22 +1615,21 @@ fn unpack(
     let dev_hits = off[gq] as usize;
     if part.lent && gq > 0 {
         // The hits stay where the device wrote them.
-        let hits = dev_hits;
         let offsets = off.iter().map(|&o| o as usize).collect();
         let block = Arc::new(ws.pin_lent.take().expect("a lent batch holds its block"));
         // SAFETY: `d0` and `s0` are 256-byte aligned offsets into the block, where the
-        // device wrote `hits` doc ids and scores (within gq * k each: checked above); the
+        // device wrote `dev_hits` doc ids and scores (within gq * k each: checked above); the
         // stream is synchronized and the block left the workspace, so nothing writes it.
         let (docs, scores) = unsafe {
             (
-                LentPinned::buffer(&block, d0, hits * 4),
-                LentPinned::buffer(&block, s0, hits * 8),
+                LentPinned::buffer(&block, d0, dev_hits * 4),
+                LentPinned::buffer(&block, s0, dev_hits * 8),
             )
         };
         return Ok(Ranked {
             offsets,
-            docs: ScalarBuffer::new(docs, 0, hits),
-            scores: ScalarBuffer::new(scores, 0, hits),
+            docs: ScalarBuffer::new(docs, 0, dev_hits),
+            scores: ScalarBuffer::new(scores, 0, dev_hits),
         });
     }
     let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
@@ -1662,9 +1664,8 @@ fn unpack(
             }
         }));
     }
-    if part.cpu_q.is_empty() && gq == part.slot.len() && part.planned.is_some() {
-        // Every query on the device, each in the slot of its batch index (a device-planned
-        // batch): the packed layout is the answer's. (Past `unpack_seq_max` hits, the parallel
+    if part.in_batch_order() {
+        // The packed layout is the answer's. (Past `unpack_seq_max` hits, the parallel
         // fill above: one thread copying OR k 100's 835,000 hits took 4.9-5.4 ms on an H100
         // host, the fill 1.0-2.6.)
         return Ok(Ranked {

@@ -18,7 +18,7 @@
 
 use cudarc::driver::result;
 
-use super::super::cuda::{DevBuf, Gpu, Workspace, align, bytes_of, drv, view, view_mut};
+use super::super::cuda::{DevBuf, Gpu, Workspace, align, bytes_of, drv, env_knob, view, view_mut};
 use super::super::graph::Launch;
 use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
 use super::{
@@ -33,7 +33,7 @@ use crate::search::topk::Mode;
 /// (`DFSETS_BM25_MAPPED_IN`, default on; 0: the copy).
 fn mapped() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::super::cuda::env_knob("DFSETS_BM25_MAPPED_IN", 1) == 1)
+    *ON.get_or_init(|| env_knob("DFSETS_BM25_MAPPED_IN", 1) == 1)
 }
 
 /// Whether batches go through this path when the whole index is resident
