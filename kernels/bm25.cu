@@ -749,20 +749,32 @@ __device__ __forceinline__ void lower_bounds(const u32* __restrict__ a, u32 (&b)
     }
 }
 
-// A long item whose lead holds few candidates in the block's range (at most THREADS) and
-// whose searches (candidates times the other lists) fit in AND_FENCE: every search at once,
-// one per (candidate, list) slot, AND_G slots a thread side by side, each a lower bound over
-// the list's whole range in the block (no fence: the searches of one list share their first
-// halvings, which stay in L1). Each slot leaves the posting it found (or NO_POS) in
-// sh.fence[candidate * (m - 1) + list]; then each candidate's thread adds its impacts in
-// slot order, as `and_phase_wide` does, and offers the matches in one slice. `and_phase_wide`
+// A long item whose lead holds few candidates in the block's range (at most THREADS):
+// every (candidate, list) search at once, in rounds of the lists. A round takes as many of
+// the other lists, in slot order, as its slots allow (`small_lists`: nc * lists <= G *
+// THREADS and <= AND_FENCE), one search per (candidate, list) slot, AND_G slots a thread side
+// by side, each a lower bound over the list's whole range in the block (no fence: the
+// searches of one list share their first halvings, which stay in L1). Each slot leaves the
+// posting it found (or NO_POS) in sh.fence[candidate * lists + list - first]; then each
+// candidate's thread adds the round's impacts (and the lead's, at its place) in slot order,
+// so the sum is `and_phase_wide`'s, and the next round reuses the fence. `and_phase_wide`
 // searches the lists one after the other, a chain of dependent loads per list: an item of 11
 // lists and 100 candidates took 40 µs there (H200 trace, session 49). AND_SMALL: the fewest
-// lists an item needs to take this path (0: never).
+// lists an item needs to take this path (0: never); AND_SMALL_ROUNDS: the most rounds (1:
+// only items whose searches fit one round, session 50's rule).
 #ifndef AND_SMALL
 #define AND_SMALL 3
 #endif
+#ifndef AND_SMALL_ROUNDS
+#define AND_SMALL_ROUNDS 4
+#endif
 #define NO_POS 0xffffffffu
+
+// Lists a round of `and_small` searches for nc candidates (0: nc too many for one list).
+__device__ __forceinline__ u32 small_lists(u32 nc) {
+    const u32 slots = AND_G * THREADS < AND_FENCE ? AND_G * THREADS : AND_FENCE;
+    return nc == 0 ? 0u : slots / nc;
+}
 
 __device__ void and_small(SharedAnd& sh, u32 m, u32 k, u32 lead, const u32* __restrict__ post_ord,
                           const double* __restrict__ post_imp,
@@ -771,79 +783,85 @@ __device__ void and_small(SharedAnd& sh, u32 m, u32 k, u32 lead, const u32* __re
     const u32 tid = threadIdx.x;
     const u32 others = m - 1;
     const u32 c0 = sh.beg[lead];
-    const u32 nc = sh.ll[lead] - c0;  // candidates: nc <= THREADS, nc * others <= AND_FENCE
+    const u32 nc = sh.ll[lead] - c0;  // candidates: 1 <= nc <= THREADS, small_lists(nc) >= 1
     const u64 lead_at = sh.ls[lead] + c0;
-    const u32 slots = nc * others;
-    // Slot t = g * THREADS + tid: candidate t / others, list t % others (past the lead).
-    u32 b[G], n[G], x[G];
-    const u32* a[G];
-#pragma unroll
-    for (u32 g = 0; g < G; g++) {
-        const u32 t = g * THREADS + tid;
-        const bool live = t < slots;
-        const u32 c = live ? t / others : 0u;
-        const u32 j0 = live ? t % others : 0u;
-        const u32 j = j0 < lead ? j0 : j0 + 1;
-        a[g] = post_ord + sh.ls[j];
-        b[g] = sh.beg[j];
-        n[g] = live ? sh.ll[j] - sh.beg[j] : 0u;
-        x[g] = live ? post_ord[lead_at + c] : 0u;
-    }
-    // Branch-free lower bounds of x in a[b, b + n), all of a thread's at once: each step
-    // halves every window still longer than one.
-    for (;;) {
-        bool more = false;
-        u32 v[G];
-#pragma unroll
-        for (u32 g = 0; g < G; g++) {
-            more |= n[g] > 1;
-            v[g] = n[g] > 1 ? a[g][b[g] + (n[g] >> 1) - 1] : 0u;
-        }
-        if (!more) break;
-#pragma unroll
-        for (u32 g = 0; g < G; g++) {
-            if (n[g] > 1) {
-                const u32 half = n[g] >> 1;
-                b[g] = v[g] < x[g] ? b[g] + half : b[g];
-                n[g] -= half;
-            }
-        }
-    }
-    // The window is one posting (or none): the candidate's posting if it is there.
-#pragma unroll
-    for (u32 g = 0; g < G; g++) {
-        const u32 t = g * THREADS + tid;
-        if (t < slots) {
-            const u32 j0 = t % others;
-            const u32 j = j0 < lead ? j0 : j0 + 1;
-            const u32 end = sh.ll[j];
-            u32 pos = b[g];
-            if (n[g] == 1 && a[g][pos] < x[g]) pos++;
-            sh.fence[t] = n[g] != 0 && pos < end && a[g][pos] == x[g] ? pos : NO_POS;
-        }
-    }
-    __syncthreads();
-    bool ok = tid < nc;
+    const u32 per = small_lists(nc);
+    const bool mine = tid < nc;  // this thread's candidate: lead_at + tid
+    bool ok = mine;
     double s = 0.0;
-    u32 ord = 0;
-    if (ok) {
-        ord = post_ord[lead_at + tid];
-        for (u32 j = 0; j < m && ok; j++) {  // slot order (the sum's)
-            if (j == lead) {
-                s += post_imp[lead_at + tid];
-                continue;
+    for (u32 first = 0; first < others; first += per) {
+        const u32 lists = others - first < per ? others - first : per;
+        const u32 slots = nc * lists;
+        // Slot t = g * THREADS + tid: candidate t / lists, list first + t % lists (past the
+        // lead).
+        u32 b[G], n[G], x[G];
+        const u32* a[G];
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            const u32 t = g * THREADS + tid;
+            const bool live = t < slots;
+            const u32 c = live ? t / lists : 0u;
+            const u32 j0 = first + (live ? t % lists : 0u);
+            const u32 j = j0 < lead ? j0 : j0 + 1;
+            a[g] = post_ord + sh.ls[j];
+            b[g] = sh.beg[j];
+            n[g] = live ? sh.ll[j] - sh.beg[j] : 0u;
+            x[g] = live ? post_ord[lead_at + c] : 0u;
+        }
+        // Branch-free lower bounds of x in a[b, b + n), all of a thread's at once: each step
+        // halves every window still longer than one.
+        for (;;) {
+            bool more = false;
+            u32 v[G];
+#pragma unroll
+            for (u32 g = 0; g < G; g++) {
+                more |= n[g] > 1;
+                v[g] = n[g] > 1 ? a[g][b[g] + (n[g] >> 1) - 1] : 0u;
             }
-            const u32 pos = sh.fence[tid * others + (j < lead ? j : j - 1)];
+            if (!more) break;
+#pragma unroll
+            for (u32 g = 0; g < G; g++) {
+                if (n[g] > 1) {
+                    const u32 half = n[g] >> 1;
+                    b[g] = v[g] < x[g] ? b[g] + half : b[g];
+                    n[g] -= half;
+                }
+            }
+        }
+        // The window is one posting (or none): the candidate's posting if it is there.
+#pragma unroll
+        for (u32 g = 0; g < G; g++) {
+            const u32 t = g * THREADS + tid;
+            if (t < slots) {
+                const u32 j0 = first + t % lists;
+                const u32 j = j0 < lead ? j0 : j0 + 1;
+                const u32 end = sh.ll[j];
+                u32 pos = b[g];
+                if (n[g] == 1 && a[g][pos] < x[g]) pos++;
+                sh.fence[t] = n[g] != 0 && pos < end && a[g][pos] == x[g] ? pos : NO_POS;
+            }
+        }
+        __syncthreads();
+        // The round's lists in slot order, the lead's impact at its place (before the list
+        // past it, or after the last list when it is the last).
+        for (u32 i = 0; i < lists && ok; i++) {
+            const u32 j0 = first + i;
+            if (j0 == lead) s += post_imp[lead_at + tid];
+            const u32 j = j0 < lead ? j0 : j0 + 1;
+            const u32 pos = sh.fence[tid * lists + i];
             if (pos == NO_POS) {
                 ok = false;
             } else {
                 s += post_imp[sh.ls[j] + pos];
             }
         }
+        __syncthreads();  // the fence is the next round's
     }
+    if (ok && lead == others) s += post_imp[lead_at + tid];
     room(sh, k);
     if (ok) {
         atomicAdd(&sh.matches, 1u);
+        const u32 ord = post_ord[lead_at + tid];
         if (ord_static) s += ord_static[ord];
         offer(sh, s, ord);
     }
@@ -860,7 +878,8 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
     const u64 lead_at = sh.ls[lead];
     if (AND_SMALL != 0 && m >= AND_SMALL) {  // block-uniform
         const u32 nc = n - sh.beg[lead];
-        if (nc <= THREADS && nc * (m - 1) <= G * THREADS && nc * (m - 1) <= AND_FENCE) {
+        const u32 per = small_lists(nc);
+        if (nc <= THREADS && per != 0 && m - 1 <= per * AND_SMALL_ROUNDS) {
             and_small(sh, m, k, lead, post_ord, post_imp, ord_static);
             return;
         }
@@ -1229,6 +1248,10 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
 #ifndef AND2_PIECE
 #define AND2_PIECE 1024
 #endif
+// The most lists of an AND query cut every AND2_PIECE candidates (below).
+#ifndef AND_CUT_LISTS
+#define AND_CUT_LISTS 2
+#endif
 
 // A query the device leaves unranked (q_mode): no terms under its mode's rule, or ranked on
 // the CPU. Its answer count stays as the host cleared it (0); it has no items.
@@ -1354,7 +1377,7 @@ extern "C" __global__ void bm25_plan(
         // offers of a dense intersection), where the work above prices them as a few-list
         // query's searches (H200 trace, session 49: 3,626 candidates, unsplit, the AND batch's
         // last block at 56 µs). The host-staged path's `plan` does not cut them.
-        if (mode == 0 && m == 2 && AND2_PIECE != 0) {
+        if (mode == 0 && m >= 2 && m <= AND_CUT_LISTS && AND2_PIECE != 0) {
             const u64 p2 = (shortest + AND2_PIECE - 1) / AND2_PIECE;
             p = p2 > p ? p2 : p;
         }

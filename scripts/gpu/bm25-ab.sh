@@ -4,7 +4,8 @@
 # by scripts/gpu/build.sh from an earlier commit) and of this one, alternated ROUNDS times
 # (default 2), on the same data, so that two commits are compared on one machine in one call.
 # VARIANTS="DFSETS_GPU_GRAPH=0 ...": in each round the new binary runs again once per entry,
-# with that variable set (a knob of the new code against its default, in the same rounds).
+# with that variable set (a knob of the new code against its default, in the same rounds);
+# "A=1,B=2" sets both.
 # Results: $OUT/bench_bm25_ab_<round>_<base|new|variant>.txt.
 set -uo pipefail
 carry=${CARRY:-carry/gpu}
@@ -18,8 +19,8 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
         bin=/tmp/gpubin/gpu_bm25
         [ "$which" = base ] && bin=/tmp/gpubin-base/gpu_bm25
         env=(DFSETS_REQUIRE_GPU=1)
-        case "$which" in *=*) env+=("$which") ;; esac
-        tag=$(echo "$which" | tr '=/.' '___')
+        case "$which" in *=*) IFS=, read -r -a kv <<<"$which"; env+=("${kv[@]}") ;; esac
+        tag=$(echo "$which" | tr '=/.,' '____')
         echo "== topk_bm25 benchmark, round $round, $which"
         env "${env[@]}" DFSETS_BENCH_DATA="$carry/bench-data" \
             DFSETS_BENCH_OUT="$out/bench_bm25_ab_${round}_$tag.txt" \

@@ -256,9 +256,13 @@ fn compile_options() -> Vec<String> {
         }),
         knob("AND_MIN_BLOCKS", &|t| (1..=8).contains(&t)),
         // AND items of few candidates searched in every list at once from this many lists
-        // (0: never); two-list AND queries cut every AND2_PIECE candidates (0: by work only).
+        // (0: never), in at most AND_SMALL_ROUNDS rounds of lists; two-list AND queries cut
+        // every AND2_PIECE candidates (0: by work only).
         knob("AND_SMALL", &|t| t <= 64),
+        knob("AND_SMALL_ROUNDS", &|t| (1..=64).contains(&t)),
         knob("AND2_PIECE", &|t| t <= 1 << 20),
+        // AND queries of up to AND_CUT_LISTS lists cut so (default 2).
+        knob("AND_CUT_LISTS", &|t| (2..=64).contains(&t)),
         // Diagnostics: the ranking blocks' timeline (`bm25_trace_take`).
         (std::env::var("DFSETS_BM25_TRACE").as_deref() == Ok("1")).then(|| "-DBM25_TRACE".into()),
     ]
