@@ -32,7 +32,8 @@ g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -o "$dir/bm25-check" bm25_c
 # harness's lists are shorter), `bm25_topk_and`'s of 4 entries (strides of several postings)
 # and chunks of two candidates a thread; two-list AND queries of the device's plan cut every
 # 64 candidates (the device: 1,024); the answers packed by at most 3 blocks instead of 64
-# (each block then scans several chunks of 256 queries in the pack suite's larger batches).
+# (each block then scans several chunks of 256 queries in the pack suite's larger batches);
+# the plan looking terms up two at a time (the device: 8), so that queries take several steps.
 echo "bm25 top-k, AND through fences from 16 postings, packing by at most 3 blocks"
-g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -DFENCE_MIN=16 -DAND_FENCE=4 -DAND_G=2 -DAND2_PIECE=64 -DPACK_BLOCKS=3 -o "$dir/bm25-fence-check" bm25_check.cpp
+g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -DFENCE_MIN=16 -DAND_FENCE=4 -DAND_G=2 -DAND2_PIECE=64 -DPACK_BLOCKS=3 -DPLAN_CHUNK=2 -o "$dir/bm25-fence-check" bm25_check.cpp
 "$dir/bm25-fence-check"

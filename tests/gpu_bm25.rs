@@ -481,10 +481,14 @@ fn read_parquet(path: &str, columns: &[&str]) -> Vec<RecordBatch> {
         .collect()
 }
 
+/// Places at the end of the trace that hold the kernels' spans (`TRACE_KERNELS` in bm25.cu).
+const TRACE_KERNELS: usize = 8;
+
 /// With `DFSETS_BM25_TRACE=1` (kernels compiled with their timeline, `gpu::bm25_trace_take`):
 /// one more device-planned call of the batch, and each ranking block's (or short item's warp's)
 /// start and end, query, kind and multiprocessor, with the query's lists and shortest list, to
-/// `$DFSETS_BENCH_OUT.trace_<tag>.csv` (times in ns from the first start).
+/// `$DFSETS_BENCH_OUT.trace_<tag>.csv` (times in ns from the first start), and each kernel's
+/// span (its blocks' first start and last end) to `...trace_<tag>.kernels.csv`.
 fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &InvertedIndex) {
     if std::env::var("DFSETS_BM25_TRACE").as_deref() != Ok("1") {
         return;
@@ -493,12 +497,23 @@ fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &Inve
     gpu::bm25_trace_take().unwrap();
     std::hint::black_box(call());
     let trace = gpu::bm25_trace_take().unwrap();
+    // The last places hold the kernels' spans (`KernelSpan` in bm25.cu: the start
+    // complemented), the others the blocks'.
+    let (trace, kernels) = trace.split_at(trace.len().saturating_sub(TRACE_KERNELS));
     let t0 = trace
         .iter()
         .filter(|e| e[0] != 0)
         .map(|e| e[0])
+        .chain(kernels.iter().filter(|e| e[0] != 0).map(|e| !e[0]))
         .min()
         .unwrap_or(0);
+    let path = std::env::var("DFSETS_BENCH_OUT").unwrap_or_else(|_| "bench".into());
+    let names = ["clear", "plan", "order", "rank", "pack", "merge", "-", "-"];
+    let mut spans = String::from("kernel,start_ns,end_ns\n");
+    for (i, e) in kernels.iter().rev().enumerate().filter(|(_, e)| e[0] != 0) {
+        spans += &format!("{},{},{}\n", names[i], !e[0] - t0, e[1] - t0);
+    }
+    std::fs::write(format!("{path}.trace_{tag}.kernels.csv"), spans).unwrap();
     let mut csv = String::from("pos,start_ns,end_ns,q,kind,sm,lists,shortest\n");
     for (pos, e) in trace.iter().enumerate().filter(|(_, e)| e[0] != 0) {
         let q = (e[2] & 0xffff_ffff) as usize;
@@ -517,7 +532,6 @@ fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &Inve
             ids.len()
         );
     }
-    let path = std::env::var("DFSETS_BENCH_OUT").unwrap_or_else(|_| "bench".into());
     std::fs::write(format!("{path}.trace_{tag}.csv"), csv).unwrap();
 }
 
