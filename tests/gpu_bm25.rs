@@ -639,7 +639,7 @@ fn bench_gpu_bm25() {
          share; unpack = results into the output layout; launch = queueing copies and launches; \
          inside = the whole of bm25_topk\n\
          plan = (device-planned) queueing the copy up, the planning and the ranking launches (no wait), part of launch\n\
-         copy / modes = (device-planned) the parts of fill that copy the term ids and offsets / set each query's mode and place\n\
+         copy / modes = (device-planned) the parts of fill that write the term ids, offsets and flags (counting the queries) / pick the queries left to the CPU\n\
          copy up / submit = the parts of launch that queue the copy up (and its event) / the kernels (a graph launch)\n\
          | mode | k | call | inside | lookup | fill (copy / modes) | sort | launch (copy up / submit) | plan | wait (kernel) | cpu | unpack | on GPU (calls through a kernel graph) |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",

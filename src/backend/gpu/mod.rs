@@ -313,9 +313,11 @@ pub struct Bm25Timings {
     pub lookup_ms: f64,
     /// Part of `stage_ms`: writing the upload buffer (pinned): places, modes, lists.
     pub fill_ms: f64,
-    /// Part of `fill_ms`, a device-planned batch: the term ids and offsets copied into it.
+    /// Part of `fill_ms`, a device-planned batch: the term ids, offsets and flags written
+    /// into it (and the queries counted, in the offsets' pass).
     pub copy_ms: f64,
-    /// Part of `fill_ms`, a device-planned batch: each query's mode and place.
+    /// Part of `fill_ms`, a device-planned batch: the queries left to the CPU picked (each
+    /// query's mode and place, host-planned).
     pub modes_ms: f64,
     /// Part of `stage_ms`: the blocks' items and their order (longest first).
     pub sort_ms: f64,

@@ -169,16 +169,31 @@ pub(super) fn stage(
             part.in_bytes + part.items_bytes + part.down_bytes
         )));
     }
-    // The offsets as the device reads them (u32), in ordinary memory: the counting pass reads
-    // them back (reads of the pinned buffer the host had just written were slow on the GPU
-    // hosts, session 49), then one copy into the pinned buffer.
+    let in_bytes = part.in_bytes;
+    let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
+    let (head, tail) = pin.split_at_mut(pl.modes);
+    let (modes_b, counters_b) = tail.split_at_mut(pl.counters - pl.modes);
+    counters_b.fill(0);
+    let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
+    // The offsets written as the device reads them (u32) and the queries counted in one pass,
+    // from the same values (nothing read back from the pinned buffer: such reads were slow on
+    // the GPU hosts, session 49). A vector of u32 offsets, a count over it and its copy:
+    // 12.5-17.6 µs for 10,000 queries against 9.5-12.2 for this pass (a microbenchmark on
+    // this machine's Zen 5, caches cold; session 52).
     let t_copy = std::time::Instant::now();
-    let off32: Vec<u32> = offsets.iter().map(|&o| o as u32).collect();
-    t.copy_ms += ms(t_copy);
-    let t_modes = std::time::Instant::now();
     let unknown = batch.queries.unknown_flags();
-    let (ranked, long) = query_counts(&off32, unknown, batch.mode);
-    t.modes_ms += ms(t_modes);
+    let (ranked, long) = offsets_and_counts(
+        offsets,
+        unknown,
+        batch.mode,
+        &mut view_mut::<u32>(qoff_b)[..gq + 1],
+    );
+    view_mut::<u32>(terms_b)[..n_terms].copy_from_slice(ids);
+    // Each query's unknown-term flag, which `bm25_plan` turns into its mode in place.
+    for (m, &u) in modes_b[..gq].iter_mut().zip(unknown) {
+        *m = u8::from(u);
+    }
+    t.copy_ms += ms(t_copy);
     // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
     // answers (10,000 queries split 105 pieces under AND, 1,509 under OR at k 10). Every slot
     // is a block of `bm25_topk` launched, most of them returning at once.
@@ -204,20 +219,6 @@ pub(super) fn stage(
     lay.and = lay.pscore + align(pl.max_pieces * k * 8);
     lay.done = lay.and + align(gq * 4);
     lay.piece_bytes = lay.done + align(pl.max_pieces * 4);
-    let in_bytes = part.in_bytes;
-    let pin = &mut Workspace::pinned(&mut ws.pin_in, in_bytes)?.as_mut_slice()[..in_bytes];
-    let (head, tail) = pin.split_at_mut(pl.modes);
-    let (modes_b, counters_b) = tail.split_at_mut(pl.counters - pl.modes);
-    counters_b.fill(0);
-    let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
-    let t_copy = std::time::Instant::now();
-    view_mut::<u32>(terms_b)[..n_terms].copy_from_slice(ids);
-    view_mut::<u32>(qoff_b)[..gq + 1].copy_from_slice(&off32);
-    // Each query's unknown-term flag, which `bm25_plan` turns into its mode in place.
-    for (m, &u) in modes_b[..gq].iter_mut().zip(unknown) {
-        *m = u8::from(u);
-    }
-    t.copy_ms += ms(t_copy);
     // The rare query past BM25_MAX_TERMS goes to the CPU. (The counts above: one pass without
     // data-dependent branches. Session 43, H200 host, 10,000 AND queries: a pass through
     // `terms(i)` / `mode(i)`, branching on each query's empty term list, took 0.13-0.15 ms.)
@@ -262,21 +263,32 @@ pub(super) fn stage(
     Ok(part)
 }
 
-/// How many of the batch's queries the device ranks (1 ..= [`BM25_MAX_TERMS`] terms under the
-/// batch's rules: [`Bm25Batch::terms`]; `bm25_plan` gives the others `MODE_NONE`) and how many
-/// have too many terms (the CPU ranks those), from the batch's offsets as the device's u32
-/// and its unknown-term flags: 32-bit lanes without data-dependent branches, which the
-/// compiler vectorizes (10,000 queries: ~4 µs on this machine's Zen 5, where a pass over the
-/// 64-bit offsets took 13).
+/// Writes the batch's offsets `off` (n + 1 of them, each below 2^32) into `out` as the
+/// device's u32, and counts how many of the batch's queries the device ranks (1 ..=
+/// [`BM25_MAX_TERMS`] terms under the batch's rules: [`Bm25Batch::terms`]; `bm25_plan` gives
+/// the others `MODE_NONE`) and how many have too many terms (the CPU ranks those), from the
+/// same values and the unknown-term flags: 32-bit lanes without data-dependent branches.
 ///
 /// [`Bm25Batch::terms`]: super::super::Bm25Batch::terms
-fn query_counts(off: &[u32], unknown: &[bool], batch_mode: Mode) -> (usize, usize) {
+fn offsets_and_counts(
+    off: &[usize],
+    unknown: &[bool],
+    batch_mode: Mode,
+    out: &mut [u32],
+) -> (usize, usize) {
     let n = unknown.len();
-    let (lo, hi) = (&off[..n], &off[1..=n]);
+    out[0] = off[0] as u32;
     let drop_unknown = u8::from(batch_mode == Mode::And);
     let max = BM25_MAX_TERMS as u32;
     let (mut ranked, mut long) = (0u32, 0u32);
-    for ((&a, &b), &unk) in lo.iter().zip(hi).zip(unknown) {
+    for (((&a, &b), w), &unk) in off[..n]
+        .iter()
+        .zip(&off[1..=n])
+        .zip(&mut out[1..=n])
+        .zip(unknown)
+    {
+        let (a, b) = (a as u32, b as u32);
+        *w = b;
         // All ones unless the query's unknown term empties it (AND).
         let keep = 0u32.wrapping_sub(u32::from((u8::from(unk) & drop_unknown) ^ 1));
         let terms = b.wrapping_sub(a) & keep;
@@ -564,7 +576,8 @@ mod tests {
     use crate::search::queries::{Queries, QueryTerms};
 
     proptest::proptest! {
-        /// The branch-free counts say what `Bm25Batch::terms` says, query by query.
+        /// The branch-free counts say what `Bm25Batch::terms` says, query by query, and the
+        /// offsets are written as they are.
         #[test]
         fn query_counts_follow_the_batch_rules(
             qs in proptest::collection::vec((0usize..70, proptest::bool::ANY), 0..200),
@@ -576,8 +589,11 @@ mod tests {
                 .collect();
             let mode = [Mode::And, Mode::Or, Mode::AndOr][mode];
             let batch = Bm25Batch { queries: &queries, mode };
-            let off: Vec<u32> = queries.offsets().iter().map(|&o| o as u32).collect();
-            let (ranked, long) = query_counts(&off, queries.unknown_flags(), mode);
+            let mut off = vec![u32::MAX; batch.len() + 1];
+            let (ranked, long) =
+                offsets_and_counts(queries.offsets(), queries.unknown_flags(), mode, &mut off);
+            let want_off: Vec<u32> = queries.offsets().iter().map(|&o| o as u32).collect();
+            proptest::prop_assert_eq!(&off, &want_off);
             let (mut want_ranked, mut want_long) = (0, 0);
             for i in 0..batch.len() {
                 let n = batch.terms(i).len();
