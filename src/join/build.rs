@@ -1,26 +1,28 @@
-//! The build of the similarity join ([`Collections::build`]), once per query, on up to
-//! `threads` cores (the session's `target_partitions`, so `target_partitions = 1` builds on
-//! one core):
+//! The build of the similarity join ([`Collections::build`]), once per query. Its parallel
+//! steps are cut for `threads` threads (the session's `target_partitions`) and run by the
+//! join's read tasks, on the threads they read on ([`Crew`]: the last reader leads, the others
+//! take pieces), so `target_partitions = 1` builds on one core:
 //! 1. every non-NULL, non-empty list becomes a set (sorted, deduplicated, NULL elements
-//!    dropped), in pieces of [`PIECE_ROWS`] rows built in parallel; empty sets are dropped
-//!    (when an input is read by as many tasks as the build has threads, each task does this
-//!    for its batches as they come: [`prepare`]);
+//!    dropped), in pieces of [`PIECE_ROWS`] rows; empty sets are dropped (when an input is
+//!    read by as many tasks as the build has threads, each task does this for its batches as
+//!    they come: [`prepare`]);
 //! 2. tokens are renamed to ranks by increasing global frequency (over both inputs; ties by
-//!    value): per-thread histograms summed (or one shared atomic histogram when per-thread
-//!    ones would outweigh the data), a parallel sort of the distinct tokens;
+//!    value): one histogram per group of pieces, summed in slices of the value range (or one
+//!    shared atomic histogram when per-group ones would outweigh the data; a hash map and a
+//!    sort when the values are sparse), then a counting sort by frequency;
 //! 3. all sets of both sides are put in one global order by `(size, side, row)` (a counting
 //!    sort by size of sets listed in side and row order), each set's tokens renamed into its
-//!    slot of one buffer in parallel;
+//!    slot of one buffer, in pieces of about equal token counts;
 //! 4. each side gets an inverted index over its sets' index prefixes, posting lists in
 //!    global order: the sets are cut into contiguous ranges, one per thread; each range
 //!    counts its tokens, the counts give every (range, token) pair its first slot, and each
 //!    range then writes its postings there, so a list holds the ranges' postings in range
 //!    order, i.e. in global order, with no sort.
 //!
-//! Every step's result is the same for any number of threads.
+//! Every step's result is the same for any number of threads and helpers.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::{
     Array, ArrayRef, ArrowPrimitiveType, AsArray, GenericListArray, OffsetSizeTrait,
@@ -28,8 +30,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
-use rayon::prelude::*;
 
+use super::crew::Crew;
 use super::filter::{Collections, FastMap, Index, Posting, reserve};
 use super::threshold::Threshold;
 use crate::backend::cpu::SetElem;
@@ -157,29 +159,6 @@ pub(crate) fn prepare(tokens: &ArrayRef, reservation: &MemoryReservation) -> Res
     }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
 }
 
-/// A thread pool of `threads` threads, made once per process for each size asked for.
-fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>> {
-    static POOLS: OnceLock<Mutex<Vec<Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let mut pools = POOLS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = pools.iter().find(|p| p.current_num_threads() == threads) {
-        return Ok(Arc::clone(p));
-    }
-    let p = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("dfsets-join-build-{i}"))
-        .build()
-        .map_err(|e| {
-            DataFusionError::External(Box::new(e))
-                .context("SimilarityJoinExec: could not start the build's threads")
-        })?;
-    let p = Arc::new(p);
-    pools.push(Arc::clone(&p));
-    Ok(p)
-}
-
 /// Ranks in the order (frequency, value), in place: `dense[k]` holds how often the `k`-th
 /// value of the range occurs (0: it does not) and becomes its rank; returns how many values
 /// occur. A counting sort by frequency that visits the values in increasing order, so equal
@@ -242,6 +221,7 @@ impl Collections {
         threshold: &Threshold,
         reservation: &MemoryReservation,
         threads: usize,
+        crew: &Crew,
     ) -> Result<Self> {
         let matches = prepared.len() == sides.len()
             && prepared.iter().zip(sides).all(|(p, b)| {
@@ -252,7 +232,7 @@ impl Collections {
         if !matches {
             return internal_err!("SimilarityJoinExec: prepared batches differ from the batches");
         }
-        Self::build_from(sides, prepared, threshold, reservation, threads)
+        Self::build_from(sides, prepared, threshold, reservation, threads, crew)
     }
 
     fn build_from(
@@ -261,6 +241,7 @@ impl Collections {
         threshold: &Threshold,
         reservation: &MemoryReservation,
         threads: usize,
+        crew: &Crew,
     ) -> Result<Self> {
         let Some(first) = sides.iter().flatten().next() else {
             return Ok(Self::empty(sides.len()));
@@ -288,37 +269,14 @@ impl Collections {
             list_type,
             datafusion::arrow::datatypes::DataType::LargeList(_)
         );
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::build_on(
-            sides,
-            prepared,
-            threshold,
-            reservation,
-            threads.clamp(1, cores),
-            large,
-            &element,
-        )
-    }
-
-    /// [`Self::build`] on exactly `threads` threads.
-    fn build_on(
-        sides: &[Vec<ArrayRef>],
-        prepared: Vec<Option<Vec<Prepared>>>,
-        threshold: &Threshold,
-        reservation: &MemoryReservation,
-        threads: usize,
-        large: bool,
-        element: &datafusion::arrow::datatypes::DataType,
-    ) -> Result<Self> {
-        pool(threads)?.install(|| {
-            dispatch_integer!(element, P => {
-                if large {
-                    Self::build_typed::<i64, P>(sides, prepared, threshold, reservation)
-                } else {
-                    Self::build_typed::<i32, P>(sides, prepared, threshold, reservation)
-                }
-            }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
-        })
+        let threads = threads.max(1);
+        dispatch_integer!(element, P => {
+            if large {
+                Self::build_typed::<i64, P>(sides, prepared, threshold, reservation, threads, crew)
+            } else {
+                Self::build_typed::<i32, P>(sides, prepared, threshold, reservation, threads, crew)
+            }
+        }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
     }
 
     fn empty(sides: usize) -> Self {
@@ -337,18 +295,18 @@ impl Collections {
         }
     }
 
-    /// Runs inside the build's thread pool.
+    /// The build, its parallel steps cut for `threads` threads and run by `crew`.
     fn build_typed<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
         sides: &[Vec<ArrayRef>],
         prepared: Vec<Option<Vec<Prepared>>>,
         threshold: &Threshold,
         reservation: &MemoryReservation,
+        threads: usize,
+        crew: &Crew,
     ) -> Result<Self>
     where
         P::Native: SetElem,
     {
-        let threads = rayon::current_num_threads();
-
         // 1. Sets, deduplicated, in pieces of consecutive rows: done by the read tasks
         // for a side `prepared` (its rows numbered across batches here), else here.
         let mut raw: Vec<Vec<RawPiece<P::Native>>> = Vec::with_capacity(sides.len());
@@ -398,15 +356,18 @@ impl Collections {
                 }));
                 base += n;
             }
-            let pieces = units
-                .into_par_iter()
-                .map(|(b, from, to, base)| piece::<O, P>(batches[b].as_list::<O>(), from, to, base))
+            let pieces = crew
+                .map(units.len(), |u| {
+                    let (b, from, to, base) = units[u];
+                    piece::<O, P>(batches[b].as_list::<O>(), from, to, base)
+                })?
+                .into_iter()
                 .collect::<Result<Vec<_>>>()?;
             raw.push(pieces);
         }
 
         // 2. Ranks by increasing frequency (ties by value).
-        let rank = Ranks::new(&raw, reservation, threads)?;
+        let rank = Ranks::new(&raw, reservation, threads, crew)?;
         let distinct = rank.distinct;
 
         // 3. Global order by (size, side, row).
@@ -457,14 +418,23 @@ impl Collections {
             end
         }));
         let mut tokens = vec![0u32; total];
-        let slots = crate::backend::split_lengths(&mut tokens, sizes.iter().map(|&l| l as usize));
-        source
-            .par_iter()
-            .zip(side_of.par_iter())
-            .zip(slots.into_par_iter())
-            .with_min_len(256)
-            .for_each(|((&(i, k), &s), out)| {
-                let set = raw[s as usize][i as usize].set(k as usize);
+        // Each set's tokens renamed into its slot, in pieces of consecutive slots of about
+        // equal token counts.
+        let cuts = cut_by_weight(&starts, threads * 4);
+        let mut outs = Vec::with_capacity(cuts.len());
+        let mut rest = tokens.as_mut_slice();
+        for w in cuts.windows(2) {
+            let (out, tail) = std::mem::take(&mut rest).split_at_mut(starts[w[1]] - starts[w[0]]);
+            outs.push(Mutex::new(out));
+            rest = tail;
+        }
+        crew.for_each(outs.len(), |c| {
+            let mut out = outs[c].lock().unwrap_or_else(|e| e.into_inner());
+            let base = starts[cuts[c]];
+            for j in cuts[c]..cuts[c + 1] {
+                let (i, k) = source[j];
+                let set = raw[side_of[j] as usize][i as usize].set(k as usize);
+                let out = &mut out[starts[j] - base..starts[j + 1] - base];
                 for (o, &v) in out.iter_mut().zip(set) {
                     *o = rank.get(v);
                 }
@@ -472,7 +442,9 @@ impl Collections {
                 if !out.is_sorted() {
                     out.sort_unstable();
                 }
-            });
+            }
+        })?;
+        drop(outs);
         drop(source);
         drop(raw);
         drop(rank);
@@ -534,18 +506,15 @@ impl Collections {
                 &tokens[from..from + prefixes[p as usize] as usize]
             };
             // Per range: how many postings each token gets from it.
-            let mut counters: Vec<Vec<u32>> = parts
-                .par_iter()
-                .map(|range| {
-                    let mut c = vec![0u32; distinct];
-                    for &p in range.iter() {
-                        for &w in tokens_of(p) {
-                            c[w as usize] += 1;
-                        }
+            let mut counters: Vec<Vec<u32>> = crew.map(parts.len(), |r| {
+                let mut c = vec![0u32; distinct];
+                for &p in parts[r].iter() {
+                    for &w in tokens_of(p) {
+                        c[w as usize] += 1;
                     }
-                    c
-                })
-                .collect();
+                }
+                c
+            })?;
             // In one pass: the lists' offsets, and the counters become each range's first
             // slot per token (`count` < 2^32, checked above).
             let mut offsets = vec![0usize; distinct + 1];
@@ -560,28 +529,28 @@ impl Collections {
             }
             let mut postings: Vec<Posting> = Vec::with_capacity(count);
             let out = Slots(postings.as_mut_ptr());
-            parts
-                .par_iter()
-                .zip(counters.par_iter_mut())
-                .for_each(|(range, next)| {
-                    for &p in range.iter() {
-                        let size = sizes[p as usize];
-                        for (pos, &w) in tokens_of(p).iter().enumerate() {
-                            let slot = &mut next[w as usize];
-                            // SAFETY: `*slot` lies in token `w`'s list, in the part of it
-                            // that belongs to this range (the counts above), and is below
-                            // `count`, the capacity.
-                            unsafe {
-                                out.at(*slot as usize).write(Posting {
-                                    set: p,
-                                    pos: pos as u32,
-                                    size,
-                                });
-                            }
-                            *slot += 1;
+            let nexts: Vec<Mutex<&mut Vec<u32>>> = counters.iter_mut().map(Mutex::new).collect();
+            crew.for_each(parts.len(), |r| {
+                let mut next = nexts[r].lock().unwrap_or_else(|e| e.into_inner());
+                for &p in parts[r].iter() {
+                    let size = sizes[p as usize];
+                    for (pos, &w) in tokens_of(p).iter().enumerate() {
+                        let slot = &mut next[w as usize];
+                        // SAFETY: `*slot` lies in token `w`'s list, in the part of it
+                        // that belongs to this range (the counts above), and is below
+                        // `count`, the capacity.
+                        unsafe {
+                            out.at(*slot as usize).write(Posting {
+                                set: p,
+                                pos: pos as u32,
+                                size,
+                            });
                         }
+                        *slot += 1;
                     }
-                });
+                }
+            })?;
+            drop(nexts);
             // SAFETY: the ranges wrote every slot below `count` exactly once (their counts sum
             // to `count` and each slot interval was filled to its end).
             unsafe { postings.set_len(count) };
@@ -621,6 +590,24 @@ fn size_order(sizes: &[u32]) -> Vec<u32> {
         .collect()
 }
 
+/// Cuts of `0..n` (`n + 1 = starts.len()`, `starts` increasing from 0) into at most `parts`
+/// pieces of about equal `starts[hi] - starts[lo]`: increasing set indexes from 0 to `n`.
+fn cut_by_weight(starts: &[usize], parts: usize) -> Vec<usize> {
+    let n = starts.len() - 1;
+    let total = starts[n];
+    let parts = parts.clamp(1, n.max(1));
+    let mut cuts = Vec::with_capacity(parts + 1);
+    cuts.push(0);
+    for k in 1..parts {
+        let at = starts.partition_point(|&s| s < total / parts * k + total % parts * k / parts);
+        if at > *cuts.last().unwrap_or(&0) && at < n {
+            cuts.push(at);
+        }
+    }
+    cuts.push(n);
+    cuts
+}
+
 /// `items` cut into at most `parts` consecutive non-empty slices of about equal total weight.
 fn split_by_weight<T>(items: &[T], parts: usize, weight: impl Fn(&T) -> usize) -> Vec<&[T]> {
     let total: usize = items.iter().map(&weight).sum();
@@ -657,17 +644,21 @@ impl<T: SetElem> Ranks<T> {
         raw: &[Vec<RawPiece<T>>],
         reservation: &MemoryReservation,
         threads: usize,
+        crew: &Crew,
     ) -> Result<Self> {
         let pieces: Vec<&RawPiece<T>> = raw.iter().flatten().collect();
         let total: usize = pieces.iter().map(|p| p.values.len()).sum();
-        let (lo, hi) = pieces
-            .par_iter()
-            .map(|p| {
-                p.values.iter().fold((u64::MAX, 0u64), |(lo, hi), v| {
-                    (lo.min(v.order_bits()), hi.max(v.order_bits()))
-                })
-            })
-            .reduce(|| (u64::MAX, 0), |(a, b), (c, d)| (a.min(c), b.max(d)));
+        let (lo, hi) = crew
+            .map(pieces.len(), |i| {
+                pieces[i]
+                    .values
+                    .iter()
+                    .fold((u64::MAX, 0u64), |(lo, hi), v| {
+                        (lo.min(v.order_bits()), hi.max(v.order_bits()))
+                    })
+            })?
+            .into_iter()
+            .fold((u64::MAX, 0), |(a, b), (c, d)| (a.min(c), b.max(d)));
         if total > 0 && hi - lo < (1 << 32) && (hi - lo) as usize <= 4 * total + 65_536 {
             let range = (hi - lo) as usize + 1;
             reserve(
@@ -684,31 +675,41 @@ impl<T: SetElem> Ranks<T> {
                     threads * range * size_of::<u32>(),
                     "the token frequencies",
                 )?;
-                let dense = pieces
-                    .par_chunks(chunk)
-                    .map(|group| {
-                        let mut h = vec![0u32; range];
-                        for p in group {
-                            for &v in &p.values {
-                                h[slot(v)] += 1;
-                            }
+                let groups: Vec<&[&RawPiece<T>]> = pieces.chunks(chunk).collect();
+                let mut histograms = crew.map(groups.len(), |g| {
+                    let mut h = vec![0u32; range];
+                    for p in groups[g] {
+                        for &v in &p.values {
+                            h[slot(v)] += 1;
                         }
-                        h
-                    })
-                    .reduce_with(|mut a, b| {
-                        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-                        a
-                    })
-                    .unwrap_or_else(|| vec![0; range]);
+                    }
+                    h
+                })?;
+                // Summed into the first, in slices of the range, in parallel.
+                let Some((dense, rest)) = histograms.split_first_mut() else {
+                    return internal_err!("SimilarityJoinExec: no token histogram");
+                };
+                let slice = range.div_ceil(threads * 4).max(4096);
+                let outs: Vec<Mutex<&mut [u32]>> =
+                    dense.chunks_mut(slice).map(Mutex::new).collect();
+                crew.for_each(outs.len(), |k| {
+                    let mut out = outs[k].lock().unwrap_or_else(|e| e.into_inner());
+                    for h in rest.iter() {
+                        for (o, &c) in out.iter_mut().zip(&h[k * slice..]) {
+                            *o += c;
+                        }
+                    }
+                })?;
+                drop(outs);
                 reservation.shrink(threads * range * size_of::<u32>());
-                dense
+                histograms.swap_remove(0)
             } else if threads > 1 {
                 let h: Vec<AtomicU32> = (0..range).map(|_| AtomicU32::new(0)).collect();
-                pieces.par_iter().for_each(|p| {
-                    for &v in &p.values {
+                crew.for_each(pieces.len(), |i| {
+                    for &v in &pieces[i].values {
                         h[slot(v)].fetch_add(1, Ordering::Relaxed);
                     }
-                });
+                })?;
                 h.into_iter().map(AtomicU32::into_inner).collect()
             } else {
                 let mut h = vec![0u32; range];
@@ -740,7 +741,7 @@ impl<T: SetElem> Ranks<T> {
             "the token frequencies",
         )?;
         let mut order: Vec<(u32, T)> = freq.iter().map(|(&v, &f)| (f, v)).collect();
-        order.par_sort_unstable();
+        order.sort_unstable();
         for (rank, (_, v)) in order.iter().enumerate() {
             freq.insert(*v, rank as u32);
         }
@@ -767,7 +768,7 @@ mod tests {
     use std::sync::Arc;
 
     use datafusion::arrow::array::{ArrayRef, ListArray};
-    use datafusion::arrow::datatypes::{DataType, Int64Type};
+    use datafusion::arrow::datatypes::Int64Type;
     use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
 
     use super::*;
@@ -829,7 +830,6 @@ mod tests {
                 // `prepared`: which sides had step 1 done batch by batch (as read tasks do).
                 let build = |threads, prepared: &[bool]| {
                     let reservation = MemoryConsumer::new("test").register(&pool);
-                    let element = DataType::Int64;
                     let prepared = (sides.iter().zip(prepared))
                         .map(|(batches, &p)| {
                             p.then(|| {
@@ -839,16 +839,23 @@ mod tests {
                             })
                         })
                         .collect();
-                    Collections::build_on(
-                        &sides,
-                        prepared,
-                        &threshold,
-                        &reservation,
-                        threads,
-                        false,
-                        &element,
-                    )
-                    .unwrap()
+                    // The leader here, `threads - 1` helpers on threads of their own.
+                    let crew = Crew::new(threads);
+                    std::thread::scope(|s| {
+                        for _ in 1..threads {
+                            s.spawn(|| crew.help_blocking());
+                        }
+                        let built = Collections::build(
+                            &sides,
+                            prepared,
+                            &threshold,
+                            &reservation,
+                            threads,
+                            &crew,
+                        );
+                        crew.finish_build();
+                        built.unwrap()
+                    })
                 };
                 let none = vec![false; sides.len()];
                 let one = build(1, &none);
@@ -933,6 +940,29 @@ mod tests {
                 let mut want = items.clone();
                 want.sort_by_key(|t| t.0);
                 assert_eq!(placed, want, "{n} items, sizes < {spread}");
+            }
+        }
+    }
+
+    #[test]
+    fn cuts_by_weight_are_increasing_and_about_equal() {
+        // Sets of sizes 1, 2, ..., 200 (a size-ordered build's shape), and of equal sizes.
+        for sizes in [(1..=200).collect::<Vec<usize>>(), vec![3; 50], vec![7]] {
+            let mut starts = vec![0];
+            for n in &sizes {
+                starts.push(starts.last().unwrap() + n);
+            }
+            let total = *starts.last().unwrap();
+            let largest = *sizes.iter().max().unwrap();
+            for parts in [1, 2, 8, 1000] {
+                let cuts = cut_by_weight(&starts, parts);
+                assert_eq!((cuts[0], *cuts.last().unwrap()), (0, sizes.len()));
+                assert!(cuts.windows(2).all(|w| w[0] < w[1]), "{cuts:?}");
+                assert!(cuts.len() - 1 <= parts.min(sizes.len()));
+                for w in cuts.windows(2) {
+                    let weight = starts[w[1]] - starts[w[0]];
+                    assert!(weight <= total / parts + largest, "{parts}: {weight}");
+                }
             }
         }
     }

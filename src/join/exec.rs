@@ -19,8 +19,9 @@
 //! ([`SimilarityJoinExec::try_with_columns`]).
 //!
 //! Execution: the first partition stream to be polled reads both inputs (all their
-//! partitions), keeps the columns the output needs and builds the shared `Collections`
-//! (reordered sets and prefix indexes, memory reserved in the task's pool); then output
+//! partitions, a task each), keeps the columns the output needs and builds the shared
+//! `Collections` (reordered sets and prefix indexes, memory reserved in the task's pool; the
+//! read tasks build it together, `super::crew`); then output
 //! partition `k` of `P` probes the sets at global positions `k, k + P, ...`. With no output
 //! column (`SELECT count(*)`) no pair is built: verification stops once the required
 //! overlap is reached and the stream emits batches without columns.
@@ -53,6 +54,7 @@ use futures::StreamExt;
 use tokio::sync::OnceCell;
 
 use super::build::{Prepared, prepare};
+use super::crew::Crew;
 use super::filter::{Collections, reserve};
 use super::split_scan::split_scan;
 use super::stream::{ProbeClaims, SimilarityJoinStream};
@@ -734,6 +736,11 @@ impl ExecutionPlan for SimilarityJoinExec {
 
 /// Read every input to the end and build the shared state. `gathered[s]`: the columns of
 /// input `s` to keep.
+///
+/// Every partition of every input is read by its own task, all at once (a Parquet input of
+/// fewer row groups than cores is read in row ranges: split_scan.rs). The tasks then build
+/// together, on the threads they already run on (crew.rs): the last to finish its read builds,
+/// the others help.
 async fn build_collections(
     inputs: Vec<JoinInput>,
     gathered: Vec<Vec<usize>>,
@@ -744,105 +751,211 @@ async fn build_collections(
 ) -> Result<Arc<Built>> {
     let reservation =
         Arc::new(MemoryConsumer::new("SimilarityJoinExec[build]").register(context.memory_pool()));
-    let self_join = inputs.len() == 1;
-    let mut tokens = Vec::with_capacity(inputs.len());
-    let mut columns = Vec::with_capacity(inputs.len());
-    // Every partition of every input is read (and decoded) by its own task, all at once; a
-    // Parquet input of fewer row groups than cores is read in row ranges (split_scan.rs).
     let threads = context.session_config().target_partitions();
     let split =
         SetsConfig::from_options(context.session_config().options()).similarity_join_split_scan;
-    let mut reads = Vec::with_capacity(inputs.len());
-    for (input, keep) in inputs.iter().zip(&gathered) {
+    let mut plans = Vec::with_capacity(inputs.len());
+    for input in &inputs {
         let plan = match split {
             true => split_scan(&input.plan, threads, &context, &reservation).await,
             false => None,
         }
         .unwrap_or_else(|| Arc::clone(&input.plan));
-        let parts = plan.output_partitioning().partition_count();
+        plans.push(plan);
+    }
+    let parts: Vec<usize> = plans
+        .iter()
+        .map(|p| p.output_partitioning().partition_count())
+        .collect();
+    let readers = parts.iter().sum();
+    let shared = Arc::new(Shared {
+        crew: Crew::new(readers),
+        reads: std::sync::Mutex::new(
+            parts
+                .iter()
+                .map(|&n| (0..n).map(|_| None).collect())
+                .collect(),
+        ),
+        built: std::sync::Mutex::new(None),
+        inputs,
+        gathered,
+        threshold,
+        reservation,
+        threads,
+        build_time,
+    });
+    if readers == 0 {
+        return shared.assemble();
+    }
+    let mut tasks = Vec::with_capacity(readers);
+    for (side, (plan, &n)) in plans.iter().zip(&parts).enumerate() {
         // The build's first step (each set sorted and deduplicated) runs in the read tasks
         // when they are as many as the build's threads (every core reads, so every core
         // takes its share, with no pause between the read and the build); an input of fewer
-        // partitions leaves it to the build's threads.
-        let prepare_sets = parts >= threads;
-        let tasks = (0..parts)
-            .map(|part| {
-                let stream = plan.execute(part, Arc::clone(&context))?;
-                Ok(SpawnedTask::spawn(read_partition(
-                    stream,
-                    Arc::clone(&reservation),
-                    keep.clone(),
-                    input.tokens,
-                    token_type.clone(),
-                    prepare_sets,
-                )))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        reads.push((tasks, prepare_sets));
-    }
-    let mut prepared = Vec::with_capacity(inputs.len());
-    for ((input, keep), (tasks, prepare_sets)) in inputs.iter().zip(&gathered).zip(reads) {
-        let schema = input.plan.schema();
-        let mut side_tokens = Vec::new();
-        let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
-        let mut side_prepared = prepare_sets.then(Vec::new);
-        for task in tasks {
-            let (part_columns, part_tokens, part_prepared) = task
-                .join_unwind()
-                .await
-                .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
-            for (all, part) in side_columns.iter_mut().zip(part_columns) {
-                all.extend(part);
-            }
-            side_tokens.extend(part_tokens);
-            if let (Some(all), Some(part)) = (&mut side_prepared, part_prepared) {
-                all.extend(part);
-            }
-        }
-        prepared.push(side_prepared);
-        let mut side = vec![None; schema.fields().len()];
-        for (k, &i) in keep.iter().enumerate() {
-            let parts = &side_columns[k];
-            let column = match parts.len() {
-                0 => new_empty_array(schema.field(i).data_type()),
-                1 => Arc::clone(&parts[0]),
-                _ => {
-                    let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-                    let column = concat(&refs)?;
-                    reserve(
-                        &reservation,
-                        column.get_array_memory_size(),
-                        "the gathered columns",
-                    )?;
-                    column
+        // partitions leaves it to the build.
+        let prepare_sets = n >= threads;
+        for part in 0..n {
+            let stream = plan.execute(part, Arc::clone(&context))?;
+            let shared = Arc::clone(&shared);
+            let token_type = token_type.clone();
+            tasks.push(SpawnedTask::spawn(async move {
+                // A task that ends before its part is done (a panic, an abort) lets the
+                // helpers go, so that none waits for a build that will not come.
+                struct Release<'a>(&'a Crew, bool);
+                impl Drop for Release<'_> {
+                    fn drop(&mut self) {
+                        if !self.1 {
+                            self.0.finish_build();
+                        }
+                    }
                 }
-            };
-            side[i] = Some(column);
+                let mut release = Release(&shared.crew, false);
+                let input = &shared.inputs[side];
+                let read = read_partition(
+                    stream,
+                    Arc::clone(&shared.reservation),
+                    shared.gathered[side].clone(),
+                    input.tokens,
+                    token_type,
+                    prepare_sets,
+                );
+                let last = shared
+                    .crew
+                    .read(read, |read| shared.lock_reads()[side][part] = Some(read))
+                    .await;
+                if last {
+                    let built = shared.assemble();
+                    *shared.built.lock().unwrap_or_else(|e| e.into_inner()) = Some(built);
+                    shared.crew.finish_build();
+                } else {
+                    shared.crew.help().await;
+                }
+                release.1 = true;
+            }));
         }
-        drop(side_columns);
-        columns.push(side);
-        tokens.push(side_tokens);
     }
-    let _timer = build_time.timer();
-    let collections = Collections::build(&tokens, prepared, &threshold, &reservation, threads)?;
-    drop(tokens);
-    let id_order = match (self_join, inputs[0].id) {
-        (true, Some(id)) => match columns[0].get(id) {
-            Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids), collections.rows())?),
-            _ => {
-                return internal_err!("SimilarityJoinExec: the self-join's id column was not kept");
+    for task in tasks {
+        task.join_unwind()
+            .await
+            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
+    }
+    let built = shared
+        .built
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    match built {
+        Some(built) => built,
+        None => internal_err!("SimilarityJoinExec: the reads ended with no build"),
+    }
+}
+
+/// What one read task returns: the kept columns' batches, the token column's batches and
+/// (when the task prepares sets) the build's first step on each batch.
+type ReadResult = Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>, Option<Vec<Prepared>>)>;
+
+/// What the read tasks share: their results, and what the one that builds needs.
+struct Shared {
+    crew: Crew,
+    /// Per input, per partition: the read's result once it is in.
+    reads: std::sync::Mutex<Vec<Vec<Option<ReadResult>>>>,
+    built: std::sync::Mutex<Option<Result<Arc<Built>>>>,
+    inputs: Vec<JoinInput>,
+    gathered: Vec<Vec<usize>>,
+    threshold: Threshold,
+    reservation: Arc<MemoryReservation>,
+    threads: usize,
+    build_time: Time,
+}
+
+impl Shared {
+    fn lock_reads(&self) -> std::sync::MutexGuard<'_, Vec<Vec<Option<ReadResult>>>> {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every read is in: concatenate the kept columns and build (the leader's work; the
+    /// build's parallel steps go to the crew).
+    fn assemble(&self) -> Result<Arc<Built>> {
+        let reads = std::mem::take(&mut *self.lock_reads());
+        let self_join = self.inputs.len() == 1;
+        let mut tokens = Vec::with_capacity(self.inputs.len());
+        let mut columns = Vec::with_capacity(self.inputs.len());
+        let mut prepared = Vec::with_capacity(self.inputs.len());
+        for ((input, keep), side_reads) in self.inputs.iter().zip(&self.gathered).zip(reads) {
+            let schema = input.plan.schema();
+            let mut side_tokens = Vec::new();
+            let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
+            let mut side_prepared: Option<Vec<Prepared>> = None;
+            for (i, read) in side_reads.into_iter().enumerate() {
+                let Some(read) = read else {
+                    return internal_err!("SimilarityJoinExec: a read task left no result");
+                };
+                let (part_columns, part_tokens, part_prepared) = read?;
+                for (all, part) in side_columns.iter_mut().zip(part_columns) {
+                    all.extend(part);
+                }
+                side_tokens.extend(part_tokens);
+                match (i, &mut side_prepared, part_prepared) {
+                    (0, all, part) => *all = part,
+                    (_, Some(all), Some(part)) => all.extend(part),
+                    _ => {}
+                }
             }
-        },
-        (true, None) => return internal_err!("SimilarityJoinExec: a self-join needs an id column"),
-        (false, _) => None,
-    };
-    Ok(Arc::new(Built {
-        collections,
-        columns,
-        id_order,
-        _reservation: reservation,
-        device_sets: std::sync::OnceLock::new(),
-    }))
+            prepared.push(side_prepared);
+            let mut side = vec![None; schema.fields().len()];
+            for (k, &i) in keep.iter().enumerate() {
+                let parts = &side_columns[k];
+                let column = match parts.len() {
+                    0 => new_empty_array(schema.field(i).data_type()),
+                    1 => Arc::clone(&parts[0]),
+                    _ => {
+                        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                        let column = concat(&refs)?;
+                        reserve(
+                            &self.reservation,
+                            column.get_array_memory_size(),
+                            "the gathered columns",
+                        )?;
+                        column
+                    }
+                };
+                side[i] = Some(column);
+            }
+            columns.push(side);
+            tokens.push(side_tokens);
+        }
+        let _timer = self.build_time.timer();
+        let collections = Collections::build(
+            &tokens,
+            prepared,
+            &self.threshold,
+            &self.reservation,
+            self.threads,
+            &self.crew,
+        )?;
+        drop(tokens);
+        let id_order = match (self_join, self.inputs[0].id) {
+            (true, Some(id)) => match columns[0].get(id) {
+                Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids), collections.rows())?),
+                _ => {
+                    return internal_err!(
+                        "SimilarityJoinExec: the self-join's id column was not kept"
+                    );
+                }
+            },
+            (true, None) => {
+                return internal_err!("SimilarityJoinExec: a self-join needs an id column");
+            }
+            (false, _) => None,
+        };
+        Ok(Arc::new(Built {
+            collections,
+            columns,
+            id_order,
+            _reservation: Arc::clone(&self.reservation),
+            device_sets: std::sync::OnceLock::new(),
+        }))
+    }
 }
 
 /// The batches of one input partition: the kept columns (`keep`'s order), the token column
@@ -860,7 +973,10 @@ async fn read_partition(
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
     let mut token_columns = Vec::new();
     let mut prepared = prepare_sets.then(Vec::new);
-    while let Some(batch) = stream.next().await {
+    loop {
+        let Some(batch) = stream.next().await else {
+            break;
+        };
         let batch = batch?;
         reserve(
             &reservation,

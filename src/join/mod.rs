@@ -4,6 +4,7 @@
 //! rule that plans `JOIN ... ON jaccard(r.tokens, s.tokens) >= t` with it ([`rewrite`]).
 
 mod build;
+mod crew;
 pub mod exec;
 mod filter;
 pub mod rewrite;
