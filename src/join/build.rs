@@ -31,7 +31,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::crew::Crew;
+use super::crew::{Crew, lock};
 use super::filter::{Collections, FastMap, Index, Posting, reserve};
 use super::threshold::Threshold;
 use crate::backend::cpu::SetElem;
@@ -429,7 +429,7 @@ impl Collections {
             rest = tail;
         }
         crew.for_each(outs.len(), |c| {
-            let mut out = outs[c].lock().unwrap_or_else(|e| e.into_inner());
+            let mut out = lock(&outs[c]);
             let base = starts[cuts[c]];
             for j in cuts[c]..cuts[c + 1] {
                 let (i, k) = source[j];
@@ -531,7 +531,7 @@ impl Collections {
             let out = Slots(postings.as_mut_ptr());
             let nexts: Vec<Mutex<&mut Vec<u32>>> = counters.iter_mut().map(Mutex::new).collect();
             crew.for_each(parts.len(), |r| {
-                let mut next = nexts[r].lock().unwrap_or_else(|e| e.into_inner());
+                let mut next = lock(&nexts[r]);
                 for &p in parts[r].iter() {
                     let size = sizes[p as usize];
                     for (pos, &w) in tokens_of(p).iter().enumerate() {
@@ -693,7 +693,7 @@ impl<T: SetElem> Ranks<T> {
                 let outs: Vec<Mutex<&mut [u32]>> =
                     dense.chunks_mut(slice).map(Mutex::new).collect();
                 crew.for_each(outs.len(), |k| {
-                    let mut out = outs[k].lock().unwrap_or_else(|e| e.into_inner());
+                    let mut out = lock(&outs[k]);
                     for h in rest.iter() {
                         for (o, &c) in out.iter_mut().zip(&h[k * slice..]) {
                             *o += c;

@@ -71,7 +71,8 @@ pub(crate) struct Crew {
     waiting: Mutex<Vec<Waker>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// `m` locked; a lock poisoned by a panic is taken anyway (the panic itself is reported).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -54,7 +54,7 @@ use futures::StreamExt;
 use tokio::sync::OnceCell;
 
 use super::build::{Prepared, prepare};
-use super::crew::Crew;
+use super::crew::{Crew, lock};
 use super::filter::{Collections, reserve};
 use super::split_scan::split_scan;
 use super::stream::{ProbeClaims, SimilarityJoinStream};
@@ -821,11 +821,11 @@ async fn build_collections(
                 );
                 let last = shared
                     .crew
-                    .read(read, |read| shared.lock_reads()[side][part] = Some(read))
+                    .read(read, |read| lock(&shared.reads)[side][part] = Some(read))
                     .await;
                 if last {
                     let built = shared.assemble();
-                    *shared.built.lock().unwrap_or_else(|e| e.into_inner()) = Some(built);
+                    *lock(&shared.built) = Some(built);
                     shared.crew.finish_build();
                 } else {
                     shared.crew.help().await;
@@ -839,11 +839,7 @@ async fn build_collections(
             .await
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
     }
-    let built = shared
-        .built
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
+    let built = lock(&shared.built).take();
     match built {
         Some(built) => built,
         None => internal_err!("SimilarityJoinExec: the reads ended with no build"),
@@ -869,14 +865,10 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock_reads(&self) -> std::sync::MutexGuard<'_, Vec<Vec<Option<ReadResult>>>> {
-        self.reads.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Every read is in: concatenate the kept columns and build (the leader's work; the
     /// build's parallel steps go to the crew).
     fn assemble(&self) -> Result<Arc<Built>> {
-        let reads = std::mem::take(&mut *self.lock_reads());
+        let reads = std::mem::take(&mut *lock(&self.reads));
         let self_join = self.inputs.len() == 1;
         let mut tokens = Vec::with_capacity(self.inputs.len());
         let mut columns = Vec::with_capacity(self.inputs.len());
