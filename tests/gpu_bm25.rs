@@ -295,6 +295,97 @@ fn answers_lent_to_the_result_stay_put() {
     }
 }
 
+/// Past `gpu::lent_max` a batch's results are copied out of the workspace's buffer instead of
+/// lent in a page-locked block: the same answers, for `topk_bm25` and for `list_intersect`'s
+/// values, and lent again once the ceiling is back.
+#[test]
+fn results_copied_out_past_the_lent_ceiling() {
+    if !gpu_or_skip("results_copied_out_past_the_lent_ceiling") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    /// The default ceiling again, whatever the test does.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            gpu::set_lent_max(usize::MAX);
+        }
+    }
+    let _restore = Restore;
+    gpu::set_bm25_device_plan(true);
+    let mut rng = StdRng::seed_from_u64(0x1e48);
+    let index = corpus(&mut rng, 6000, 150, false);
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let mut batch = || -> Queries {
+        queries(&mut rng, &index, 300, 150)
+            .iter()
+            .filter(|q| q.ids.len() <= gpu::BM25_MAX_TERMS)
+            .collect()
+    };
+    let (a, b) = (batch(), batch());
+    let rank = |qs: &Queries, backend| {
+        rank_terms(
+            &index,
+            &scored,
+            qs,
+            10,
+            Mode::Or,
+            backend,
+            None,
+            &mut |_| true,
+        )
+    };
+    let lent_of = |s: &datafusion_sets::search::rank::RankStats| {
+        s.timings.as_ref().map_or(0, |t| t.lent_bytes)
+    };
+    let (want_a, _) = rank(&a, BackendChoice::Cpu);
+    let (want_b, _) = rank(&b, BackendChoice::Cpu);
+    let (got_a, sa) = rank(&a, BackendChoice::Gpu);
+    assert!(lent_of(&sa) > 0, "lent under the default ceiling");
+    // No block may be taken now: `got_a` holds the workspace's, the idle ones are freed.
+    gpu::set_lent_max(0);
+    let (got_b, sb) = rank(&b, BackendChoice::Gpu);
+    assert_eq!(lent_of(&sb), 0, "copied out past the ceiling");
+    assert!(got_b == want_b, "batch b copied out");
+    assert!(got_a == want_a, "the held result");
+    let held = gpu::lent_bytes();
+    drop((got_a, got_b));
+    assert!(
+        gpu::lent_bytes() < held,
+        "the held result's block freed, not pooled, under a zero ceiling"
+    );
+
+    // list_intersect's values (one launch group: lent when the ceiling allows).
+    let rows = 2000usize;
+    let offs: Vec<i32> = (0..=rows).map(|r| (r * 64) as i32).collect();
+    let va: Vec<u32> = (0..rows * 64).map(|i| (i as u32) * 2).collect();
+    let vb: Vec<u32> = (0..rows * 64).map(|i| (i as u32) * 3).collect();
+    let lists = [&va, &vb].map(|v| gpu::HostList {
+        offsets: gpu::HostOffsets::I32(&offs),
+        values: v,
+        column: None,
+    });
+    let reference =
+        gpu::intersect(&lists, None, gpu::Mode::Values, None, false).expect("staged values");
+    assert!(!reference.values_slice().is_empty());
+    let copied = gpu::intersect(&lists, None, gpu::Mode::Values, None, true).expect("values");
+    assert!(
+        copied.shared_values.is_none(),
+        "copied out past the ceiling"
+    );
+    assert_eq!(copied.values_slice(), reference.values_slice());
+    assert_eq!(copied.offsets, reference.offsets);
+    gpu::set_lent_max(usize::MAX);
+    let shared = gpu::intersect(&lists, None, gpu::Mode::Values, None, true).expect("values");
+    if shared.timings.chunks == 1 {
+        assert!(shared.shared_values.is_some(), "lent again");
+    }
+    assert_eq!(shared.values_slice(), reference.values_slice());
+    let (again_b, sb) = rank(&b, BackendChoice::Gpu);
+    assert!(lent_of(&sb) > 0, "answers lent again");
+    assert!(again_b == want_b, "batch b lent again");
+}
+
 /// Equal scores in disjoint lists of one device tile: documents alternate between terms
 /// (one term each, same length: every score equal), so the top-k is the k smallest doc ids
 /// and a dense tile has to keep the tie rule across its lists (a compaction in the middle of

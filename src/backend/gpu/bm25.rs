@@ -1289,15 +1289,18 @@ fn packed_on_host(ws: &mut Workspace, part: &mut Staged) -> Result<Option<u64>, 
         return Ok(None);
     }
     part.lent = lends(part);
-    if part.lent {
-        if ws
+    if part.lent
+        && ws
             .pin_lent
             .as_ref()
             .is_none_or(|b| b.bytes() < part.down_bytes)
-        {
-            ws.pin_lent = None;
-            ws.pin_lent = Some(LentPinned::take(part.down_bytes)?);
-        }
+    {
+        ws.pin_lent = None;
+        // None: the lent blocks are at their ceiling; the workspace's buffer takes them.
+        ws.pin_lent = LentPinned::take(part.down_bytes)?;
+        part.lent = ws.pin_lent.is_some();
+    }
+    if part.lent {
         let block = ws.pin_lent.as_mut().expect("set above");
         let dev = block.device_ptr().ok();
         part.lent = dev.is_some();

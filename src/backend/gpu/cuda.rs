@@ -319,6 +319,43 @@ impl Drop for Pinned {
 /// Idle lent blocks kept for reuse, at most this many bytes (the rest are freed).
 const LENT_POOL_BYTES: usize = 1 << 30;
 
+/// Bytes of page-locked memory in lent blocks: held by results, by a workspace for its next
+/// batch, or idle in [`LENT_POOL`]. A block is taken only while this stays within
+/// [`super::lent_max`]; past it a batch's results are copied out of the workspace's buffer.
+static LENT_BYTES: LentBudget = LentBudget::new();
+
+/// A count of bytes against a ceiling given at each take: a take that would pass it is
+/// refused, and counts nothing.
+struct LentBudget(AtomicUsize);
+
+impl LentBudget {
+    const fn new() -> Self {
+        LentBudget(AtomicUsize::new(0))
+    }
+
+    /// Counts `bytes` if the count stays within `max`; `false` (nothing counted) otherwise.
+    fn try_take(&self, bytes: usize, max: usize) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(bytes).filter(|&after| after <= max)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.0.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    fn bytes(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Bytes of page-locked memory in lent blocks now (see [`LentPinned`]).
+pub(super) fn lent_bytes_now() -> usize {
+    LENT_BYTES.bytes()
+}
+
 /// Page-locked blocks returned by the Arrow buffers they were lent to: (address, bytes,
 /// device address or 0 when not asked for yet).
 static LENT_POOL: Mutex<Vec<(usize, usize, u64)>> = Mutex::new(Vec::new());
@@ -327,7 +364,9 @@ static LENT_POOL: Mutex<Vec<(usize, usize, u64)>> = Mutex::new(Vec::new());
 /// device, or written there by a kernel through its mapped address) and go to the caller as
 /// they are, with no host copy (a fresh `Vec` of that size costs its page faults: ~10 ms for
 /// 110 MB of results). Dropping the last buffer that holds it puts the block back in
-/// [`LENT_POOL`] for a later batch.
+/// [`LENT_POOL`] for a later batch. Lent blocks, pooled ones included, add up to at most
+/// [`super::lent_max`] bytes ([`LENT_BYTES`]): a caller keeping many results would otherwise
+/// pin host memory without bound.
 pub(super) struct LentPinned(HostBlock);
 
 // SAFETY: the block is plain host memory owned by this value; Arrow only reads it through
@@ -352,9 +391,15 @@ impl std::ops::DerefMut for LentPinned {
 
 impl LentPinned {
     /// A block of at least `bytes` bytes: a pooled one not more than twice as large (plus
-    /// 64 MiB), else a new allocation.
-    pub(super) fn take(bytes: usize) -> Result<Self, GpuError> {
+    /// 64 MiB), else a new allocation; `None` when a new block would take the lent blocks
+    /// past [`super::lent_max`] (the caller copies its results out instead).
+    pub(super) fn take(bytes: usize) -> Result<Option<Self>, GpuError> {
         let bytes = bytes.max(ALIGN);
+        let max = super::lent_max();
+        if LENT_BYTES.bytes() > max {
+            // The ceiling was lowered: the idle blocks go first.
+            free_idle_lent();
+        }
         if let Ok(mut pool) = LENT_POOL.lock()
             && let Some(i) = pool
                 .iter()
@@ -363,20 +408,31 @@ impl LentPinned {
                 .min_by_key(|(_, (_, b, _))| *b)
                 .map(|(i, _)| i)
         {
+            // Counted already (a pooled block is a lent one).
             let (ptr, bytes, dev) = pool.swap_remove(i);
-            return Ok(LentPinned(HostBlock {
+            return Ok(Some(LentPinned(HostBlock {
                 ptr: ptr as *mut u8,
                 bytes,
                 dev,
-            }));
+            })));
         }
         let grown = bytes + bytes / 4;
-        let ptr = alloc_pinned(grown).ok_or(GpuError::OutOfMemory("pinned allocation"))?;
-        Ok(LentPinned(HostBlock {
+        if !LENT_BYTES.try_take(grown, max) {
+            // The idle pooled blocks count too: free them and look again.
+            free_idle_lent();
+            if !LENT_BYTES.try_take(grown, max) {
+                return Ok(None);
+            }
+        }
+        let Some(ptr) = alloc_pinned(grown) else {
+            LENT_BYTES.give_back(grown);
+            return Err(GpuError::OutOfMemory("pinned allocation"));
+        };
+        Ok(Some(LentPinned(HostBlock {
             ptr,
             bytes: grown,
             dev: 0,
-        }))
+        })))
     }
 
     /// An Arrow buffer over `len` bytes of the block from byte `at`, holding the block.
@@ -399,17 +455,31 @@ impl LentPinned {
     }
 }
 
+/// Frees the idle blocks of [`LENT_POOL`].
+fn free_idle_lent() {
+    let idle = LENT_POOL
+        .lock()
+        .map(|mut pool| std::mem::take(&mut *pool))
+        .unwrap_or_default();
+    for (ptr, bytes, _) in idle {
+        free_pinned(ptr as *mut u8);
+        LENT_BYTES.give_back(bytes);
+    }
+}
+
 impl Drop for LentPinned {
     fn drop(&mut self) {
         let (ptr, bytes, dev) = (self.0.ptr, self.0.bytes, self.0.dev);
         if let Ok(mut pool) = LENT_POOL.lock() {
             let idle: usize = pool.iter().map(|(_, b, _)| b).sum();
-            if idle + bytes <= LENT_POOL_BYTES {
+            // Pooled only within the ceiling as it is now (it may have been lowered).
+            if idle + bytes <= LENT_POOL_BYTES && LENT_BYTES.bytes() <= super::lent_max() {
                 pool.push((ptr as usize, bytes, dev));
                 return;
             }
         }
         free_pinned(ptr);
+        LENT_BYTES.give_back(bytes);
     }
 }
 
@@ -2120,7 +2190,7 @@ fn run_chunk<T: SetElem>(
     // The results land in the workspace's pinned buffer, or in a block lent to the Arrow
     // buffer that will hold the values.
     let mut lent = if lend {
-        Some(LentPinned::take(back_bytes)?)
+        LentPinned::take(back_bytes)?
     } else {
         None
     };
@@ -2317,8 +2387,56 @@ pub fn measure_ceilings(bytes: usize) -> Result<Ceilings, GpuError> {
 
 #[cfg(test)]
 mod tests {
-    use super::WPieces;
+    use super::{LentBudget, WPieces};
     use proptest::prelude::*;
+
+    /// The lent blocks' count: takes within the ceiling count, a take past it (or past
+    /// `usize::MAX`) is refused and counts nothing, and what is given back can be taken again.
+    #[test]
+    fn lent_budget_refuses_past_its_ceiling() {
+        let b = LentBudget::new();
+        assert!(b.try_take(600, 1000));
+        assert!(b.try_take(400, 1000), "an exact fit is taken");
+        assert_eq!(b.bytes(), 1000);
+        assert!(!b.try_take(1, 1000));
+        assert_eq!(b.bytes(), 1000, "a refused take counts nothing");
+        assert!(b.try_take(1, 2000), "a higher ceiling for a later take");
+        b.give_back(401);
+        assert_eq!(b.bytes(), 600);
+        assert!(b.try_take(400, 1000));
+        assert!(!b.try_take(usize::MAX, usize::MAX), "no overflow");
+        assert_eq!(b.bytes(), 1000);
+    }
+
+    proptest! {
+        /// Any sequence of takes and gives back, on two threads at once: the count is what was
+        /// taken and not given back, and never passed the ceiling.
+        #[test]
+        fn lent_budget_counts_what_it_took(sizes in proptest::collection::vec(1usize..500, 1..60)) {
+            let b = std::sync::Arc::new(LentBudget::new());
+            let max = 4000;
+            let run = |sizes: Vec<usize>| {
+                let b = std::sync::Arc::clone(&b);
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for (i, s) in sizes.into_iter().enumerate() {
+                        if b.try_take(s, max) {
+                            assert!(b.bytes() <= max);
+                            held.push(s);
+                        }
+                        if i % 3 == 2 && let Some(s) = held.pop() {
+                            b.give_back(s);
+                        }
+                    }
+                    held.iter().sum::<usize>()
+                })
+            };
+            let (x, y) = (run(sizes.clone()), run(sizes.iter().rev().copied().collect()));
+            let held = x.join().unwrap() + y.join().unwrap();
+            prop_assert_eq!(b.bytes(), held);
+            prop_assert!(held <= max);
+        }
+    }
 
     /// The kernels' `wpiece_of` and `wpieces` (kernels/intersect.cu), step by step.
     fn kernel_pieces(w: WPieces, total: u64, want: u64) -> u64 {

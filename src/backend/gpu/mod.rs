@@ -88,6 +88,47 @@ pub fn bm25_device_plan() -> bool {
     }
 }
 
+/// The most bytes of page-locked host memory that blocks lent to results may hold at once
+/// (`usize::MAX`: unset; then `DFSETS_GPU_LENT_MAX_MB`, else [`LENT_MAX_DEFAULT`]).
+static LENT_MAX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// The default of [`lent_max`]: 4 GiB.
+pub const LENT_MAX_DEFAULT: usize = 4 << 30;
+
+/// Sets [`lent_max`] for later batches of the process (tests, and embedders that keep many
+/// results: page-locked memory is taken from what the operating system can page out);
+/// `usize::MAX` goes back to the default.
+pub fn set_lent_max(bytes: usize) {
+    LENT_MAX.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The most bytes of page-locked host memory lent to results at once. A GPU batch's results
+/// (`list_intersect`'s values, `topk_bm25`'s answers) are handed to Arrow in the page-locked
+/// block the device wrote them into, with no copy; blocks idle in the process's pool count
+/// too. A batch that would pass this copies its results into ordinary memory instead.
+pub fn lent_max() -> usize {
+    let v = LENT_MAX.load(std::sync::atomic::Ordering::Relaxed);
+    if v != usize::MAX {
+        return v;
+    }
+    let v = std::env::var("DFSETS_GPU_LENT_MAX_MB")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .map_or(LENT_MAX_DEFAULT, |mb| mb.saturating_mul(1 << 20));
+    LENT_MAX.store(v, std::sync::atomic::Ordering::Relaxed);
+    v
+}
+
+/// Bytes of page-locked host memory in lent blocks now: held by results or by a workspace,
+/// or idle in the process's pool of them (0 without the `cuda` feature). A block is taken
+/// only while this stays within [`lent_max`].
+pub fn lent_bytes() -> usize {
+    #[cfg(feature = "cuda")]
+    return cuda::lent_bytes_now();
+    #[cfg(not(feature = "cuda"))]
+    0
+}
+
 /// Bytes of input staged (Arrow memory into pinned memory) per host-to-device copy: each
 /// piece is copied while the host stages the next, so staging and the copy overlap. 0 stages
 /// the whole launch group first and copies it at once (what "from pinned memory" benchmarks
