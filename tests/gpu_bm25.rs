@@ -240,6 +240,24 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
     assert_eq!(stats.on_gpu, 0);
 }
 
+/// A random corpus and two batches of queries the device takes whole (more than 64 terms
+/// would leave one to the CPU, and the answers would be copied out), on the device-planned
+/// path (whose answers are lent).
+fn lendable_batches(seed: u64) -> (InvertedIndex, Arc<Scored>, Queries, Queries) {
+    gpu::set_bm25_device_plan(true);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let index = corpus(&mut rng, 6000, 150, false);
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let mut batch = || -> Queries {
+        queries(&mut rng, &index, 300, 150)
+            .iter()
+            .filter(|q| q.ids.len() <= gpu::BM25_MAX_TERMS)
+            .collect()
+    };
+    let (a, b) = (batch(), batch());
+    (index, scored, a, b)
+}
+
 /// A device-planned batch with every query on the device hands its answers to the caller in
 /// the page-locked block the device packed them into (no copy). Such a result must stay as it
 /// was while later batches run (each takes another block while it is held), and its block
@@ -250,19 +268,7 @@ fn answers_lent_to_the_result_stay_put() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    gpu::set_bm25_device_plan(true);
-    let mut rng = StdRng::seed_from_u64(0x1e47);
-    let index = corpus(&mut rng, 6000, 150, false);
-    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
-    // Only queries the device takes whole (more than 64 terms would leave one to the CPU,
-    // and the answers would be copied out).
-    let mut batch = || -> Queries {
-        queries(&mut rng, &index, 300, 150)
-            .iter()
-            .filter(|q| q.ids.len() <= gpu::BM25_MAX_TERMS)
-            .collect()
-    };
-    let (a, b) = (batch(), batch());
+    let (index, scored, a, b) = lendable_batches(0x1e47);
     for (k, mode) in [(10, Mode::Or), (7, Mode::And), (100, Mode::AndOr)] {
         let rank = |qs: &Queries, backend| {
             rank_terms(&index, &scored, qs, k, mode, backend, None, &mut |_| true)
@@ -312,17 +318,7 @@ fn results_copied_out_past_the_lent_ceiling() {
         }
     }
     let _restore = Restore;
-    gpu::set_bm25_device_plan(true);
-    let mut rng = StdRng::seed_from_u64(0x1e48);
-    let index = corpus(&mut rng, 6000, 150, false);
-    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
-    let mut batch = || -> Queries {
-        queries(&mut rng, &index, 300, 150)
-            .iter()
-            .filter(|q| q.ids.len() <= gpu::BM25_MAX_TERMS)
-            .collect()
-    };
-    let (a, b) = (batch(), batch());
+    let (index, scored, a, b) = lendable_batches(0x1e48);
     let rank = |qs: &Queries, backend| {
         rank_terms(
             &index,

@@ -88,35 +88,65 @@ pub fn bm25_device_plan() -> bool {
     }
 }
 
-/// The most bytes of page-locked host memory that blocks lent to results may hold at once
-/// (`usize::MAX`: unset; then `DFSETS_GPU_LENT_MAX_MB`, else [`LENT_MAX_DEFAULT`]).
-static LENT_MAX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+/// A process-wide size: set by a call, else read once from an environment variable (in
+/// `unit`s), else a default.
+struct SizeKnob {
+    /// `usize::MAX`: not set or read yet.
+    value: std::sync::atomic::AtomicUsize,
+    var: &'static str,
+    unit: usize,
+    default: usize,
+}
+
+impl SizeKnob {
+    const fn new(var: &'static str, unit: usize, default: usize) -> Self {
+        SizeKnob {
+            value: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            var,
+            unit,
+            default,
+        }
+    }
+
+    /// `usize::MAX` goes back to the environment (or the default).
+    fn set(&self, v: usize) {
+        self.value.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn get(&self) -> usize {
+        let v = self.value.load(std::sync::atomic::Ordering::Relaxed);
+        if v != usize::MAX {
+            return v;
+        }
+        let v = std::env::var(self.var)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .map_or(self.default, |n| n.saturating_mul(self.unit));
+        self.value.store(v, std::sync::atomic::Ordering::Relaxed);
+        v
+    }
+}
 
 /// The default of [`lent_max`]: 4 GiB.
 pub const LENT_MAX_DEFAULT: usize = 4 << 30;
+
+/// See [`lent_max`].
+static LENT_MAX: SizeKnob = SizeKnob::new("DFSETS_GPU_LENT_MAX_MB", 1 << 20, LENT_MAX_DEFAULT);
 
 /// Sets [`lent_max`] for later batches of the process (tests, and embedders that keep many
 /// results: page-locked memory is taken from what the operating system can page out);
 /// `usize::MAX` goes back to the default.
 pub fn set_lent_max(bytes: usize) {
-    LENT_MAX.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    LENT_MAX.set(bytes);
 }
 
 /// The most bytes of page-locked host memory lent to results at once. A GPU batch's results
 /// (`list_intersect`'s values, `topk_bm25`'s answers) are handed to Arrow in the page-locked
 /// block the device wrote them into, with no copy; blocks idle in the process's pool count
 /// too. A batch that would pass this copies its results into ordinary memory instead.
+/// Unset: `DFSETS_GPU_LENT_MAX_MB` (MiB), else [`LENT_MAX_DEFAULT`].
 pub fn lent_max() -> usize {
-    let v = LENT_MAX.load(std::sync::atomic::Ordering::Relaxed);
-    if v != usize::MAX {
-        return v;
-    }
-    let v = std::env::var("DFSETS_GPU_LENT_MAX_MB")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .map_or(LENT_MAX_DEFAULT, |mb| mb.saturating_mul(1 << 20));
-    LENT_MAX.store(v, std::sync::atomic::Ordering::Relaxed);
-    v
+    LENT_MAX.get()
 }
 
 /// Bytes of page-locked host memory in lent blocks now: held by results or by a workspace,
@@ -133,27 +163,17 @@ pub fn lent_bytes() -> usize {
 /// piece is copied while the host stages the next, so staging and the copy overlap. 0 stages
 /// the whole launch group first and copies it at once (what "from pinned memory" benchmarks
 /// measure). Unset: `DFSETS_GPU_STAGE_PIECE` (bytes), else 16 MiB.
-static STAGE_PIECE: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(usize::MAX);
+static STAGE_PIECE: SizeKnob = SizeKnob::new("DFSETS_GPU_STAGE_PIECE", 1, 16 << 20);
 
 /// Sets the bytes staged per host-to-device copy (see [`stage_piece`]); 0: stage everything,
 /// then copy once. For benchmarks and tests; applies to later calls of the process.
 pub fn set_stage_piece(bytes: usize) {
-    STAGE_PIECE.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    STAGE_PIECE.set(bytes);
 }
 
 /// Bytes staged per host-to-device copy (0: one copy after staging everything).
 pub fn stage_piece() -> usize {
-    let v = STAGE_PIECE.load(std::sync::atomic::Ordering::Relaxed);
-    if v != usize::MAX {
-        return v;
-    }
-    let v = std::env::var("DFSETS_GPU_STAGE_PIECE")
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok())
-        .unwrap_or(16 << 20);
-    STAGE_PIECE.store(v, std::sync::atomic::Ordering::Relaxed);
-    v
+    STAGE_PIECE.get()
 }
 
 /// How a step of the GPU intersection uses what it knows of a resident column's row order
@@ -678,7 +698,20 @@ pub struct PinnedReads {
 
 #[cfg(test)]
 mod tests {
-    use super::Bm25Batch;
+    use super::{Bm25Batch, SizeKnob};
+
+    /// A knob: its default unset (no such variable), a set value, the default again.
+    #[test]
+    fn size_knob_set_else_default() {
+        let knob = SizeKnob::new("DFSETS_TEST_NO_SUCH_VARIABLE", 1 << 20, 7);
+        assert_eq!(knob.get(), 7);
+        knob.set(0);
+        assert_eq!(knob.get(), 0);
+        knob.set(5 << 20);
+        assert_eq!(knob.get(), 5 << 20);
+        knob.set(usize::MAX);
+        assert_eq!(knob.get(), 7);
+    }
 
     /// `DFSETS_GPU_SEARCH_RATIO` and `set_known_order`: every mode survives its encoding
     /// (no search ratio read as the warp mode or a marker), and the environment's spellings
