@@ -354,10 +354,11 @@ fn ratio_cases(rounds: usize) {
         };
         let query_ratios = ratios(&series[0]);
         let ilp_ratios = ratios(&series[jobs.len()]);
-        for (j, (t1, tn)) in series.iter().enumerate() {
+        for (j, pair) in series.iter().enumerate() {
+            let (t1, tn) = pair;
             let (min1, med1) = min_median(t1);
             let (minn, medn) = min_median(tn);
-            let (_, ratio) = min_median(&ratios(&(t1.clone(), tn.clone())));
+            let (_, ratio) = min_median(&ratios(pair));
             match j {
                 0 => println!(
                     "similarity_join/{}/ratio  {rounds} rounds: 1core median {med1:.2} ms (min \
