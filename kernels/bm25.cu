@@ -1258,6 +1258,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
 #define C_BAD 3
 // Written by `bm25_order`: the short items (`and_short`), ordered last.
 #define C_SHORT 4
+// The blocks of `bm25_pack` that have finished (its clock, below).
+#define C_PACKED 5
+// The batch's start on the device's global timer (ns, a 64-bit word), written by
+// `bm25_clear`.
+#define C_CLOCK 8
+
+// The device's global timer (ns).
+__device__ __forceinline__ unsigned long long device_clock() {
+#ifdef BM25_EMU
+    return emu_clock_ns();
+#else
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#endif
+}
 
 // Buckets of work, four per power of two (the host's `work_bucket`).
 __device__ __forceinline__ u32 work_bucket(u64 work) {
@@ -1284,10 +1300,16 @@ __device__ __forceinline__ u32 work_bucket(u64 work) {
 #define MODE_NONE 3
 
 // The plan's counters cleared, before `bm25_plan`, when the batch is read where the host
-// wrote it (below); a copied-up batch brings them cleared.
+// wrote it (below); a copied-up batch brings them cleared. Its clock word gets the batch's
+// start instead (the kernels' window, read back by `bm25_pack`'s last block).
 extern "C" __global__ void bm25_clear(u32* __restrict__ counters, u32 n) {
     KERNEL_SPAN(0);
-    if (threadIdx.x < n) counters[threadIdx.x] = 0;
+    const u32 tid = threadIdx.x;
+    if (n > C_CLOCK + 1 && tid == C_CLOCK) {
+        *reinterpret_cast<unsigned long long*>(counters + C_CLOCK) = device_clock();
+    } else if (tid < n && !(n > C_CLOCK + 1 && tid == C_CLOCK + 1)) {
+        counters[tid] = 0;
+    }
 }
 
 // One thread per query; each clears its query's answer count (out_count[q]) and turns its
@@ -1564,7 +1586,7 @@ __device__ __forceinline__ u32 block_exclusive(u32 v, u32* wsum, u32* total) {
 // answers may lie in the host's pinned memory, written across the bus). off[0] is written by
 // the block holding the last query, the only one that has read every count. (Two kernels
 // before, one block scanning every count: ~13 + 5 us for 10,000 queries on an H100.)
-extern "C" __global__ void __launch_bounds__(PACK_QUERIES) bm25_pack(
+__device__ __forceinline__ void pack_answers(
     u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off,
     u32* __restrict__ off_copy, const u32* __restrict__ out_doc,
     const double* __restrict__ out_score, u32* __restrict__ pk_doc,
@@ -1572,7 +1594,6 @@ extern "C" __global__ void __launch_bounds__(PACK_QUERIES) bm25_pack(
     __shared__ u32 so[PACK_QUERIES + 1];
     __shared__ u32 wsum[PACK_QUERIES / 32];
     __shared__ u32 above_k;
-    KERNEL_SPAN(4);
     const u32 tid = threadIdx.x;
     if (n == 0) {
         if (blockIdx.x == 0 && tid == 0) {
@@ -1643,6 +1664,28 @@ extern "C" __global__ void __launch_bounds__(PACK_QUERIES) bm25_pack(
         if (off_copy != nullptr) {
             off_copy[0] = first;
             off_copy[n] = carry;
+        }
+    }
+}
+
+// `pack_answers`, then the batch's clock: with `clock_host` (the host's pinned memory, or
+// null) the last block to finish writes there the batch's start (counters[C_CLOCK], from
+// `bm25_clear`) and its own end on the global timer, so that the host times the kernels
+// without timing events (each cost the host's launch ~3 us; session 55). The last block is
+// the one whose count of finished blocks (counters[C_PACKED], cleared with the counters)
+// reaches the grid: every other block has finished by then.
+extern "C" __global__ void __launch_bounds__(PACK_QUERIES) bm25_pack(
+    u32 n, u32 k, const u32* __restrict__ count, u32* __restrict__ off,
+    u32* __restrict__ off_copy, const u32* __restrict__ out_doc,
+    const double* __restrict__ out_score, u32* __restrict__ pk_doc,
+    double* __restrict__ pk_score, u32* __restrict__ counters,
+    unsigned long long* __restrict__ clock_host) {
+    KERNEL_SPAN(4);
+    pack_answers(n, k, count, off, off_copy, out_doc, out_score, pk_doc, pk_score);
+    if (clock_host != nullptr && threadIdx.x == 0) {
+        if (atomicAdd(&counters[C_PACKED], 1u) == gridDim.x - 1) {
+            clock_host[0] = *reinterpret_cast<volatile unsigned long long*>(counters + C_CLOCK);
+            clock_host[1] = device_clock();
         }
     }
 }

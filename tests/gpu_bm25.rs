@@ -301,6 +301,46 @@ fn answers_lent_to_the_result_stay_put() {
     }
 }
 
+/// The kernels' window is reported whether the batch timed itself (answers written into the
+/// host's memory: `bm25_pack`'s clock, no events) or was timed by events (answers copied
+/// out, past a zero lent ceiling), in the first calls (launched one by one) and through the
+/// kernel graph after them; the graphs of the two ways are kept apart.
+#[test]
+fn kernel_window_timed_with_and_without_events() {
+    if !gpu_or_skip("kernel_window_timed_with_and_without_events") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            gpu::set_lent_max(usize::MAX);
+        }
+    }
+    let _restore = Restore;
+    let (index, scored, a, _) = lendable_batches(0x71c3);
+    for mode in [Mode::And, Mode::Or] {
+        let rank =
+            |backend| rank_terms(&index, &scored, &a, 10, mode, backend, None, &mut |_| true);
+        let (want, _) = rank(BackendChoice::Cpu);
+        for (ceiling, lent) in [(usize::MAX, true), (0, false), (usize::MAX, true)] {
+            gpu::set_lent_max(ceiling);
+            for call in 0..4 {
+                let (got, s) = rank(BackendChoice::Gpu);
+                assert!(got == want, "{mode:?} lent {lent} call {call}: answers");
+                let t = s.timings.expect("the GPU ran");
+                assert_eq!(t.lent_bytes > 0, lent, "{mode:?} call {call}: {t:?}");
+                assert!(
+                    t.kernel_ms > 0.0 && t.kernel_ms <= t.total_ms,
+                    "{mode:?} lent {lent} call {call}: kernels' window {} of {} ms",
+                    t.kernel_ms,
+                    t.total_ms
+                );
+            }
+        }
+    }
+}
+
 /// Past `gpu::lent_max` a batch's results are copied out of the workspace's buffer instead of
 /// lent in a page-locked block: the same answers, for `topk_bm25` and for `list_intersect`'s
 /// values, and lent again once the ceiling is back.
@@ -727,8 +767,8 @@ fn bench_gpu_bm25() {
          inside = the whole of bm25_topk\n\
          plan = (device-planned) queueing the copy up, the planning and the ranking launches (no wait), part of launch\n\
          copy / modes = (device-planned) the parts of fill that write the term ids, offsets and flags (counting the queries) / pick the queries left to the CPU\n\
-         copy up / submit = the parts of launch that queue the copy up (and its event) / the kernels (a graph launch)\n\
-         | mode | k | call | inside | lookup | fill (copy / modes) | sort | launch (copy up / submit) | plan | wait (kernel) | cpu | unpack | on GPU (calls through a kernel graph) |\n\
+         copy up / submit = the parts of launch that queue the copy up (and its event) / the kernels (a graph launch); [set n / launch] = the part of submit setting n graph nodes' parameters / cuGraphLaunch\n\
+         | mode | k | call | inside | lookup | fill (copy / modes) | sort | launch (copy up / submit [set n / launch]) | plan | wait (kernel) | cpu | unpack | on GPU (calls through a kernel graph) |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let batch: Queries = qs.iter().collect();
@@ -798,7 +838,7 @@ fn bench_gpu_bm25() {
             eprint!("{line}");
             report += &line;
             let line = format!(
-                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3} / {:.3}) | {:.3} | {:.3} ({:.3} / {:.3}) | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} ({}/{}) |\n",
+                "| {mode:?} | {k} | {g:.2} | {:.3} | {:.3} | {:.3} ({:.3} / {:.3}) | {:.3} | {:.3} ({:.3} / {:.3} [{:.4} {} / {:.4}]) | {:.3} | {:.3} ({:.3}) | {:.3} | {:.3} | {} ({}/{}) |\n",
                 med(|t| t.total_ms),
                 med(|t| t.lookup_ms),
                 med(|t| t.fill_ms),
@@ -808,6 +848,9 @@ fn bench_gpu_bm25() {
                 med(|t| t.launch_ms),
                 med(|t| t.queue_copy_ms),
                 med(|t| t.submit_ms),
+                med(|t| t.graph_update_ms),
+                tims[tims.len() - 1].graph_nodes_updated,
+                med(|t| t.graph_launch_ms),
                 med(|t| t.plan_ms),
                 med(|t| t.wait_ms),
                 med(|t| t.kernel_ms),

@@ -7,8 +7,16 @@
 // per suite with the number of wrong queries ("bad=0" when all agree) and "OK" at the end.
 #include "emu.h"
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
+// The device's global timer, on the CPU (bm25.cu's `device_clock`).
+#define BM25_EMU
+inline unsigned long long emu_clock_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 inline double __longlong_as_double(long long x) {
@@ -140,11 +148,28 @@ static void pack(u32 nq, u32 k, const std::vector<u32>& out_count, const std::ve
     std::vector<u32> off_copy(nq + 1, 0xdeadbeef);
     // The host's grid: a block per PACK_QUERIES queries, at most PACK_BLOCKS (one at least).
     const u32 grid = std::max<u32>(1, std::min<u32>((nq + PACK_QUERIES - 1) / PACK_QUERIES, PACK_BLOCKS));
+    // The batch's clock, as `bm25_clear` leaves the counters (start stamped, the rest 0), in
+    // every other batch; the others are timed by events (no clock words: untouched).
+    static unsigned calls = 0;
+    const bool clocked = calls++ % 2 == 0;
+    std::vector<u32> counters(16, 0);
+    launch(1, 32, [&] { bm25_clear(counters.data(), 16); });
+    const unsigned long long start = *reinterpret_cast<unsigned long long*>(&counters[C_CLOCK]);
+    bool clock_ok = start != 0;
+    for (u32 i = 0; i < 16; i++) clock_ok &= i == C_CLOCK || i == C_CLOCK + 1 || counters[i] == 0;
+    unsigned long long clock_host[2] = {7, 7};
     launch(grid, PACK_QUERIES, [&] {
         bm25_pack(nq, k, out_count.data(), off.data(), off_copy.data(), out_doc.data(), out_score.data(),
-                  pk_doc.data(), pk_score.data());
+                  pk_doc.data(), pk_score.data(), clocked ? counters.data() : nullptr,
+                  clocked ? clock_host : nullptr);
     });
-    if (off_copy != off) off[0] = 0xdeadbeef;  // read as a wrong offset by every check
+    // Clocked: every block counted, the start copied, the end after it. Else untouched.
+    if (clocked) {
+        clock_ok &= counters[C_PACKED] == grid && clock_host[0] == start && clock_host[1] >= start;
+    } else {
+        clock_ok &= counters[C_PACKED] == 0 && clock_host[0] == 7 && clock_host[1] == 7;
+    }
+    if (off_copy != off || !clock_ok) off[0] = 0xdeadbeef;  // read as a wrong offset by every check
 }
 
 // Packing alone, for batches larger than the scan's block (runs of several counts a thread),
@@ -356,11 +381,11 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     // written into the device's own arrays, the counters cleared by `bm25_clear`), or copied
     // up (offsets and flags read and the modes written in place; the counters come cleared).
     const bool mapped = rng() % 2 == 0;
-    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(8, mapped ? 0xdeadbeefu : 0u), order(cap_items, 0xffffffffu);
+    std::vector<u32> split_q(nq), split_lo(nq), split_hi(nq), counters(16, mapped ? 0xdeadbeefu : 0u), order(cap_items, 0xffffffffu);
     const std::vector<unsigned char> q_flag(q_mode);
     std::vector<u32> q_off_dev(nq + 1, 0xdeadbeefu);
     std::vector<unsigned char> q_mode_dev(nq, 0xee);
-    if (mapped) launch(1, 32, [&] { bm25_clear(counters.data(), 8); });
+    if (mapped) launch(1, 32, [&] { bm25_clear(counters.data(), 16); });
     // Not cleared: `bm25_plan` clears each query's count.
     std::vector<u32> out_count(nq, 0xdeadbeef), out_doc(nq * k), and_count(nq, 0);
     // Not cleared either: `bm25_plan` clears the count of each split query's completed blocks.
@@ -376,7 +401,7 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     });
     // The counters' copy for the host, in some suites (null in the others, as with
     // DFSETS_BM25_ZERO_COPY=0).
-    std::vector<u32> counters_host(8, 0xdeadbeef);
+    std::vector<u32> counters_host(16, 0xdeadbeef);
     const bool to_host = rng() % 2 == 0;
     launch(1, 1024, [&] {
         bm25_order(counters.data(), keys.data(), order.data(),
@@ -392,7 +417,9 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     }
     bad += q_mode != want_mode;
     // Entries 0 ..= C_SHORT are the host's; the rest is not written.
-    for (u32 i = 0; i < 8; i++) bad += counters_host[i] != (to_host && i <= C_SHORT ? counters[i] : 0xdeadbeef);
+    for (u32 i = 0; i < 16; i++) bad += counters_host[i] != (to_host && i <= C_SHORT ? counters[i] : 0xdeadbeef);
+    // Cleared (mapped) or uploaded cleared: the clock word stamped by `bm25_clear` alone.
+    for (u32 i = C_SHORT + 1; i < 16; i++) bad += (counters[i] != 0) != (mapped && (i == C_CLOCK || i == C_CLOCK + 1) && counters[C_CLOCK + 1] != 0);
     // The short items (key 0: pure AND, whole, at most SHORT_TERMS lists, the shortest at most
     // SHORT_LEAD postings) counted and ordered last, for `and_short`.
     const u32 n_short = counters[C_SHORT];

@@ -309,15 +309,17 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         if let Some(p) = self.plan() {
             record(&p.metrics, texts.len(), &stats, started);
         }
-        // The flat result is the list's layout: offsets, then the struct's two columns.
-        let offsets = ranked
+        // The flat result is the list's layout: offsets, then the struct's two columns. The
+        // offsets rise from 0, so below 2^31 they are the list's i32 offsets as they lie.
+        if ranked
             .offsets
-            .iter()
-            .map(|&o| i32::try_from(o))
-            .collect::<std::result::Result<Vec<i32>, _>>();
-        let Ok(offsets) = offsets else {
+            .last()
+            .is_some_and(|&o| i32::try_from(o).is_err())
+        {
             return exec_err!("topk_bm25: more than 2^31 results in one batch");
-        };
+        }
+        let n_offsets = ranked.offsets.len();
+        let offsets = ScalarBuffer::<i32>::new(ranked.offsets.into_inner(), 0, n_offsets);
         let values = StructArray::try_new(
             hit_fields(),
             vec![
@@ -328,7 +330,7 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         )?;
         let list = ListArray::try_new(
             Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
-            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            OffsetBuffer::new(offsets),
             Arc::new(values),
             texts.nulls().cloned(),
         )?;

@@ -78,11 +78,12 @@ pub fn rank_one(
 
 /// A batch's results in one flat (columnar) layout: query `i`'s hits, best first, are
 /// `docs[offsets[i]..offsets[i + 1]]` with `scores[..]` alike (the Arrow list's layout). The
-/// doc ids and scores are Arrow buffers: the GPU's may lie where the device wrote them (a
-/// page-locked block the buffers hold), and they become the result's columns uncopied.
+/// offsets, doc ids and scores are Arrow buffers: the GPU's may lie where the device wrote
+/// them (a page-locked block the buffers hold), and they become the result's list uncopied
+/// (the offsets as the list's i32 offsets, below 2^31). A batch holds fewer than 2^32 hits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ranked {
-    pub offsets: Vec<usize>,
+    pub offsets: ScalarBuffer<u32>,
     pub docs: ScalarBuffer<u32>,
     pub scores: ScalarBuffer<f64>,
 }
@@ -90,7 +91,7 @@ pub struct Ranked {
 impl Default for Ranked {
     fn default() -> Self {
         Self {
-            offsets: Vec::new(),
+            offsets: Vec::new().into(),
             docs: Vec::new().into(),
             scores: Vec::new().into(),
         }
@@ -109,7 +110,7 @@ impl Ranked {
 
     /// Query `i`'s hits.
     pub fn hits(&self, i: usize) -> Vec<Hit> {
-        let r = self.offsets[i]..self.offsets[i + 1];
+        let r = self.offsets[i] as usize..self.offsets[i + 1] as usize;
         self.docs[r.clone()]
             .iter()
             .zip(&self.scores[r])
@@ -130,10 +131,11 @@ impl Ranked {
     {
         let mut offsets = Vec::with_capacity(counts.len() + 1);
         let mut total = 0usize;
-        offsets.push(0);
+        offsets.push(0u32);
         for &c in counts {
             total += c;
-            offsets.push(total);
+            // (2^32 hits would be 48 GiB of doc ids and scores.)
+            offsets.push(u32::try_from(total).expect("a batch of fewer than 2^32 hits"));
         }
         let mut docs = vec![0u32; total];
         let mut scores = vec![0f64; total];
@@ -142,7 +144,7 @@ impl Ranked {
         let (mut d, mut s) = (docs.as_mut_slice(), scores.as_mut_slice());
         for q0 in (0..counts.len()).step_by(FILL_GROUP) {
             let q1 = (q0 + FILL_GROUP).min(counts.len());
-            let len = offsets[q1] - offsets[q0];
+            let len = (offsets[q1] - offsets[q0]) as usize;
             let (dh, dt) = std::mem::take(&mut d).split_at_mut(len);
             let (sh, st) = std::mem::take(&mut s).split_at_mut(len);
             (d, s) = (dt, st);
@@ -163,7 +165,7 @@ impl Ranked {
             parts.into_par_iter().for_each(fill_part);
         }
         Self {
-            offsets,
+            offsets: offsets.into(),
             docs: docs.into(),
             scores: scores.into(),
         }
@@ -401,7 +403,7 @@ mod tests {
             let r = Ranked::from_lists(&lists);
             proptest::prop_assert_eq!(r.len(), lists.len());
             proptest::prop_assert_eq!(r.to_lists(), lists.clone());
-            proptest::prop_assert_eq!(r.offsets.last().copied().unwrap_or(0), r.docs.len());
+            proptest::prop_assert_eq!(r.offsets.last().copied().unwrap_or(0) as usize, r.docs.len());
             proptest::prop_assert_eq!(r.docs.len(), r.scores.len());
         }
     }

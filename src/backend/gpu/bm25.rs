@@ -816,6 +816,10 @@ impl Ctx<'_> {
 /// after the kernels, after the copy down.
 struct Staged {
     gq: usize,
+    /// Each batch query's device slot, or `ON_CPU |` its place in `cpu_q`. Empty: every
+    /// query in the slot of its batch index (a device-planned batch with none on the CPU;
+    /// writing that identity into a fresh vector took 7-10 µs of a 10,000-query call on the
+    /// H200 hosts, its pages faulted in; session 55). Read through [`Staged::slot_at`].
     slot: Vec<u32>,
     /// Batch indices of the queries left to the CPU.
     cpu_q: Vec<u32>,
@@ -843,13 +847,35 @@ struct Staged {
     packed_on_host: bool,
     /// Whether that buffer is the workspace's block lent to the result (`lends`).
     lent: bool,
+    /// Whether the batch timed its kernels itself (`planned::launch`; no events).
+    clocked: bool,
 }
 
 impl Staged {
     /// Every query on the device, each in the slot of its batch index (a device-planned batch
     /// with no query left to the CPU): the packed answers are the result's layout.
     fn in_batch_order(&self) -> bool {
-        self.planned.is_some() && self.cpu_q.is_empty() && self.gq == self.slot.len()
+        self.planned.is_some()
+            && self.cpu_q.is_empty()
+            && (self.slot.is_empty() || self.gq == self.slot.len())
+    }
+
+    /// Queries of the batch.
+    fn queries(&self) -> usize {
+        if self.slot.is_empty() {
+            self.gq
+        } else {
+            self.slot.len()
+        }
+    }
+
+    /// Batch query `i`'s slot (`slot`).
+    fn slot_at(&self, i: usize) -> u32 {
+        if self.slot.is_empty() {
+            i as u32
+        } else {
+            self.slot[i]
+        }
     }
 
     /// A batch of `nq` queries, `gq` of them for the device, nothing placed or laid out yet.
@@ -872,6 +898,7 @@ impl Staged {
             planned: None,
             packed_on_host: false,
             lent: false,
+            clocked: false,
         }
     }
 }
@@ -1260,6 +1287,8 @@ fn launch(
         piece: d_piece,
         packed_host,
         piece_done: 0,
+        counters: 0,
+        clock_host: 0,
     };
     // SAFETY: the part's input region holds n_items order entries and items (queries < gq,
     // piece slots < n_pieces, a piece's lead list among its query's lists and its part below
@@ -1269,7 +1298,7 @@ fn launch(
     // pieces at most CAP / k, by `plan`); `d_out` and `d_piece` are laid out by `lay` for gq
     // queries and n_pieces pieces.
     let launches = rank_launches(f, c, lay, &rank);
-    unsafe { submit(g, ws, &launches, events, t)? };
+    unsafe { submit(g, ws, &launches, Some(events), t)? };
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     record(&events[3])?;
     t.h2d_bytes += (part.in_bytes + part.items_bytes) as u64;
@@ -1416,6 +1445,11 @@ struct RankArgs {
     /// `bm25_plan`): the block completing a split query merges it, and `bm25_merge` is not
     /// launched. 0: a host-staged batch, merged by `bm25_merge`.
     piece_done: u64,
+    /// The batch's clock (a device-planned batch timed on the device): its counters, where
+    /// `bm25_clear` wrote the start, and the host's pinned words `bm25_pack` writes the start
+    /// and the end into. 0 and 0: timed by events instead.
+    counters: u64,
+    clock_host: u64,
 }
 
 /// Whether AND batches use `bm25_topk_and` (`DFSETS_BM25_AND_KERNEL`, default 1).
@@ -1533,6 +1567,8 @@ fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<La
             p_scores.into(),
             p_pk_doc.into(),
             p_pk_score.into(),
+            a.counters.into(),
+            a.clock_host.into(),
         ],
     });
     launches
@@ -1542,6 +1578,7 @@ fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs) -> Vec<La
 /// opens) and `events[2]` (it closes): in one submission, through the workspace's kernel
 /// graph (`graph.rs`; its event nodes record the two events), once a batch with the same
 /// kernels came before, else one by one. `DFSETS_GPU_GRAPH=0` keeps them one by one.
+/// Without `events` the batch times itself (`bm25_pack`'s clock): nothing recorded.
 ///
 /// # Safety
 /// Each launch's arguments match its kernel's parameter list, and every device pointer among
@@ -1550,10 +1587,10 @@ unsafe fn submit(
     g: &Gpu,
     ws: &mut Workspace,
     launches: &[Launch],
-    events: &'static [CudaEvent; 4],
+    events: Option<&'static [CudaEvent; 4]>,
     t: &mut Bm25Timings,
 ) -> Result<(), GpuError> {
-    let span = (events[1].cu_event(), events[2].cu_event());
+    let span = events.map(|e| (e[1].cu_event(), e[2].cu_event()));
     // SAFETY: the caller's contract; the events are made once and never dropped, so they
     // outlive every graph that records them.
     let graphed = unsafe {
@@ -1562,20 +1599,20 @@ unsafe fn submit(
             g.stream.cu_stream(),
             g.graphs,
             span,
-            |graphed| {
-                if graphed {
-                    Ok(())
-                } else {
-                    g.record(&events[1])
-                }
+            |graphed| match events {
+                Some(e) if !graphed => g.record(&e[1]),
+                _ => Ok(()),
             },
             |l| g.launch_words(l),
         )?
     };
     if graphed {
         t.graph_launches += 1;
-    } else {
-        g.record(&events[2])?;
+        t.graph_update_ms += ws.graph.last.update_ms;
+        t.graph_launch_ms += ws.graph.last.launch_ms;
+        t.graph_nodes_updated += ws.graph.last.updated;
+    } else if let Some(e) = events {
+        g.record(&e[2])?;
     }
     Ok(())
 }
@@ -1621,20 +1658,23 @@ fn unpack(
     }
     let dev_hits = off[gq] as usize;
     if part.lent && gq > 0 {
-        // The hits stay where the device wrote them.
-        let offsets = off.iter().map(|&o| o as usize).collect();
+        // The hits and their offsets stay where the device wrote them. (The offsets copied
+        // into a fresh vector took a few µs of a 10,000-query call on the H200 hosts, its
+        // pages faulted in; session 55.)
         let block = Arc::new(ws.pin_lent.take().expect("a lent batch holds its block"));
-        // SAFETY: `d0` and `s0` are 256-byte aligned offsets into the block, where the
-        // device wrote `dev_hits` doc ids and scores (within gq * k each: checked above); the
-        // stream is synchronized and the block left the workspace, so nothing writes it.
-        let (docs, scores) = unsafe {
+        // SAFETY: the block starts with the gq + 1 offsets (checked above), and `d0` and `s0`
+        // are 256-byte aligned offsets into it, where the device wrote `dev_hits` doc ids and
+        // scores (within gq * k each: checked above); the stream is synchronized and the
+        // block left the workspace, so nothing writes it.
+        let (offsets, docs, scores) = unsafe {
             (
+                LentPinned::buffer(&block, 0, (gq + 1) * 4),
                 LentPinned::buffer(&block, d0, dev_hits * 4),
                 LentPinned::buffer(&block, s0, dev_hits * 8),
             )
         };
         return Ok(Ranked {
-            offsets,
+            offsets: ScalarBuffer::new(offsets, 0, gq + 1),
             docs: ScalarBuffer::new(docs, 0, dev_hits),
             scores: ScalarBuffer::new(scores, 0, dev_hits),
         });
@@ -1642,10 +1682,9 @@ fn unpack(
     let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
     if hits > unpack_seq_max() {
         // Many hits: counts first, filled in parallel.
-        let counts: Vec<usize> = part
-            .slot
-            .iter()
-            .map(|&s| {
+        let counts: Vec<usize> = (0..part.queries())
+            .map(|i| part.slot_at(i))
+            .map(|s| {
                 if s & ON_CPU != 0 {
                     cpu_hits[(s & !ON_CPU) as usize].len()
                 } else {
@@ -1654,7 +1693,7 @@ fn unpack(
             })
             .collect();
         return Ok(Ranked::build(&counts, |i, docs, scores| {
-            let s = part.slot[i];
+            let s = part.slot_at(i);
             if s & ON_CPU != 0 {
                 for ((h, d), sc) in cpu_hits[(s & !ON_CPU) as usize]
                     .iter()
@@ -1676,17 +1715,22 @@ fn unpack(
         // fill above: one thread copying OR k 100's 835,000 hits took 4.9-5.4 ms on an H100
         // host, the fill 1.0-2.6.)
         return Ok(Ranked {
-            offsets: off.iter().map(|&o| o as usize).collect(),
+            offsets: off.to_vec().into(),
             docs: dev_doc[..dev_hits].to_vec().into(),
             scores: dev_score[..dev_hits].to_vec().into(),
         });
     }
     // One pass on this thread: the device's hits are copied a run of consecutive slots at a
     // time (the whole batch at once when the CPU's share has no hits).
-    let mut offsets = Vec::with_capacity(part.slot.len() + 1);
+    let mut offsets: Vec<u32> = Vec::with_capacity(part.queries() + 1);
     let mut docs = Vec::with_capacity(hits);
     let mut scores = Vec::with_capacity(hits);
     offsets.push(0);
+    if u32::try_from(hits).is_err() {
+        return Err(GpuError::Unsupported(format!(
+            "{hits} topk_bm25 hits in one batch (fewer than 2^32)"
+        )));
+    }
     // The pending run: slots lo..next, not yet copied.
     let (mut lo, mut next) = (0usize, 0usize);
     let flush = |docs: &mut Vec<u32>, scores: &mut Vec<f64>, lo: usize, next: usize| {
@@ -1694,7 +1738,7 @@ fn unpack(
         docs.extend_from_slice(&dev_doc[r.clone()]);
         scores.extend_from_slice(&dev_score[r]);
     };
-    for &s in &part.slot {
+    for s in (0..part.queries()).map(|i| part.slot_at(i)) {
         if s & ON_CPU != 0 {
             let h = &cpu_hits[(s & !ON_CPU) as usize];
             if !h.is_empty() {
@@ -1711,11 +1755,12 @@ fn unpack(
             }
             next = s + 1;
         }
-        offsets.push(docs.len() + (off[next] - off[lo]) as usize);
+        // (At most `hits`, below 2^32: checked above.)
+        offsets.push((docs.len() + (off[next] - off[lo]) as usize) as u32);
     }
     flush(&mut docs, &mut scores, lo, next);
     Ok(Ranked {
-        offsets,
+        offsets: offsets.into(),
         docs: docs.into(),
         scores: scores.into(),
     })

@@ -2151,7 +2151,7 @@ fn run_chunk<T: SetElem>(
                 &queued,
                 cs,
                 g.graphs,
-                span_raw,
+                Some(span_raw),
                 |_| g.record(&e1),
                 |l| g.launch_words(l),
             )?

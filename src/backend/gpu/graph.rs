@@ -99,6 +99,8 @@ struct Built {
     exec: sys::CUgraphExec,
     nodes: Vec<sys::CUgraphNode>,
     now: Vec<Launch>,
+    /// Whether the graph records a span's events (event nodes at its ends).
+    spanned: bool,
 }
 
 impl Drop for Built {
@@ -118,7 +120,7 @@ impl Built {
     /// for later launches).
     unsafe fn new(
         launches: &[Launch],
-        span: (sys::CUevent, sys::CUevent),
+        span: Option<(sys::CUevent, sys::CUevent)>,
     ) -> Result<Self, GpuError> {
         let mut graph: sys::CUgraph = ptr::null_mut();
         // SAFETY: plain creation; the context is bound by the caller.
@@ -130,14 +132,18 @@ impl Built {
             exec: ptr::null_mut(),
             nodes: Vec::with_capacity(launches.len()),
             now: launches.to_vec(),
+            spanned: span.is_some(),
         };
         // The span's first event, then the kernels, then its second event, in a chain.
-        let mut first: sys::CUgraphNode = ptr::null_mut();
-        // SAFETY: the event outlives the graph (the caller's contract); no dependencies.
-        unsafe { sys::cuGraphAddEventRecordNode(&mut first, built.graph, ptr::null(), 0, span.0) }
+        let mut last: sys::CUgraphNode = ptr::null_mut();
+        if let Some(span) = span {
+            // SAFETY: the event outlives the graph (the caller's contract); no dependencies.
+            unsafe {
+                sys::cuGraphAddEventRecordNode(&mut last, built.graph, ptr::null(), 0, span.0)
+            }
             .result()
             .map_err(drv("graph event node"))?;
-        let mut last = first;
+        }
         for l in launches {
             let mut addrs = l.addrs();
             let params = l.node_params(&mut addrs);
@@ -145,17 +151,20 @@ impl Built {
             // SAFETY: `params` points at `addrs`, which point at `l`'s words, all alive for
             // the call (the driver copies the argument values); the one dependency is the
             // previous node of this graph.
-            unsafe { sys::cuGraphAddKernelNode_v2(&mut node, built.graph, &last, 1, &params) }
+            let deps = usize::from(!last.is_null());
+            unsafe { sys::cuGraphAddKernelNode_v2(&mut node, built.graph, &last, deps, &params) }
                 .result()
                 .map_err(drv("graph kernel node"))?;
             built.nodes.push(node);
             last = node;
         }
-        let mut end: sys::CUgraphNode = ptr::null_mut();
-        // SAFETY: as the first event node; after the last kernel.
-        unsafe { sys::cuGraphAddEventRecordNode(&mut end, built.graph, &last, 1, span.1) }
-            .result()
-            .map_err(drv("graph event node"))?;
+        if let Some(span) = span {
+            let mut end: sys::CUgraphNode = ptr::null_mut();
+            // SAFETY: as the first event node; after the last kernel.
+            unsafe { sys::cuGraphAddEventRecordNode(&mut end, built.graph, &last, 1, span.1) }
+                .result()
+                .map_err(drv("graph event node"))?;
+        }
         let mut exec: sys::CUgraphExec = ptr::null_mut();
         // SAFETY: `built.graph` is complete; `exec` is destroyed with it.
         unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, built.graph, 0) }
@@ -165,8 +174,9 @@ impl Built {
         Ok(built)
     }
 
-    fn fits(&self, launches: &[Launch]) -> bool {
-        self.now.len() == launches.len()
+    fn fits(&self, launches: &[Launch], spanned: bool) -> bool {
+        self.spanned == spanned
+            && self.now.len() == launches.len()
             && self.now.iter().zip(launches).all(|(a, b)| a.same_kernel(b))
     }
 
@@ -177,7 +187,9 @@ impl Built {
         launches: &[Launch],
         stream: sys::CUstream,
         before: impl FnOnce() -> Result<(), GpuError>,
+        times: &mut GraphCallTimes,
     ) -> Result<(), GpuError> {
+        let t0 = std::time::Instant::now();
         for (i, l) in launches.iter().enumerate() {
             if self.now[i] == *l {
                 continue;
@@ -190,12 +202,17 @@ impl Built {
                 .result()
                 .map_err(drv("graph kernel node update"))?;
             self.now[i] = l.clone();
+            times.updated += 1;
         }
+        times.update_ms = t0.elapsed().as_secs_f64() * 1e3;
         before()?;
+        let t1 = std::time::Instant::now();
         // SAFETY: every node holds this call's launch.
-        unsafe { sys::cuGraphLaunch(self.exec, stream) }
+        let r = unsafe { sys::cuGraphLaunch(self.exec, stream) }
             .result()
-            .map_err(drv("graph launch"))
+            .map_err(drv("graph launch"));
+        times.launch_ms = t1.elapsed().as_secs_f64() * 1e3;
+        r
     }
 }
 
@@ -206,9 +223,20 @@ const GRAPHS_KEPT: usize = 4;
 /// Kernel sequences remembered without a graph (seen once).
 const SEQUENCES_SEEN: usize = 8;
 
+/// Host time of the last call through a built graph: its nodes' parameters set (and how
+/// many nodes changed), then `cuGraphLaunch`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct GraphCallTimes {
+    pub(super) update_ms: f64,
+    pub(super) launch_ms: f64,
+    pub(super) updated: u32,
+}
+
 /// A workspace's graphs and what it needs to decide when to build one.
 #[derive(Default)]
 pub(super) struct LaunchGraph {
+    /// The last call through a built graph.
+    pub(super) last: GraphCallTimes,
     built: Vec<Built>,
     /// Kernel sequences (function and block of each launch) seen once, oldest first.
     seen: Vec<Vec<(usize, u32)>>,
@@ -224,8 +252,10 @@ impl LaunchGraph {
     /// kernels came before (unless graphs are off: `DFSETS_GPU_GRAPH=0`), else one by one
     /// through `one`. `before` runs once, right before the first thing is queued (a graph's
     /// parameters are set by then), told whether a graph is about to run them. A graph
-    /// records `span`'s events before its first kernel and after its last (the events must
-    /// outlive this `LaunchGraph`). Whether a graph ran the launches.
+    /// records `span`'s events, if any, before its first kernel and after its last (the
+    /// events must outlive this `LaunchGraph`; graphs with and without them are kept apart:
+    /// event nodes cost `cuGraphLaunch` ~3 µs each, session 55). Whether a graph ran the
+    /// launches.
     ///
     /// # Safety
     /// Each launch's arguments must match its kernel's parameter list, and every device
@@ -235,7 +265,7 @@ impl LaunchGraph {
         launches: &[Launch],
         stream: sys::CUstream,
         enabled: bool,
-        span: (sys::CUevent, sys::CUevent),
+        span: Option<(sys::CUevent, sys::CUevent)>,
         before: impl FnOnce(bool) -> Result<(), GpuError>,
         mut one: impl FnMut(&Launch) -> Result<(), GpuError>,
     ) -> Result<bool, GpuError> {
@@ -264,14 +294,21 @@ impl LaunchGraph {
         &mut self,
         launches: &[Launch],
         stream: sys::CUstream,
-        span: (sys::CUevent, sys::CUevent),
+        span: Option<(sys::CUevent, sys::CUevent)>,
         before: &mut Option<B>,
     ) -> Result<bool, GpuError> {
         let run_before = |before: &mut Option<B>| before.take().map_or(Ok(()), |b| b(true));
-        if let Some(i) = self.built.iter().position(|b| b.fits(launches)) {
+        if let Some(i) = self
+            .built
+            .iter()
+            .position(|b| b.fits(launches, span.is_some()))
+        {
             let b = self.built.remove(i);
             self.built.insert(0, b);
-            unsafe { self.built[0].launch(launches, stream, || run_before(before))? };
+            self.last = GraphCallTimes::default();
+            unsafe {
+                self.built[0].launch(launches, stream, || run_before(before), &mut self.last)?
+            };
             return Ok(true);
         }
         let kernels: Vec<(usize, u32)> = launches.iter().map(|l| (l.f as usize, l.block)).collect();

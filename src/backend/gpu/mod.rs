@@ -390,6 +390,12 @@ pub struct Bm25Timings {
     pub queue_copy_ms: f64,
     /// Part of `launch_ms`: queueing the kernels (one graph launch, or one by one).
     pub submit_ms: f64,
+    /// Part of `submit_ms` through a graph: its nodes' parameters set.
+    pub graph_update_ms: f64,
+    /// Part of `submit_ms` through a graph: `cuGraphLaunch`.
+    pub graph_launch_ms: f64,
+    /// The graph's nodes whose parameters changed.
+    pub graph_nodes_updated: u32,
     /// Host time queueing the copies and launches.
     pub launch_ms: f64,
     /// Host time blocked on the device (the synchronize, after the CPU's share).

@@ -143,11 +143,9 @@ pub(super) fn stage(
             "{n_terms} query terms in one topk_bm25 batch (the device takes fewer than 2^32)"
         )));
     }
-    // The device's slots are the batch's indices.
-    let mut part = Staged {
-        slot: (0..nq as u32).collect(),
-        ..Staged::new(0, 0)
-    };
+    // The device's slots are the batch's indices (an empty `slot`, until a query goes to
+    // the CPU).
+    let mut part = Staged::new(0, 0);
     part.gq = nq;
     part.on_device = nq;
     t.lookup_ms += ms(t0);
@@ -224,6 +222,7 @@ pub(super) fn stage(
     // `terms(i)` / `mode(i)`, branching on each query's empty term list, took 0.13-0.15 ms.)
     let t_modes = std::time::Instant::now();
     if long > 0 {
+        part.slot = (0..nq as u32).collect();
         for i in 0..nq {
             if batch.terms(i).len() > BM25_MAX_TERMS {
                 part.slot[i] = ON_CPU | part.cpu_q.len() as u32;
@@ -393,6 +392,20 @@ pub(super) fn launch(
             .ok(),
         None => None,
     };
+    // The batch times itself when nothing crosses the bus by copies (read where the host
+    // wrote it, answers and counters written into the host's memory): `bm25_clear` stamps
+    // its start, `bm25_pack`'s last block its end, into the counters' pinned copy. Timing
+    // events cost the launch ~3 µs each on the H200 hosts (session 55); the copies' times
+    // need them, so a batch with copies keeps them.
+    part.clocked = !part.copied_up && counters_host.is_some();
+    let clock_host = match counters_host {
+        Some(h) if part.clocked => {
+            let pin = Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice();
+            pin[CLOCK_HOST..COUNTER_BYTES].fill(0);
+            h + CLOCK_HOST as u64
+        }
+        _ => 0,
+    };
     // The parameters of `bm25_clear`, `bm25_plan` and `bm25_order` in kernels/bm25.cu: gq + 1
     // offsets over n_terms term ids (each checked against the index's term count on the
     // device) and gq unknown-term flags at `p_in` (the mapped pinned buffer, or its copy in
@@ -481,6 +494,8 @@ pub(super) fn launch(
         piece: d_piece,
         packed_host,
         piece_done: p_done,
+        counters: p_counters,
+        clock_host,
     };
     // The ranking launches read the items, order, lists and floors that `bm25_plan` /
     // `bm25_order` write before them on the same stream: at most `item_bound` items
@@ -492,7 +507,8 @@ pub(super) fn launch(
     launches.extend(rank_launches(f, c, &part.layout, &rank));
     let t_submit = std::time::Instant::now();
     // SAFETY: the launches' parameters are as the two notes above say.
-    unsafe { submit(g, ws, &launches, events, t)? };
+    let timing = (!part.clocked).then_some(events);
+    unsafe { submit(g, ws, &launches, timing, t)? };
     t.submit_ms += t_submit.elapsed().as_secs_f64() * 1e3;
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     if counters_host.is_none() {
@@ -503,11 +519,13 @@ pub(super) fn launch(
         unsafe { result::memcpy_dtoh_async(&mut pin[..], p_counters, cs) }
             .map_err(drv("device-to-host copy"))?;
     }
-    g.record(&events[3])?;
+    if !part.clocked {
+        g.record(&events[3])?;
+        part.events = Some(events);
+    }
     t.plan_ms += t_plan.elapsed().as_secs_f64() * 1e3;
     t.h2d_bytes += part.in_bytes as u64;
     t.d2h_bytes += COUNTER_BYTES as u64;
-    part.events = Some(events);
     Ok(part)
 }
 
@@ -552,6 +570,11 @@ pub(super) fn settle(
         )));
     }
     t.warp_queries += c[C_SHORT] as usize;
+    if part.clocked {
+        let clock = view::<u64>(&pin.as_slice()[CLOCK_HOST..COUNTER_BYTES]);
+        // (0 if the device wrote no clock: timing only, never the answers.)
+        t.kernel_ms = clock[1].saturating_sub(clock[0]) as f64 / 1e6;
+    }
     part.n_items = c[C_ITEMS] as usize;
     part.n_split = c[C_SPLITS] as usize;
     part.n_pieces = (c[C_PIECES] as usize).min(pl.max_pieces);
@@ -559,15 +582,19 @@ pub(super) fn settle(
     Ok(())
 }
 
-/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu) and `bm25_order` (C_SHORT).
+/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu) and `bm25_order` (C_SHORT);
+/// words 5 ..= 9 are the device's own (C_PACKED, C_CLOCK).
 const C_ITEMS: usize = 0;
 const C_PIECES: usize = 1;
 const C_SPLITS: usize = 2;
 const C_BAD: usize = 3;
 const C_SHORT: usize = 4;
-/// Words of counters (C_ITEMS ..= C_SHORT, rounded up).
-const COUNTERS: usize = 8;
+/// Words of counters (C_ITEMS ..= C_CLOCK + 1, rounded up), on the device and in the host's
+/// pinned copy; the copy's last 16 bytes are the batch's clock (`bm25_pack`: start and end
+/// on the device's global timer, ns).
+const COUNTERS: usize = 16;
 const COUNTER_BYTES: usize = COUNTERS * 4;
+const CLOCK_HOST: usize = COUNTER_BYTES - 16;
 
 #[cfg(test)]
 mod tests {
