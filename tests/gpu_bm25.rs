@@ -772,6 +772,18 @@ fn bench_gpu_bm25() {
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let batch: Queries = qs.iter().collect();
+    // `DFSETS_BENCH_REST_US`: a pause before each timed GPU call, so that the pool's workers,
+    // still spinning after the CPU's batch (or the host-planned path's staging) when the call
+    // starts right after it, have gone to sleep (default 0: back to back).
+    let rest_us: u64 = std::env::var("DFSETS_BENCH_REST_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let rest = || {
+        if rest_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(rest_us));
+        }
+    };
     let rank = |k, mode, backend| {
         rank_terms(&index, &scored, &batch, k, mode, backend, None, &mut |_| {
             true
@@ -806,6 +818,7 @@ fn bench_gpu_bm25() {
                 // The two GPU paths in turn, each first in every other round.
                 for device_plan in [round % 2 == 0, round % 2 == 1] {
                     gpu::set_bm25_device_plan(device_plan);
+                    rest();
                     let t0 = Instant::now();
                     let (r, s) = rank(k, mode, BackendChoice::Gpu);
                     let ms = t0.elapsed().as_secs_f64() * 1e3;
