@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -68,6 +69,70 @@ __global__ void work(unsigned long long ns, unsigned* sink, const unsigned* in) 
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
     if (threadIdx.x == 0 && blockIdx.x == 0) sink[0] += in ? in[0] : 1u;
+}
+
+// A kernel of 25 pointer-sized parameters (as `bm25_plan`'s), doing nothing.
+__global__ void wide(unsigned long long a0, unsigned long long a1, unsigned long long a2,
+                     unsigned long long a3, unsigned long long a4, unsigned long long a5,
+                     unsigned long long a6, unsigned long long a7, unsigned long long a8,
+                     unsigned long long a9, unsigned long long a10, unsigned long long a11,
+                     unsigned long long a12, unsigned long long a13, unsigned long long a14,
+                     unsigned long long a15, unsigned long long a16, unsigned long long a17,
+                     unsigned long long a18, unsigned long long a19, unsigned long long a20,
+                     unsigned long long a21, unsigned long long a22, unsigned long long a23,
+                     unsigned* sink) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && a0 == 12345) sink[0] = (unsigned)(a23 + a11);
+}
+
+// cuGraphLaunch's host time for five kernel nodes shaped as the AND batch's graph (grids 1,
+// 40, 1, `big`, 40), of 25 parameters each or of 1, with one node's parameters set per call.
+static void wide_graph(cudaStream_t s, unsigned* sink, bool wide_args, unsigned big, int n) {
+    const unsigned grids[] = {1, 40, 1, big, 40};
+    cudaGraph_t g;
+    CK(cudaGraphCreate(&g, 0));
+    unsigned long long v[24];
+    for (int i = 0; i < 24; i++) v[i] = i;
+    void* wargs[25];
+    for (int i = 0; i < 24; i++) wargs[i] = &v[i];
+    wargs[24] = &sink;
+    unsigned long long zero = 0;
+    const unsigned* nul = nullptr;
+    void* nargs[] = {&zero, &sink, &nul};
+    std::vector<cudaGraphNode_t> nodes;
+    cudaGraphNode_t last{};
+    for (int i = 0; i < 5; i++) {
+        cudaKernelNodeParams p{};
+        p.func = wide_args ? (void*)wide : (void*)work;
+        p.gridDim = dim3(grids[i]);
+        p.blockDim = dim3(256);
+        p.kernelParams = wide_args ? wargs : nargs;
+        cudaGraphNode_t nd;
+        CK(cudaGraphAddKernelNode(&nd, g, i ? &last : nullptr, i ? 1 : 0, &p));
+        nodes.push_back(nd);
+        last = nd;
+    }
+    cudaGraphExec_t x;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    std::vector<double> l;
+    for (int i = 0; i < n + 20; i++) {
+        v[5] = i;
+        cudaKernelNodeParams p{};
+        p.func = wide_args ? (void*)wide : (void*)work;
+        p.gridDim = dim3(40);
+        p.blockDim = dim3(256);
+        p.kernelParams = wide_args ? wargs : nargs;
+        CK(cudaGraphExecKernelNodeSetParams(x, nodes[4], &p));
+        auto t0 = Clock::now();
+        CK(cudaGraphLaunch(x, s));
+        auto t1 = Clock::now();
+        CK(cudaStreamSynchronize(s));
+        if (i >= 20) l.push_back(us(t0, t1));
+        busy(100);
+    }
+    std::printf("5 kernel nodes, %s parameters, largest grid %u: cuGraphLaunch %.2f us\n",
+                wide_args ? "25" : "3", big, median(l));
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
 }
 
 // The same with the kernel's start held until the previous kernel's memory is visible
@@ -242,8 +307,14 @@ int main() {
         }
     }
 
+    // 1b. Wide parameter lists and a large grid.
+    for (bool w : {false, true})
+        for (unsigned big : {2048u, 12000u}) wide_graph(s, sink, w, big, N);
+    if (std::getenv("PROBE_WIDE_ONLY")) return 0;
+    const bool skip_handoff = std::getenv("PROBE_NO_HANDOFF") != nullptr;
+
     // 2. Hand-off between two threads.
-    {
+    if (!skip_handoff) {
         std::atomic<int> go{0}, ack{0};
         std::atomic<bool> park{false}, quit{false};
         std::mutex m;
@@ -294,17 +365,26 @@ int main() {
     // of 6 kernels + 2 events whose first kernel runs 70 us, wait.
     G g = build(6, true, 70000, sink, pin_dev, e0, e1);
     {
-        std::vector<double> v;
+        std::vector<double> v, lf, ln;
         for (int i = 0; i < N; i++) {
             busy(200);
             auto t0 = Clock::now();
             fill();
             auto t1 = Clock::now();
-            (void)t1;
             CK(cudaGraphLaunch(g.x, s));
+            lf.push_back(us(t1, Clock::now()));
             CK(cudaStreamSynchronize(s));
             v.push_back(us(t0, Clock::now()));
         }
+        for (int i = 0; i < N; i++) {
+            busy(200);
+            auto t1 = Clock::now();
+            CK(cudaGraphLaunch(g.x, s));
+            ln.push_back(us(t1, Clock::now()));
+            CK(cudaStreamSynchronize(s));
+        }
+        std::printf("cuGraphLaunch right after the fill %.2f us, with no fill before %.2f us\n",
+                    median(lf), median(ln));
         std::vector<double> f;
         for (int i = 0; i < N; i++) {
             busy(200);
