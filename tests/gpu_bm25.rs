@@ -11,7 +11,7 @@
 mod common;
 
 use common::gpu_or_skip;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use datafusion::arrow::array::{AsArray, RecordBatch};
@@ -301,23 +301,35 @@ fn answers_lent_to_the_result_stay_put() {
     }
 }
 
+/// The default lent ceiling again when dropped, whatever a test set.
+struct RestoreLentMax;
+
+impl Drop for RestoreLentMax {
+    fn drop(&mut self) {
+        gpu::set_lent_max(usize::MAX);
+    }
+}
+
+/// A test that moves the lent ceiling: `None` without a GPU (skipped), else the tests' lock
+/// and the guard that puts the default ceiling back (a tuple drops its first field first: the
+/// ceiling is back before the lock lets another test run).
+fn lent_ceiling_test(test: &str) -> Option<(RestoreLentMax, MutexGuard<'static, ()>)> {
+    if !gpu_or_skip(test) {
+        return None;
+    }
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    Some((RestoreLentMax, serial))
+}
+
 /// The kernels' window is reported whether the batch timed itself (answers written into the
 /// host's memory: `bm25_pack`'s clock, no events) or was timed by events (answers copied
 /// out, past a zero lent ceiling), in the first calls (launched one by one) and through the
 /// kernel graph after them; the graphs of the two ways are kept apart.
 #[test]
 fn kernel_window_timed_with_and_without_events() {
-    if !gpu_or_skip("kernel_window_timed_with_and_without_events") {
+    let Some(_serial) = lent_ceiling_test("kernel_window_timed_with_and_without_events") else {
         return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            gpu::set_lent_max(usize::MAX);
-        }
-    }
-    let _restore = Restore;
+    };
     let (index, scored, a, _) = lendable_batches(0x71c3);
     for mode in [Mode::And, Mode::Or] {
         let rank =
@@ -346,18 +358,9 @@ fn kernel_window_timed_with_and_without_events() {
 /// values, and lent again once the ceiling is back.
 #[test]
 fn results_copied_out_past_the_lent_ceiling() {
-    if !gpu_or_skip("results_copied_out_past_the_lent_ceiling") {
+    let Some(_serial) = lent_ceiling_test("results_copied_out_past_the_lent_ceiling") else {
         return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    /// The default ceiling again, whatever the test does.
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            gpu::set_lent_max(usize::MAX);
-        }
-    }
-    let _restore = Restore;
+    };
     let (index, scored, a, b) = lendable_batches(0x1e48);
     let rank = |qs: &Queries, backend| {
         rank_terms(
