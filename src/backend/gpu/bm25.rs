@@ -878,6 +878,11 @@ impl Staged {
         }
     }
 
+    /// Every batch query's slot, in batch order.
+    fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.queries()).map(|i| self.slot_at(i))
+    }
+
     /// A batch of `nq` queries, `gq` of them for the device, nothing placed or laid out yet.
     fn new(nq: usize, gq: usize) -> Self {
         Staged {
@@ -1682,8 +1687,8 @@ fn unpack(
     let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
     if hits > unpack_seq_max() {
         // Many hits: counts first, filled in parallel.
-        let counts: Vec<usize> = (0..part.queries())
-            .map(|i| part.slot_at(i))
+        let counts: Vec<usize> = part
+            .slots()
             .map(|s| {
                 if s & ON_CPU != 0 {
                     cpu_hits[(s & !ON_CPU) as usize].len()
@@ -1722,15 +1727,15 @@ fn unpack(
     }
     // One pass on this thread: the device's hits are copied a run of consecutive slots at a
     // time (the whole batch at once when the CPU's share has no hits).
-    let mut offsets: Vec<u32> = Vec::with_capacity(part.queries() + 1);
-    let mut docs = Vec::with_capacity(hits);
-    let mut scores = Vec::with_capacity(hits);
-    offsets.push(0);
     if u32::try_from(hits).is_err() {
         return Err(GpuError::Unsupported(format!(
             "{hits} topk_bm25 hits in one batch (fewer than 2^32)"
         )));
     }
+    let mut offsets: Vec<u32> = Vec::with_capacity(part.queries() + 1);
+    let mut docs = Vec::with_capacity(hits);
+    let mut scores = Vec::with_capacity(hits);
+    offsets.push(0);
     // The pending run: slots lo..next, not yet copied.
     let (mut lo, mut next) = (0usize, 0usize);
     let flush = |docs: &mut Vec<u32>, scores: &mut Vec<f64>, lo: usize, next: usize| {
@@ -1738,7 +1743,7 @@ fn unpack(
         docs.extend_from_slice(&dev_doc[r.clone()]);
         scores.extend_from_slice(&dev_score[r]);
     };
-    for s in (0..part.queries()).map(|i| part.slot_at(i)) {
+    for s in part.slots() {
         if s & ON_CPU != 0 {
             let h = &cpu_hits[(s & !ON_CPU) as usize];
             if !h.is_empty() {
