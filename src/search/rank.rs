@@ -125,6 +125,10 @@ impl Ranked {
 
     /// The layout for `counts` (hits per query), filled in parallel: `fill(i, docs, scores)`
     /// writes query `i`'s hits into slices of exactly its count.
+    ///
+    /// # Panics
+    /// When the counts add up to 2^32 or more (the offsets are u32; such a batch would hold
+    /// 48 GiB of doc ids and scores). Callers check the total first.
     pub fn build<F>(counts: &[usize], fill: F) -> Self
     where
         F: Fn(usize, &mut [u32], &mut [f64]) + Sync,
@@ -171,7 +175,7 @@ impl Ranked {
         }
     }
 
-    /// The layout of per-query lists.
+    /// The layout of per-query lists (panics as [`Ranked::build`] does).
     pub fn from_lists(lists: &[Vec<Hit>]) -> Self {
         let counts: Vec<usize> = lists.iter().map(Vec::len).collect();
         Self::build(&counts, |i, d, s| {

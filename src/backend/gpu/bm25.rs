@@ -1685,6 +1685,12 @@ fn unpack(
         });
     }
     let hits = dev_hits + cpu_hits.iter().map(Vec::len).sum::<usize>();
+    // Both layouts below hold u32 offsets (`Ranked::build` panics past them).
+    if u32::try_from(hits).is_err() {
+        return Err(GpuError::Unsupported(format!(
+            "{hits} topk_bm25 hits in one batch (fewer than 2^32)"
+        )));
+    }
     if hits > unpack_seq_max() {
         // Many hits: counts first, filled in parallel.
         let counts: Vec<usize> = part
@@ -1727,11 +1733,6 @@ fn unpack(
     }
     // One pass on this thread: the device's hits are copied a run of consecutive slots at a
     // time (the whole batch at once when the CPU's share has no hits).
-    if u32::try_from(hits).is_err() {
-        return Err(GpuError::Unsupported(format!(
-            "{hits} topk_bm25 hits in one batch (fewer than 2^32)"
-        )));
-    }
     let mut offsets: Vec<u32> = Vec::with_capacity(part.queries() + 1);
     let mut docs = Vec::with_capacity(hits);
     let mut scores = Vec::with_capacity(hits);
