@@ -138,7 +138,6 @@ impl Ranked {
         offsets.push(0u32);
         for &c in counts {
             total += c;
-            // (2^32 hits would be 48 GiB of doc ids and scores.)
             offsets.push(u32::try_from(total).expect("a batch of fewer than 2^32 hits"));
         }
         let mut docs = vec![0u32; total];
