@@ -28,13 +28,16 @@
 //! ```
 
 pub mod backend;
+mod catalog;
 pub mod config;
 pub mod functions;
+pub mod intersect;
+pub mod io;
 pub mod join;
 pub mod optimizer;
+pub mod placement;
 pub mod search;
 mod session;
-pub mod table_args;
 
 pub use config::SetsConfig;
 pub use functions::expr_fn;

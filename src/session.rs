@@ -14,12 +14,12 @@ use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::config::SetsConfig;
+use crate::functions::bm25_index::{BM25_INDEX, Bm25IndexFunction};
+use crate::functions::topk_bm25::table::{TOPK_BM25, TopkBm25Function};
 use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
 use crate::optimizer::async_calls::{AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
-use crate::search::index_function::{BM25_INDEX, Bm25IndexFunction};
-use crate::search::topk_function::{TOPK_BM25, TopkBm25Function};
 
 /// The crate's table functions, by SQL name.
 fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
@@ -29,9 +29,8 @@ fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
         (TOPK_BM25, Arc::new(TopkBm25Function)),
     ]
 }
-use crate::join::{
-    SIMILARITY_JOIN, SIMILARITY_JOIN_REWRITE, SimilarityJoinFunction, SimilarityJoinRewrite,
-};
+use crate::functions::similarity_join::{SIMILARITY_JOIN, SimilarityJoinFunction};
+use crate::optimizer::similarity_join_rewrite::{SIMILARITY_JOIN_REWRITE, SimilarityJoinRewrite};
 
 /// Installs datafusion-sets into a [`SessionStateBuilder`].
 pub trait SessionStateBuilderExt {

@@ -16,12 +16,12 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::backend_plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
-use super::common::IntLists;
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::backend::gpu;
 use crate::config::BackendChoice;
-use crate::dispatch_integer;
+use crate::intersect::lists::IntLists;
+use crate::intersect::lists::dispatch_integer;
+use crate::placement::plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 
 mod groups;
 

@@ -16,14 +16,13 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::backend_plan::{BackendPlan, PlanSlot};
-use super::common::{
-    IntLists, apply_to_columns, coerce_list_args, first_list_type, list_element_type,
-};
-use super::intersect_rows::{EngineOptions, intersect_counts};
+use super::common::apply_to_columns;
 use super::list_intersect::{engine_options, list_intersect_udf};
 use crate::backend::cpu::SetElem;
-use crate::dispatch_integer;
+use crate::intersect::lists::dispatch_integer;
+use crate::intersect::lists::{IntLists, coerce_list_args, first_list_type, list_element_type};
+use crate::intersect::rows::{EngineOptions, intersect_counts};
+use crate::placement::plan::{BackendPlan, PlanSlot};
 
 /// The `list_intersect_count` UDF singleton.
 pub fn list_intersect_count_udf() -> Arc<ScalarUDF> {

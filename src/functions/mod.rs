@@ -1,17 +1,16 @@
-//! The SQL surface: one function per file, named after its SQL name.
+//! The SQL surface: every SQL entry point of the crate, one file per SQL name (the four
+//! similarity measures share [`similarity`]), with the argument plumbing they share
+//! ([`args`], [`common`]). The work itself is done by the engines below (`intersect`,
+//! `join`, `search`).
 
-pub mod backend_plan;
+pub mod args;
+pub mod bm25_index;
 pub mod common;
-pub mod cosine;
-pub mod dice;
-pub(crate) mod intersect_rows;
-pub mod jaccard;
 pub mod list_intersect;
 pub mod list_intersect_agg;
 pub mod list_intersect_count;
-pub mod overlap;
-pub mod row_verdicts;
-pub mod set_similarity;
+pub mod similarity;
+pub mod similarity_join;
 pub mod topk_bm25;
 
 use std::sync::Arc;
@@ -23,10 +22,10 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
     vec![
         list_intersect::list_intersect_udf(),
         list_intersect_count::list_intersect_count_udf(),
-        jaccard::jaccard_udf(),
-        cosine::cosine_udf(),
-        dice::dice_udf(),
-        overlap::overlap_udf(),
+        similarity::jaccard_udf(),
+        similarity::cosine_udf(),
+        similarity::dice_udf(),
+        similarity::overlap_udf(),
     ]
 }
 
@@ -37,13 +36,10 @@ pub fn all_aggregate_functions() -> Vec<Arc<AggregateUDF>> {
 
 /// `Expr` builders, as DataFusion's `expr_fn` modules offer them.
 pub mod expr_fn {
-    pub use super::cosine::cosine;
-    pub use super::dice::dice;
-    pub use super::jaccard::jaccard;
     pub use super::list_intersect::list_intersect;
     pub use super::list_intersect_agg::list_intersect_agg;
     pub use super::list_intersect_count::list_intersect_count;
-    pub use super::overlap::overlap;
+    pub use super::similarity::{cosine, dice, jaccard, overlap};
 }
 
 #[cfg(test)]
@@ -58,7 +54,7 @@ mod tests {
     #[test]
     fn no_duplicate_table_function_names() {
         let state = SessionStateBuilder::new().with_default_features().build();
-        let name = crate::join::SIMILARITY_JOIN;
+        let name = similarity_join::SIMILARITY_JOIN;
         assert!(
             !state.table_functions().contains_key(name),
             "{name} would shadow a DataFusion table function"

@@ -10,6 +10,8 @@
 //! ([`TopkBm25::with_plan`]): `EXPLAIN` shows it, and the call counts its batches, queries,
 //! device time and bytes for `EXPLAIN ANALYZE`.
 
+pub mod table;
+
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,11 +37,11 @@ use datafusion::logical_expr::{
 use datafusion::prelude::SessionConfig;
 use datafusion_macros::user_doc;
 
-use crate::functions::backend_plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
+use crate::placement::plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 use crate::search::loaded::load_index;
 use crate::search::rank::{RankStats, rank_batch};
 use crate::search::topk::Mode;
-use crate::search::topk_function::{TOPK_BM25, check_k, check_mode, params_of};
+use table::{TOPK_BM25, check_k, check_mode, params_of};
 
 /// Where `topk_bm25` finds index tables: the session's catalog and runtime.
 #[derive(Clone, Debug)]

@@ -35,9 +35,9 @@ use super::crew::{Crew, lock};
 use super::filter::{Collections, FastMap, Index, Posting, reserve};
 use super::threshold::Threshold;
 use crate::backend::cpu::SetElem;
-use crate::dispatch_integer;
-use crate::functions::common::IntLists;
-use crate::functions::set_similarity::set_of;
+use crate::intersect::lists::IntLists;
+use crate::intersect::lists::dispatch_integer;
+use crate::intersect::similarity::set_of;
 
 /// Rows per piece of step 1 (the unit of parallel work).
 const PIECE_ROWS: usize = 4096;
@@ -772,7 +772,7 @@ mod tests {
     use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
 
     use super::*;
-    use crate::functions::set_similarity::Measure;
+    use crate::intersect::similarity::Measure;
     use crate::join::threshold::Comparison;
 
     /// Batches of random lists: `rows` rows in batches of up to 5,000 (so pieces and

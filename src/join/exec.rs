@@ -56,11 +56,11 @@ use tokio::sync::OnceCell;
 use super::build::{Prepared, prepare};
 use super::crew::{Crew, lock};
 use super::filter::{Collections, reserve};
-use super::split_scan::split_scan;
 use super::stream::{ProbeClaims, SimilarityJoinStream};
 use super::threshold::Threshold;
 use crate::config::{BackendChoice, SetsConfig};
-use crate::functions::set_similarity::{Measure, coerce_pair};
+use crate::intersect::similarity::{Measure, coerce_pair};
+use crate::io::parquet_split::split_scan;
 
 /// One input of the join: a plan, its token column and (optionally) its id column.
 #[derive(Clone, Debug)]
@@ -460,14 +460,7 @@ impl SimilarityJoinExec {
 
     /// Where candidates are verified, as `EXPLAIN` shows it.
     fn backend_label(&self) -> String {
-        let gpu = || crate::backend::gpu::is_available();
-        match self.backend {
-            BackendChoice::Cpu => "cpu".into(),
-            BackendChoice::Auto if gpu() => "auto (gpu verification from 1048576 tokens)".into(),
-            BackendChoice::Auto => "cpu".into(),
-            BackendChoice::Gpu if gpu() => "gpu".into(),
-            BackendChoice::Gpu => "cpu (no GPU)".into(),
-        }
+        crate::placement::join_verifier_label(self.backend)
     }
 
     /// The threshold.

@@ -29,7 +29,7 @@ use super::threshold::Threshold;
 use crate::backend::cpu::BoundedKernel;
 use crate::backend::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
 use crate::config::{BackendChoice, SetsConfig};
-use crate::functions::set_similarity::Measure;
+use crate::intersect::similarity::Measure;
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
 const WORK_PER_POLL: usize = 1 << 14;
@@ -38,9 +38,6 @@ const WORK_PER_POLL: usize = 1 << 14;
 const CHUNK_PAIRS: usize = 1 << 18;
 /// Smallest chunk when the memory pool refuses the default (smaller still: the CPU verifies).
 const MIN_CHUNK_PAIRS: usize = 1 << 14;
-/// With `sets.backend = 'auto'`, the GPU verifies when the sets hold at least this many
-/// tokens (smaller joins do not repay the upload and the launches).
-const AUTO_GPU_MIN_TOKENS: usize = 1 << 20;
 
 /// GPU verification of one partition: the chunk being filled and the one at the device.
 /// A full chunk is queued on the device and the partition filters the next one meanwhile;
@@ -361,11 +358,7 @@ impl SimilarityJoinStream {
     /// sets; else the CPU (the reason in the debug log).
     fn choose_verifier(&self, built: &Built) -> Verifier {
         let (tokens, starts) = built.collections.raw();
-        let wanted = match self.backend {
-            BackendChoice::Cpu => false,
-            BackendChoice::Gpu => true,
-            BackendChoice::Auto => tokens.len() >= AUTO_GPU_MIN_TOKENS,
-        };
+        let wanted = crate::placement::join_verifies_on_gpu(self.backend, tokens.len());
         if !wanted || self.filter_only == FilterOnly::Count || built.collections.len() == 0 {
             return Verifier::Cpu;
         }

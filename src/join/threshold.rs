@@ -17,7 +17,7 @@ use std::fmt;
 
 use datafusion::common::{Result, plan_err};
 
-use crate::functions::set_similarity::Measure;
+use crate::intersect::similarity::Measure;
 
 /// `>=` (the default) or `>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

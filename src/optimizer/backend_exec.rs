@@ -14,7 +14,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{Count, Metric, MetricValue, MetricsSet, Time};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use crate::functions::backend_plan::{BackendMetrics, BackendPlan};
+use crate::placement::plan::{BackendMetrics, BackendPlan};
 
 /// One bound call: the function's name and its plan.
 #[derive(Debug, Clone)]

@@ -1,6 +1,8 @@
 //! The crate's planning rules: the function rewrite that plans `topk_bm25` asynchronously,
-//! and the physical optimizer rules.
+//! the physical rule that binds every call to a backend, and the rule that plans similarity
+//! joins written as SQL joins on `SimilarityJoinExec`.
 
 pub mod async_calls;
 pub mod backend_exec;
 pub mod backend_rule;
+pub mod similarity_join_rewrite;

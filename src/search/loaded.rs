@@ -16,7 +16,7 @@ use datafusion::physical_plan::collect;
 
 use super::index::InvertedIndex;
 use super::scoring::{Bm25Params, Scored};
-use crate::table_args::resolve_table_async;
+use crate::catalog::resolve_table_async;
 
 /// A loaded index and the impacts of the parameter sets it was queried with.
 #[derive(Debug)]

@@ -3,8 +3,8 @@
 //!
 //! A batch runs on the CPU (queries in parallel on rayon's pool) or, with
 //! `sets.backend = 'gpu'` (or `'auto'` with a usable GPU, an OR or AND-then-OR batch of at
-//! least [`AUTO_MIN_QUERIES`] queries, an AND batch of at least [`AUTO_MIN_AND_QUERIES`]; see
-//! [`wants_gpu`]), on the GPU
+//! least `placement::AUTO_MIN_QUERIES` queries, an AND batch of at least
+//! `placement::AUTO_MIN_AND_QUERIES`; see [`wants_gpu`]), on the GPU
 //! (`backend::gpu::bm25_topk`): the device ranks every query it can, the CPU the rest (terms
 //! not resident on the device, more than 64 terms, k above 768, or no GPU at all), while the
 //! device works, with identical results either way. Results come in one flat layout
@@ -28,38 +28,10 @@ use crate::config::BackendChoice;
 /// Queries per rayon task.
 const QUERIES_PER_TASK: usize = 64;
 
-/// With `sets.backend = 'auto'`, OR and AND-then-OR batches of at least this many queries go
-/// to the GPU; AND batches never do. Measured on the device machine (one H200, the CPU
-/// backend on its 16 Xeon cores; gcide, the first n terabyte05-eff queries, k 10, the index
-/// already resident; benches/RESULTS.md, GPU section, "batch size"), CPU ms / GPU call ms,
-/// two runs: OR n 25: 1.00 / 0.63 (1.6x), n 100: 1.16 / 0.67 (1.7x; run 1: 1.4x), n 1,000:
-/// 4.9 / 0.98 (5.1x), n 10,000: 36.5 / 3.7 (9.8x); AND-then-OR alike (1.4x at 25, 1.8x at
-/// 100, 5.2x at 1,000, 9.5x at 10,000). 100 is the smallest size the GPU won in both runs.
-/// The first batch for an index also uploads it (gcide: 49 MB, a 57-113 ms call), once per
-/// process.
-pub const AUTO_MIN_QUERIES: usize = 100;
-
-/// With `sets.backend = 'auto'`, AND batches of at least this many queries go to the GPU.
-/// AND's block-max pruning ranks 10,000 queries in 1.4-2.0 ms on the device machine's 16
-/// cores; with the batch planned on the device (session 42, benches/RESULTS.md "topk_bm25
-/// planned on the device", H200, k 10, index resident) the GPU call measured CPU ÷ GPU 0.47 at
-/// 25 queries, 0.94-1.32 from 50 to 250, 1.35 at 500, 1.32 at 1,000, 1.63 at 2,000, 2.03 at
-/// 4,000 and 2.48 at 10,000. 1,000 keeps a margin over the noisy small sizes.
-pub const AUTO_MIN_AND_QUERIES: usize = 1000;
-
-/// Whether `backend` puts a batch of `n` queries in `mode` on the GPU.
+/// Whether `backend` puts a batch of `n` queries in `mode` on the GPU (the placement
+/// policy's [`crate::placement::topk_batch_on_gpu`]).
 pub fn wants_gpu(backend: BackendChoice, mode: Mode, n: usize) -> bool {
-    match backend {
-        BackendChoice::Cpu => false,
-        BackendChoice::Gpu => true,
-        BackendChoice::Auto => {
-            let min = match mode {
-                Mode::And => AUTO_MIN_AND_QUERIES,
-                Mode::Or | Mode::AndOr => AUTO_MIN_QUERIES,
-            };
-            n >= min && gpu::is_available()
-        }
-    }
+    crate::placement::topk_batch_on_gpu(backend, mode == Mode::And, n)
 }
 
 /// The top-k of one query text.

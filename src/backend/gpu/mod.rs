@@ -17,12 +17,11 @@
 //! Without the `cuda` feature a stub with the same names answers [`GpuError::NotCompiled`].
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-mod columns;
+pub(crate) mod columns;
 mod error;
 pub mod fault;
 mod fold;
 mod pair_buffer;
-pub(crate) mod rows;
 
 use datafusion::arrow::buffer::Buffer;
 
@@ -283,7 +282,7 @@ pub struct DeviceInfo {
     pub multiprocessors: u32,
 }
 
-static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Batches the SQL functions ran on the GPU in this process (for tests and diagnostics).
 pub fn batches_run() -> u64 {

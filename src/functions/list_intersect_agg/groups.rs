@@ -25,8 +25,8 @@ use super::{
     FLUSH_VALUES, FoldFn, append_as_set, fold_on_gpu, record_cpu_fold, row_as_set, strict_row,
 };
 use crate::backend::cpu::{self, SetElem};
-use crate::functions::backend_plan::BackendPlan;
-use crate::functions::common::IntLists;
+use crate::intersect::lists::IntLists;
+use crate::placement::plan::BackendPlan;
 
 /// One input list waiting to be folded into its group.
 #[derive(Clone, Copy, Debug)]
@@ -663,7 +663,7 @@ mod tests {
 
     use super::*;
     use crate::config::BackendChoice;
-    use crate::functions::backend_plan::BackendMetrics;
+    use crate::placement::plan::BackendMetrics;
 
     type Row = (usize, Option<Vec<Option<i32>>>);
 

@@ -68,8 +68,6 @@ use datafusion::physical_plan::metrics::{
 use futures::future::BoxFuture;
 use rayon::prelude::*;
 
-use super::filter::reserve;
-
 /// Bytes of derived metadata the process keeps (a page location is 24 bytes).
 const CACHE_BYTES: usize = 64 << 20;
 
@@ -123,7 +121,7 @@ fn unsplittable(store: &ObjectStoreUrl, meta: &ObjectMeta, mark: bool) -> bool {
 
 /// `plan` read in about `pieces` row ranges, when it is a Parquet scan with fewer row groups
 /// than `pieces` whose pages can be located; `None` leaves it as it is.
-pub(super) async fn split_scan(
+pub(crate) async fn split_scan(
     plan: &Arc<dyn ExecutionPlan>,
     pieces: usize,
     context: &TaskContext,
@@ -649,7 +647,11 @@ async fn derive_offset_index(
         for column in group.columns() {
             let (start, len) = column.byte_range();
             let len = usize::try_from(len).map_err(|e| DataFusionError::External(Box::new(e)))?;
-            reserve(reservation, len, "a column chunk's page headers")?;
+            reservation.try_grow(len).map_err(|e| {
+                e.context(format!(
+                    "SimilarityJoinExec: the memory pool refused {len} bytes for a column chunk's page headers"
+                ))
+            })?;
             let bytes = store
                 .get_range(&object_meta.location, start..start + len as u64)
                 .await;

@@ -18,15 +18,13 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Result, internal_err, plan_err};
-use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs};
 use rayon::prelude::*;
 
-use super::common::{IntLists, apply_to_columns, coerce_list_args, list_element_type};
-use super::intersect_rows::EngineOptions;
-use super::list_intersect::engine_options;
+use super::lists::{IntLists, coerce_list_args, list_element_type};
+use super::rows::EngineOptions;
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::config::CpuKernelChoice;
-use crate::dispatch_integer;
+use crate::intersect::lists::dispatch_integer;
 
 /// A set similarity measure of two sets `a`, `b` with `o = |a ∩ b|`, `n = |a|`, `m = |b|`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,16 +143,7 @@ pub fn coerce_pair(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> 
     }
     Ok(coerced)
 }
-
-/// `invoke_with_args` of every measure's UDF.
-pub fn invoke(measure: Measure, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-    let opts = engine_options(&args.config_options, None);
-    apply_to_columns(&args.args, |arrays| {
-        similarity_arrays(measure, arrays, &opts)
-    })
-}
-
-fn similarity_arrays(
+pub(crate) fn similarity_arrays(
     measure: Measure,
     arrays: &[ArrayRef],
     opts: &EngineOptions,

@@ -24,11 +24,11 @@ use datafusion::arrow::array::OffsetSizeTrait;
 use datafusion::arrow::buffer::Buffer;
 use rayon::prelude::*;
 
-use super::backend_plan::{BackendMetrics, BackendPlan};
-use super::common::IntLists;
-use super::row_verdicts::{Lookup, Verdict, lookup_verdicts, store_verdicts, verdict_of};
+use super::lists::IntLists;
+use super::verdicts::{Lookup, Verdict, lookup_verdicts, store_verdicts, verdict_of};
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::config::{BackendChoice, CpuKernelChoice};
+use crate::placement::plan::{BackendMetrics, BackendPlan};
 
 type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
@@ -552,7 +552,7 @@ pub fn intersect_values<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
     opts: &EngineOptions,
 ) -> ValuesOut<T> {
-    if let Some(out) = crate::backend::gpu::rows::try_values(lists, opts) {
+    if let Some(out) = super::gpu::try_values(lists, opts) {
         return out;
     }
     let _cpu = CpuBatch::start(opts, lists[0].len());
@@ -594,7 +594,7 @@ pub fn intersect_counts<O: OffsetSizeTrait, T: SetElem>(
     lists: &[IntLists<'_, O, T>],
     opts: &EngineOptions,
 ) -> Vec<u64> {
-    if let Some(out) = crate::backend::gpu::rows::try_counts(lists, opts) {
+    if let Some(out) = super::gpu::try_counts(lists, opts) {
         return out;
     }
     let _cpu = CpuBatch::start(opts, lists[0].len());

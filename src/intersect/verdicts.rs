@@ -25,7 +25,7 @@ use datafusion::arrow::array::OffsetSizeTrait;
 use datafusion::arrow::buffer::Buffer;
 use rayon::prelude::*;
 
-use super::common::IntLists;
+use super::lists::IntLists;
 use crate::backend::cpu::{self, SetElem, Sortedness};
 
 /// What one row of one list column is.

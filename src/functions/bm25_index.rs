@@ -40,9 +40,10 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use super::index::{IndexBuilder, index_schema};
-use super::tokenize::{Tokenizer, TokenizerOptions};
-use crate::table_args::{resolve_table, string_arg};
+use crate::catalog::resolve_table;
+use crate::functions::args::string_arg;
+use crate::search::index::{IndexBuilder, index_schema};
+use crate::search::tokenize::{Tokenizer, TokenizerOptions};
 
 /// The table function's SQL name.
 pub const BM25_INDEX: &str = "bm25_index";

@@ -19,13 +19,13 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::loaded::load_index;
-use super::rank::rank_one;
-use super::scoring::Bm25Params;
-use super::tokenize::Tokenizer;
-use super::topk::Mode;
 use crate::config::SetsConfig;
-use crate::table_args::{int_arg, string_arg};
+use crate::functions::args::{int_arg, string_arg};
+use crate::search::loaded::load_index;
+use crate::search::rank::rank_one;
+use crate::search::scoring::Bm25Params;
+use crate::search::tokenize::Tokenizer;
+use crate::search::topk::Mode;
 
 /// The SQL name (of this table function and of the scalar function).
 pub const TOPK_BM25: &str = "topk_bm25";

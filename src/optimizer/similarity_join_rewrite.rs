@@ -79,15 +79,15 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
-use super::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
-use super::split_scan::datafusion_reader_factory;
-use super::threshold::{Comparison, Threshold};
 use crate::config::{BackendChoice, SetsConfig};
-use crate::functions::cosine::Cosine;
-use crate::functions::dice::Dice;
-use crate::functions::jaccard::Jaccard;
-use crate::functions::overlap::Overlap;
-use crate::functions::set_similarity::Measure;
+use crate::functions::similarity::Cosine;
+use crate::functions::similarity::Dice;
+use crate::functions::similarity::Jaccard;
+use crate::functions::similarity::Overlap;
+use crate::intersect::similarity::Measure;
+use crate::io::parquet_split::datafusion_reader_factory;
+use crate::join::exec::{JoinColumn, JoinInput, SimilarityJoinExec};
+use crate::join::threshold::{Comparison, Threshold};
 
 /// The rule's name (as `EXPLAIN VERBOSE` shows it).
 pub const SIMILARITY_JOIN_REWRITE: &str = "similarity_join_rewrite";
@@ -869,7 +869,7 @@ mod tests {
         DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileReaderFactory,
     };
 
-    use crate::join::split_scan::tests::CustomFactory;
+    use crate::io::parquet_split::tests::CustomFactory;
     use datafusion::execution::object_store::ObjectStoreUrl;
     use datafusion::physical_expr::expressions::lit;
     use datafusion::physical_plan::expressions::BinaryExpr;

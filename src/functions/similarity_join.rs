@@ -25,12 +25,13 @@ use datafusion::common::{Result, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::exec::{JoinInput, SimilarityJoinExec, output_schema};
-use super::threshold::{Comparison, Threshold};
+use crate::catalog::resolve_table;
 use crate::config::SetsConfig;
-use crate::functions::common::list_element_type;
-use crate::functions::set_similarity::Measure;
-use crate::table_args::{literal, resolve_table, string_arg};
+use crate::functions::args::{literal, string_arg};
+use crate::intersect::lists::list_element_type;
+use crate::intersect::similarity::Measure;
+use crate::join::exec::{JoinInput, SimilarityJoinExec, output_schema};
+use crate::join::threshold::{Comparison, Threshold};
 
 /// The table function's SQL name.
 pub const SIMILARITY_JOIN: &str = "similarity_join";

@@ -11,14 +11,12 @@ use std::any::TypeId;
 use datafusion::arrow::array::OffsetSizeTrait;
 use datafusion::arrow::buffer::NullBuffer;
 
-use super::{GpuOutput, HostList, HostOffsets, Mode, RowValidity};
 use crate::backend::cpu::SetElem;
+use crate::backend::gpu::{self, GpuOutput, HostList, HostOffsets, Mode, RowValidity};
 use crate::config::BackendChoice;
-use crate::functions::backend_plan::holder;
-use crate::functions::common::IntLists;
-use crate::functions::intersect_rows::{
-    EngineOptions, ValuesOut, cpu_counts_rows, cpu_values_rows,
-};
+use crate::intersect::lists::IntLists;
+use crate::intersect::rows::{EngineOptions, ValuesOut, cpu_counts_rows, cpu_values_rows};
+use crate::placement::plan::holder;
 
 /// Arrow offsets of type `O` as the backend's [`HostOffsets`].
 fn host_offsets<O: OffsetSizeTrait>(o: &[O]) -> Option<HostOffsets<'_>> {
@@ -61,12 +59,7 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
                 o[n].as_usize().saturating_sub(o[0].as_usize())
             })
             .sum();
-        let (cpu_ms, gpu_ms) = crate::optimizer::backend_rule::estimate_resident_ms(
-            values,
-            n,
-            rayon::current_num_threads(),
-        );
-        if gpu_ms >= cpu_ms {
+        if !crate::placement::resident_batch_on_gpu(values, n) {
             return None;
         }
     }
@@ -92,10 +85,10 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
     // The host memory the call stages through, reserved in the query's pool while it runs.
     let reservation = opts.plan.as_ref().and_then(|p| p.reservation());
     // On resident columns (the call below takes them only when all are) no values are staged.
-    let staged = super::staging_bytes(
+    let staged = gpu::staging_bytes(
         &host,
         mode,
-        super::launch_group_bytes(),
+        gpu::launch_group_bytes(),
         resident_budget.is_some(),
     );
     if !holder(&reservation)(staged) {
@@ -105,12 +98,12 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
         return None;
     }
     let out = match resident_budget {
-        None => super::intersect(&host, validity, mode, opts.gpu_columns, share),
+        None => gpu::intersect(&host, validity, mode, opts.gpu_columns, share),
         Some(budget) => {
-            if !super::columns::all_met_before(&host) {
+            if !gpu::columns::all_met_before(&host) {
                 return None;
             }
-            super::intersect_resident(&host, validity, mode, budget, share)
+            gpu::intersect_resident(&host, validity, mode, budget, share)
         }
     };
     let out = match out {
@@ -120,7 +113,7 @@ fn run<O: OffsetSizeTrait, T: SetElem>(
             return None;
         }
     };
-    super::BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    gpu::BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let n = lists[0].len();
     let mut redo = Vec::new();
     if out.any_flagged || element_nulls {
