@@ -60,7 +60,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::AggregateUDFImpl;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_sets::SessionStateBuilderExt;
-use datafusion_sets::backend::cpu::{self, Kernel};
+use datafusion_sets::kernels::{self as cpu, Kernel};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -1042,7 +1042,7 @@ fn bench_gcide(c: &mut Criterion) {
 /// but without its `GroupsAccumulator`, so `GROUP BY` goes through
 /// `GroupsAccumulatorAdapter` (the state before the groups accumulator; side by side).
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct AdapterAgg(datafusion_sets::functions::list_intersect_agg::ListIntersectAgg);
+struct AdapterAgg(datafusion_sets::udf::ListIntersectAgg);
 
 impl AggregateUDFImpl for AdapterAgg {
     fn name(&self) -> &str {
@@ -1099,7 +1099,7 @@ fn bench_gcide_grouped(c: &mut Criterion, d: &'static Gcide, expected: u64) {
     d.oc.ctx.register_table("qterms", Arc::new(table)).unwrap();
     d.oc.ctx
         .register_udaf(datafusion::logical_expr::AggregateUDF::new_from_impl(
-            AdapterAgg(datafusion_sets::functions::list_intersect_agg::ListIntersectAgg::new()),
+            AdapterAgg(datafusion_sets::udf::ListIntersectAgg::new()),
         ));
     let mut g = c.benchmark_group("agg/gcide_grouped");
     configure(&mut g);

@@ -27,21 +27,65 @@
 //! # }
 //! ```
 
-pub mod backend;
+/// A module that is part of the public API only with the `tuning` feature (benchmarks, device
+/// tests and probes reach the internals through it); private otherwise.
+macro_rules! lab_module {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "tuning")]
+        #[doc(hidden)]
+        pub mod $name;
+        #[cfg(not(feature = "tuning"))]
+        mod $name;
+    )*};
+}
+
+lab_module!(
+    backend, functions, intersect, io, join, optimizer, placement, search
+);
 mod catalog;
-pub mod config;
-pub mod functions;
-pub mod intersect;
-pub mod io;
-pub mod join;
-pub mod optimizer;
-pub mod placement;
-pub mod search;
+mod config;
 mod session;
 
-pub use config::SetsConfig;
+pub use config::{BackendChoice, SetsConfig};
 pub use functions::expr_fn;
+pub use functions::{all_aggregate_functions, all_scalar_functions};
+pub use intersect::similarity::Measure;
+pub use join::{Comparison, JoinColumn, JoinInput, SimilarityJoinExec, Threshold};
 pub use session::{SessionStateBuilderExt, new_context, register, register_all};
+
+/// The crate's UDFs one by one (every one of them: [`all_scalar_functions`],
+/// [`all_aggregate_functions`]).
+pub mod udf {
+    pub use crate::functions::list_intersect::list_intersect_udf;
+    pub use crate::functions::list_intersect_agg::{ListIntersectAgg, list_intersect_agg_udaf};
+    pub use crate::functions::list_intersect_count::list_intersect_count_udf;
+    pub use crate::functions::similarity::{cosine_udf, dice_udf, jaccard_udf, overlap_udf};
+}
+
+/// The GPU as the crate sees it: whether one is usable (and which), or why not.
+pub mod gpu {
+    pub use crate::backend::gpu::{DeviceInfo, GpuError, device, is_available};
+}
+
+/// BM25 search from Rust: build an index, tokenize, rank (what `bm25_index` and `topk_bm25`
+/// run, without SQL).
+pub mod bm25 {
+    pub use crate::search::index::{IndexBuilder, IndexedDoc, InvertedIndex};
+    pub use crate::search::queries::{Queries, QueryTerms};
+    pub use crate::search::rank::{RankStats, Ranked, rank_terms};
+    pub use crate::search::scoring::{Bm25Params, Scored};
+    pub use crate::search::tokenize::{Tokenizer, TokenizerOptions};
+    pub use crate::search::topk::{Hit, Mode, exhaustive, query_terms, top};
+}
+
+/// The CPU intersection kernels over sorted integer slices (scalar, galloping, SSE4.2, AVX2,
+/// AVX-512, VP2INTERSECT), chosen at run time from the CPU's features.
+pub mod kernels {
+    pub use crate::backend::cpu::{
+        Kernel, SetElem, Sortedness, choose_kernel, intersect, intersect_auto,
+        intersect_auto_checked, intersect_kway, sortedness,
+    };
+}
 
 /// The README's Rust snippets, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]

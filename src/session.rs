@@ -13,7 +13,6 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::config::SetsConfig;
 use crate::functions::bm25_index::{BM25_INDEX, Bm25IndexFunction};
 use crate::functions::topk_bm25::table::{TOPK_BM25, TopkBm25Function};
 use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
@@ -45,12 +44,7 @@ pub trait SessionStateBuilderExt {
 impl SessionStateBuilderExt for SessionStateBuilder {
     fn with_sets(mut self) -> Self {
         let config = self.config().get_or_insert_with(SessionConfig::new);
-        if config.options().extensions.get::<SetsConfig>().is_none() {
-            config
-                .options_mut()
-                .extensions
-                .insert(SetsConfig::default());
-        }
+        crate::config::install(config.options_mut());
         // Functions are registered after the defaults, so our `list_intersect` replaces the
         // built-in alias of `array_intersect`.
         if let Some(scalars) = self.scalar_functions() {
@@ -164,19 +158,7 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
                 .with_physical_optimizer_rules(rules)
                 .build();
         }
-        if state
-            .config()
-            .options()
-            .extensions
-            .get::<SetsConfig>()
-            .is_none()
-        {
-            state
-                .config_mut()
-                .options_mut()
-                .extensions
-                .insert(SetsConfig::default());
-        }
+        crate::config::install(state.config_mut().options_mut());
     }
     for f in all_scalar_functions() {
         ctx.register_udf(f.as_ref().clone());

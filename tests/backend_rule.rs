@@ -4,7 +4,7 @@
 //! the reason.
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use datafusion_sets::backend::gpu;
+use datafusion_sets::gpu;
 use datafusion_sets::new_context;
 
 /// The value of metric `name=` in an `EXPLAIN ANALYZE` line.

@@ -17,13 +17,13 @@ use std::time::Instant;
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, UInt32Type};
 use datafusion_sets::backend::gpu;
-use datafusion_sets::config::BackendChoice;
-use datafusion_sets::search::index::{IndexBuilder, IndexedDoc, InvertedIndex};
-use datafusion_sets::search::queries::{Queries, QueryTerms};
-use datafusion_sets::search::rank::rank_terms;
-use datafusion_sets::search::scoring::{Bm25Params, Scored};
-use datafusion_sets::search::tokenize::{Tokenizer, TokenizerOptions};
-use datafusion_sets::search::topk::{Mode, exhaustive, query_terms, top};
+use datafusion_sets::BackendChoice;
+use datafusion_sets::bm25::{IndexBuilder, IndexedDoc, InvertedIndex};
+use datafusion_sets::bm25::{Queries, QueryTerms};
+use datafusion_sets::bm25::rank_terms;
+use datafusion_sets::bm25::{Bm25Params, Scored};
+use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
+use datafusion_sets::bm25::{Mode, exhaustive, query_terms, top};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -117,7 +117,7 @@ fn check(
     mode: Mode,
     budget: Option<usize>,
     what: &str,
-) -> datafusion_sets::search::rank::RankStats {
+) -> datafusion_sets::bm25::RankStats {
     let batch: Queries = qs.iter().collect();
     let (got, stats) = rank_terms(
         index,
@@ -374,7 +374,7 @@ fn results_copied_out_past_the_lent_ceiling() {
             &mut |_| true,
         )
     };
-    let lent_of = |s: &datafusion_sets::search::rank::RankStats| {
+    let lent_of = |s: &datafusion_sets::bm25::RankStats| {
         s.timings.as_ref().map_or(0, |t| t.lent_bytes)
     };
     let (want_a, _) = rank(&a, BackendChoice::Cpu);

@@ -24,7 +24,7 @@ use datafusion_sets::backend::gpu::{self, PairBuffer, PairGroups, PairToVerify};
 
 /// The expected answer of a pair below its minimum overlap.
 const NONE: u32 = u32::MAX;
-use datafusion_sets::functions::set_similarity::Measure;
+use datafusion_sets::Measure;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

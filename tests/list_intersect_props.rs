@@ -15,8 +15,8 @@ use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion_sets::SetsConfig;
-use datafusion_sets::functions::list_intersect::list_intersect_udf;
-use datafusion_sets::functions::list_intersect_count::list_intersect_count_udf;
+use datafusion_sets::udf::list_intersect_udf;
+use datafusion_sets::udf::list_intersect_count_udf;
 use proptest::prelude::*;
 
 const TYPES: [DataType; 8] = [

@@ -29,8 +29,8 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::{ExecutionPlan, collect, execute_stream_partitioned};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_sets::SessionStateBuilderExt;
-use datafusion_sets::functions::set_similarity::Measure;
-use datafusion_sets::join::{Comparison, SimilarityJoinExec, Threshold};
+use datafusion_sets::Measure;
+use datafusion_sets::{Comparison, SimilarityJoinExec, Threshold};
 use futures::StreamExt;
 use proptest::prelude::*;
 

@@ -140,7 +140,7 @@ pub(crate) fn engine_options(
 ) -> EngineOptions {
     let cfg = SetsConfig::from_options(config);
     EngineOptions {
-        kernel: cfg.cpu_kernel,
+        kernel: crate::config::cpu_kernel(config),
         parallel_min_values: cfg.parallel_min_values,
         backend: plan.map_or(cfg.backend, |p| p.backend),
         plan: plan.cloned(),

@@ -15,11 +15,6 @@ use datafusion::logical_expr::type_coercion::binary::type_union_resolution;
 
 use crate::backend::cpu::SetElem;
 
-/// Whether `dt` is one of the eight integer types the set kernels handle natively.
-pub fn is_set_integer(dt: &DataType) -> bool {
-    dt.is_integer()
-}
-
 /// Element type of a list type (`None` for anything else).
 pub fn list_element_type(dt: &DataType) -> Option<&DataType> {
     match dt {
@@ -173,11 +168,6 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
         self.len() == 0
     }
 
-    /// The list-level validity.
-    pub fn nulls(&self) -> Option<&'a NullBuffer> {
-        self.nulls
-    }
-
     /// Whether row `i` is a NULL list.
     #[inline]
     pub fn is_null(&self, i: usize) -> bool {
@@ -224,10 +214,6 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
         self.offsets[self.len()].as_usize() - self.offsets[0].as_usize()
     }
 
-    /// Value offset of row `i` (for splitting work by values).
-    pub fn offset(&self, i: usize) -> usize {
-        self.offsets[i].as_usize()
-    }
 }
 
 /// Dispatch `$body` over the integer Arrow type of `$dt`, binding the primitive type to `$P`.

@@ -27,7 +27,8 @@ use rayon::prelude::*;
 use super::lists::IntLists;
 use super::verdicts::{Lookup, Verdict, lookup_verdicts, store_verdicts, verdict_of};
 use crate::backend::cpu::{self, SetElem, Sortedness};
-use crate::config::{BackendChoice, CpuKernelChoice};
+use crate::backend::cpu::CpuKernelChoice;
+use crate::config::BackendChoice;
 use crate::placement::plan::{BackendMetrics, BackendPlan};
 
 type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use super::lists::{IntLists, coerce_list_args, list_element_type};
 use super::rows::EngineOptions;
 use crate::backend::cpu::{self, SetElem, Sortedness};
-use crate::config::CpuKernelChoice;
+use crate::backend::cpu::CpuKernelChoice;
 use crate::intersect::lists::dispatch_integer;
 
 /// A set similarity measure of two sets `a`, `b` with `o = |a ∩ b|`, `n = |a|`, `m = |b|`.

@@ -23,7 +23,6 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use datafusion::arrow::array::OffsetSizeTrait;
 use datafusion::arrow::buffer::Buffer;
-use rayon::prelude::*;
 
 use super::lists::IntLists;
 use crate::backend::cpu::{self, SetElem, Sortedness};
@@ -49,6 +48,7 @@ const CACHE_ENTRIES: usize = 8192;
 const SWEEP_EVERY: u64 = 32;
 const SWEEP_ALWAYS_UP_TO: usize = 256;
 /// Rows checked per rayon task when filling an entry.
+#[cfg(test)]
 const ROWS_PER_TASK: usize = 256;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -214,9 +214,11 @@ pub fn store_verdicts<O: OffsetSizeTrait, T: SetElem>(
 
 /// Verdicts of every row of `list`, from the cache when the column is large enough to be
 /// worth it (computed in parallel and stored on a miss); `None` for small columns.
+#[cfg(test)]
 pub fn cached_verdicts<O: OffsetSizeTrait, T: SetElem>(
     list: &IntLists<'_, O, T>,
 ) -> Option<Arc<[Verdict]>> {
+    use rayon::prelude::*;
     match lookup_verdicts(list) {
         Lookup::Hit(v) => Some(v),
         Lookup::Small => None,
@@ -246,13 +248,6 @@ fn key_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> (Vec<Buf
     (pins, key)
 }
 
-/// (hits, misses, entries) — for tests and diagnostics.
-pub fn cache_stats() -> (u64, u64, usize) {
-    CACHE
-        .lock()
-        .map(|c| (c.hits, c.misses, c.entries.len()))
-        .unwrap_or((0, 0, 0))
-}
 
 #[cfg(test)]
 mod tests {

@@ -58,7 +58,7 @@ use super::crew::{Crew, lock};
 use super::filter::{Collections, reserve};
 use super::stream::{ProbeClaims, SimilarityJoinStream};
 use super::threshold::Threshold;
-use crate::config::{BackendChoice, SetsConfig};
+use crate::config::BackendChoice;
 use crate::intersect::similarity::{Measure, coerce_pair};
 use crate::io::parquet_split::split_scan;
 
@@ -745,8 +745,7 @@ async fn build_collections(
     let reservation =
         Arc::new(MemoryConsumer::new("SimilarityJoinExec[build]").register(context.memory_pool()));
     let threads = context.session_config().target_partitions();
-    let split =
-        SetsConfig::from_options(context.session_config().options()).similarity_join_split_scan;
+    let split = crate::config::similarity_join_split_scan(context.session_config().options());
     let mut plans = Vec::with_capacity(inputs.len());
     for input in &inputs {
         let plan = match split {

@@ -28,7 +28,7 @@ use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
 use crate::backend::cpu::BoundedKernel;
 use crate::backend::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
-use crate::config::{BackendChoice, SetsConfig};
+use crate::config::BackendChoice;
 use crate::intersect::similarity::Measure;
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
@@ -202,7 +202,7 @@ pub(crate) struct SimilarityJoinStream {
     scratch_reservation: Option<MemoryReservation>,
     backend: BackendChoice,
     verifier: Verifier,
-    /// The CPU's verification kernel (`sets.cpu_kernel` at execution).
+    /// The CPU's verification kernel (`tuning.cpu_kernel` at execution).
     kernel: BoundedKernel,
     /// `DFSETS_SJ_FILTER_ONLY` (see [`FilterOnly`]).
     filter_only: FilterOnly,
@@ -287,9 +287,8 @@ impl SimilarityJoinStream {
         context: Arc<TaskContext>,
         metrics: &ExecutionPlanMetricsSet,
     ) -> Result<Self> {
-        let kernel = BoundedKernel::resolve(
-            SetsConfig::from_options(context.session_config().options()).cpu_kernel,
-        );
+        let kernel =
+            BoundedKernel::resolve(crate::config::cpu_kernel(context.session_config().options()));
         Ok(Self {
             schema,
             state: State::Building(build),

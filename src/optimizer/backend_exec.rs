@@ -34,9 +34,6 @@ impl SetsBackendExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, calls: Vec<BoundCall>) -> Self {
         Self { input, calls }
     }
-    pub fn calls(&self) -> &[BoundCall] {
-        &self.calls
-    }
 }
 
 impl DisplayAs for SetsBackendExec {

@@ -53,7 +53,7 @@ pub mod plan;
 use datafusion::arrow::datatypes::DataType;
 
 pub use cost::{cpu_threads_used, estimate_ms, estimate_resident_ms};
-pub use plan::{BackendMetrics, BackendPlan};
+pub use plan::BackendPlan;
 
 use crate::backend::gpu;
 use crate::config::{BackendChoice, SetsConfig};

@@ -93,12 +93,6 @@ impl TopK {
             self.heap.push(Worst(Hit { doc, score }));
         }
     }
-    pub fn len(&self) -> usize {
-        self.heap.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
-    }
     /// Best first; ties by increasing id.
     pub fn into_sorted(self) -> Vec<Hit> {
         let mut v: Vec<Hit> = self.heap.into_iter().map(|w| w.0).collect();
@@ -477,76 +471,6 @@ pub fn top_or(index: &InvertedIndex, scored: &Scored, terms: &[u32], k: usize) -
             break;
         }
         lo = hi + 1;
-    }
-    top.into_sorted()
-}
-
-/// Top-k of documents holding any term of `terms` (distinct, ascending): MaxScore.
-#[doc(hidden)]
-pub fn top_or_maxscore_old(
-    index: &InvertedIndex,
-    scored: &Scored,
-    terms: &[u32],
-    k: usize,
-) -> Vec<Hit> {
-    let mut top = TopK::new(k);
-    if terms.is_empty() || k == 0 {
-        return Vec::new();
-    }
-    let mut cs = cursors(index, terms);
-    // Ascending maximum impact: a prefix whose bounds sum to ≤ θ is non-essential.
-    cs.sort_by(|a, b| {
-        scored.term_max[a.term as usize].total_cmp(&scored.term_max[b.term as usize])
-    });
-    let n = cs.len();
-    // prefix[i] = Σ_{j<i} max_j (+ static bound)
-    let mut prefix = vec![scored.static_max; n + 1];
-    for i in 0..n {
-        prefix[i + 1] = prefix[i] + scored.term_max[cs[i].term as usize];
-    }
-    let mut essential = 0; // cs[essential..] are essential
-    let mut at = vec![None; terms.len()];
-    loop {
-        let theta = top.threshold();
-        while essential < n && !may_beat(prefix[essential + 1], theta) {
-            essential += 1;
-        }
-        if essential == n {
-            break;
-        }
-        // Next candidate: the smallest current document among the essential lists.
-        let d = cs[essential..].iter().map(Cursor::doc).min().unwrap();
-        if d == u32::MAX {
-            break;
-        }
-        at.iter_mut().for_each(|a| *a = None);
-        let mut partial = 0.0;
-        for c in cs[essential..].iter_mut() {
-            if c.doc() == d {
-                let p = c.base + c.pos;
-                at[c.slot] = Some(p);
-                partial += scored.impacts[p];
-                c.pos += 1;
-            }
-        }
-        // Non-essential lists, largest bound first, while the document can still win.
-        let mut alive = true;
-        for i in (0..essential).rev() {
-            if !may_beat(partial + prefix[i + 1], theta) {
-                alive = false;
-                break;
-            }
-            let c = &mut cs[i];
-            c.seek(d);
-            if c.doc() == d {
-                let p = c.base + c.pos;
-                at[c.slot] = Some(p);
-                partial += scored.impacts[p];
-            }
-        }
-        if alive {
-            top.push(d, canonical(scored, &at));
-        }
     }
     top.into_sorted()
 }

@@ -67,7 +67,7 @@ pub fn common_count(x: &[u32], y: &[u32]) -> usize {
 /// Whether a GPU test runs: a GPU is there (named on stderr); else skip with a note, or fail
 /// under `DFSETS_REQUIRE_GPU=1` (the device script sets it).
 pub fn gpu_or_skip(test: &str) -> bool {
-    match datafusion_sets::backend::gpu::device() {
+    match datafusion_sets::gpu::device() {
         Ok(d) => {
             eprintln!(
                 "{test}: on {} (sm_{}{})",
@@ -127,7 +127,7 @@ pub async fn run_upstream(path: &Path, relative: &Path, setup: &[&str]) -> Resul
     };
     let ctx = test_ctx.session_ctx().clone();
     datafusion_sets::register(&ctx)?;
-    let ours = datafusion_sets::functions::list_intersect::list_intersect_udf();
+    let ours = datafusion_sets::udf::list_intersect_udf();
     ctx.register_udf(ScalarUDF::clone(&ours).with_aliases(["array_intersect"]));
     for name in ["list_intersect", "array_intersect"] {
         let resolved = ctx.udf(name)?;
@@ -161,6 +161,10 @@ pub async fn run_file_labeled(
     });
     for l in labels {
         runner.add_label(l);
+    }
+    // `onlyif tuning`: the cases that set `tuning.*` switches (built with the feature only).
+    if cfg!(feature = "tuning") {
+        runner.add_label("tuning");
     }
     runner.with_column_validator(strict_column_validator);
     runner.with_normalizer(value_normalizer);

@@ -14,9 +14,8 @@
 //! other side is above its maximum. Partial blocks (the last < L tokens of a side) are read
 //! with masked loads; nothing is read past a slice's end.
 
-use super::Kernel;
+use super::{CpuKernelChoice, Kernel};
 use super::features;
-use crate::config::CpuKernelChoice;
 
 /// A bounded-overlap kernel that runs on this CPU (only [`BoundedKernel::resolve`] makes
 /// one, after checking the CPU's features, which is what makes [`overlap_at_least`] safe).
@@ -24,7 +23,7 @@ use crate::config::CpuKernelChoice;
 pub struct BoundedKernel(Kernel);
 
 impl BoundedKernel {
-    /// The kernel for `sets.cpu_kernel = choice` on this CPU. `auto`: the AVX2 block merge
+    /// The kernel for `tuning.cpu_kernel = choice` on this CPU. `auto`: the AVX2 block merge
     /// where the CPU has AVX2 (measured fastest on the similarity join's verification, whose
     /// remainders are short: 8-lane blocks waste fewer lanes than 16-lane ones; see
     /// `benches/RESULTS.md`), else AVX-512, else scalar. A forced kernel without a bounded
@@ -61,6 +60,7 @@ impl BoundedKernel {
     }
 
     /// The kernel that runs.
+    #[cfg(test)]
     pub fn kernel(self) -> Kernel {
         self.0
     }

@@ -121,6 +121,18 @@ pub enum Kernel {
     Vp2intersect,
 }
 
+/// Which CPU intersection kernel runs on sorted rows: `Auto` (the measured hybrid) or one
+/// kernel forced for every row (the `tuning` feature's `tuning.cpu_kernel`, for testing and
+/// benchmarking each kernel).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CpuKernelChoice {
+    /// Pick per row from the two lengths and the CPU's features.
+    #[default]
+    Auto,
+    /// Force this kernel (falls back to a correct one if the CPU lacks it).
+    Fixed(Kernel),
+}
+
 impl Kernel {
     /// Every kernel, simplest first.
     pub const ALL: [Kernel; 6] = [
