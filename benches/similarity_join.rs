@@ -8,8 +8,8 @@
 //!   SETS_BENCH_LARGE_ONLY=1 cargo bench --bench similarity_join  # only the large cases
 //!   SETS_BENCH_REPS=3 ...                                     # repetitions of each large case
 //!   SETS_BENCH_LARGE_CASES=jaccard ...                        # large cases whose name contains it
-//!   SETS_BENCH_CPU_KERNEL=scalar ...                          # `sets.cpu_kernel` (verification kernel)
-//!   SETS_BENCH_SPLIT_SCAN=0 ...                               # `sets.similarity_join_split_scan`
+//!   SETS_BENCH_CPU_KERNEL=scalar ...                          # `tuning.cpu_kernel` (verification kernel; --features tuning)
+//!   SETS_BENCH_SPLIT_SCAN=0 ...                               # `tuning.similarity_join_split_scan` (--features tuning)
 //!   SETS_BENCH_RATIO=41 ...                                   # one core vs all, alternating, with ceilings
 //!
 //! What one iteration measures: planning and running
@@ -30,7 +30,7 @@
 //!
 //! Allocator: mimalloc (with the default `cli` feature), as in the `dfsets` CLI; the system
 //! allocator returned and re-faulted the build's buffers on every query (3-4 ms of a 36 ms
-//! debian_deps query on this 2-core machine, benches/RESULTS.md).
+//! debian_deps query on this 2-core machine, benches/README.md).
 //!
 //! Cores: `1core` is `target_partitions = 1` on a current-thread tokio runtime (everything on
 //! the calling thread); `allcores` is `target_partitions = nproc` on a multi-threaded runtime
@@ -94,11 +94,11 @@ impl Engine {
         );
         rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
         if let Ok(kernel) = std::env::var("SETS_BENCH_CPU_KERNEL") {
-            let sql = format!("SET sets.cpu_kernel = '{kernel}'");
+            let sql = format!("SET tuning.cpu_kernel = '{kernel}'");
             rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
         }
         if let Some(split) = env_flag("SETS_BENCH_SPLIT_SCAN") {
-            let sql = format!("SET sets.similarity_join_split_scan = {split}");
+            let sql = format!("SET tuning.similarity_join_split_scan = {split}");
             rt.block_on(async { ctx.sql(&sql).await.unwrap().collect().await.unwrap() });
         }
         Self { rt, ctx }
@@ -280,7 +280,7 @@ fn large_cases() {
 /// Prints each median and minimum time and the median of the `N` pairwise ratios; then the
 /// query's median ratio over the rounds whose `ilp-ceiling` ratio was at least 0.97 × the
 /// cores, and over the others (whether the query's slow rounds are the machine's: on this
-/// 2-core machine they were not, benches/RESULTS.md, session 54).
+/// 2-core machine they were not, benches/README.md).
 fn ratio_cases(rounds: usize) {
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     for case in SMALL {

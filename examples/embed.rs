@@ -37,7 +37,7 @@ async fn main() -> Result<()> {
     ctx.register_batch("postings", batch)?;
 
     // SQL: documents containing every query term.
-    ctx.sql("SET sets.cpu_kernel = 'auto'").await?;
+    ctx.sql("SET sets.backend = 'auto'").await?;
     ctx.sql("SELECT list_intersect_agg(doc_ids) AS docs FROM postings WHERE term IN ('arrow', 'set', 'simd')")
         .await?
         .show()

@@ -778,9 +778,9 @@ __device__ __forceinline__ void lower_bounds(const u32* __restrict__ a, u32 (&b)
 // candidate's thread adds the round's impacts (and the lead's, at its place) in slot order,
 // so the sum is `and_phase_wide`'s, and the next round reuses the fence. `and_phase_wide`
 // searches the lists one after the other, a chain of dependent loads per list: an item of 11
-// lists and 100 candidates took 40 µs there (H200 trace, session 49). AND_SMALL: the fewest
+// lists and 100 candidates took 40 µs there (H200 trace). AND_SMALL: the fewest
 // lists an item needs to take this path (0: never); AND_SMALL_ROUNDS: the most rounds (1:
-// only items whose searches fit one round, session 50's rule).
+// only items whose searches fit one round).
 #ifndef AND_SMALL
 #define AND_SMALL 3
 #endif
@@ -1355,7 +1355,7 @@ extern "C" __global__ void bm25_plan(
     const bool floored = mode != 0 || m == 1;
     // PLAN_CHUNK terms at a time, each step's loads side by side: the term ids (across the
     // bus), then their lists and floors, rather than one term's chain of loads after another
-    // (H200 trace, session 52: the plan 13.0 -> 12.3 µs for 10,000 AND queries; most of the
+    // (H200 trace: the plan 13.0 -> 12.3 µs for 10,000 AND queries; most of the
     // rest is the reads across the bus, the plan taking 6.0 µs on a copy in device memory).
     for (u32 j0 = 0; j0 < m; j0 += PLAN_CHUNK) {
         u32 t[PLAN_CHUNK];
@@ -1448,7 +1448,7 @@ extern "C" __global__ void bm25_plan(
         // A two-list AND query is also cut every AND2_PIECE candidates: its chunks of
         // AND_G * THREADS candidates cost ~14 µs each alone on a multiprocessor (fence, search,
         // offers of a dense intersection), where the work above prices them as a few-list
-        // query's searches (H200 trace, session 49: 3,626 candidates, unsplit, the AND batch's
+        // query's searches (H200 trace: 3,626 candidates, unsplit, the AND batch's
         // last block at 56 µs). The host-staged path's `plan` does not cut them.
         if (mode == 0 && m >= 2 && m <= AND_CUT_LISTS && AND2_PIECE != 0) {
             const u64 p2 = (shortest + AND2_PIECE - 1) / AND2_PIECE;
@@ -1671,7 +1671,7 @@ __device__ __forceinline__ void pack_answers(
 // `pack_answers`, then the batch's clock: with `clock_host` (the host's pinned memory, or
 // null) the last block to finish writes there the batch's start (counters[C_CLOCK], from
 // `bm25_clear`) and its own end on the global timer, so that the host times the kernels
-// without timing events (each cost the host's launch ~3 us; session 55). The last block is
+// without timing events (each cost the host's launch ~3 us). The last block is
 // the one whose count of finished blocks (counters[C_PACKED], cleared with the counters)
 // reaches the grid: every other block has finished by then.
 extern "C" __global__ void __launch_bounds__(PACK_QUERIES) bm25_pack(

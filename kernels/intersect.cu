@@ -3,7 +3,7 @@
 // Compiled at run time by NVRTC for the device's own architecture (src/backend/gpu/cuda.rs);
 // no CUDA headers are included, so the source compiles with NVRTC alone.
 //
-// Scheme (see kernels/NOTES.md): a row's k lists are intersected shortest first, one list per
+// Scheme (see kernels/DESIGN.md): a row's k lists are intersected shortest first, one list per
 // step. Each step is a batched two-list intersection A ∩ B over all rows at once:
 //
 //   plan       one thread per row: the step's A and B ranges and its merge-path length
@@ -51,7 +51,7 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 // Merge block size (the host sets it: 256, measured fastest with the v6 merge, or 64 / 128)
-// and the blocks per multiprocessor the merge kernels are compiled for (kernels/NOTES.md,
+// and the blocks per multiprocessor the merge kernels are compiled for (kernels/DESIGN.md,
 // "Search inside the tile").
 #ifndef THREADS
 #define THREADS 256
@@ -369,7 +369,7 @@ __device__ __forceinline__ u64 warp_prefix(u64* state, const u64* counts, u64 id
 // positions make at least `want` pieces. Chosen on the device from the step's own total (a
 // later step's A, the previous step's matches, is known only there): large pieces spread each
 // piece's row lookup and first search over more work, and enough pieces keep every
-// multiprocessor's warps busy to the end (kernels/NOTES.md, "A piece size per step").
+// multiprocessor's warps busy to the end (kernels/DESIGN.md, "A piece size per step").
 __device__ __forceinline__ u32 wpiece_of(u64 total, u32 lo, u32 hi, u64 want) {
     u32 p = hi;
     while (p / 2 >= lo && total / p < want) p >>= 1;
@@ -853,7 +853,7 @@ INSTANTIATE_MERGE(i64, u64, true, MINB64)
 // of the rows that start in it counted from the piece's first match. wplace, the next launch,
 // then puts the matches in place and adds the piece's place to those offsets (a first version
 // did that at the end of wmerge itself, each piece waiting for the counts of the pieces before
-// it: slower, most likely because the waiting warps held their slots; kernels/NOTES.md). No
+// it: slower, most likely because the waiting warps held their slots; kernels/DESIGN.md). No
 // scan or gather runs between them. A row whose lists are not both known increasing (a
 // descent in a resident row) is flagged and left to the CPU. Each value comes from DRAM
 // once (a window's unconsumed part is read again from the caches), and no block waits at a

@@ -8,7 +8,8 @@
 // for the threshold; the group names the probe set. Each pair is merged from the sets' first
 // tokens (8 bytes a pair cross the bus; the filter's prefix count would triple that). The
 // answer is compacted on the device: the index and overlap of each pair that reaches
-// `alpha`, in no particular order (the host sorts them).
+// `alpha`, in no particular order (the host puts them back in chunk order through a bitmap
+// of passing indexes).
 //
 // Two layouts, as in the paper, chosen per pair on the device from what is left to merge:
 // - verify_groups: one block per probe set; the probe set is read into shared memory once

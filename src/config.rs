@@ -63,7 +63,7 @@ impl FromStr for CpuKernelChoice {
             None => {
                 let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
                 config_err!(
-                    "sets.cpu_kernel: expected 'auto' or one of {}, got '{s}'",
+                    "tuning.cpu_kernel: expected 'auto' or one of {}, got '{s}'",
                     names.join(", ")
                 )
             }

@@ -47,6 +47,8 @@ mod config;
 mod session;
 
 pub use config::{BackendChoice, SetsConfig};
+#[cfg(feature = "tuning")]
+pub use config::TuningOptions;
 pub use functions::expr_fn;
 pub use functions::{all_aggregate_functions, all_scalar_functions};
 pub use intersect::similarity::Measure;

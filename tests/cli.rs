@@ -1,6 +1,5 @@
 //! The `dfsets` binary: datafusion-cli's flags with our functions installed, and the
-//! README's quickstart giving the answers a reader can check by hand against
-//! `examples/data/docs.csv`.
+//! README's quickstart giving the answers of its bundled corpus (`examples/data/`).
 
 mod common;
 
@@ -39,20 +38,22 @@ fn quickstart_answers() {
         dfsets(&["-q", "--format", "nd-json", "-f", "examples/quickstart.sql"]);
     assert!(ok, "{stderr}");
     assert!(!stdout.contains("Error"), "{stdout}");
-    // Documents containing both "set" and "intersection": 1, 4 and 14 (22 says "sets").
-    assert!(stdout.contains(r#"{"docs":[1,4,14],"n":3}"#), "{stdout}");
-    // "posting", "lists" and "sorted" together: only document 21.
-    assert!(
-        stdout.contains(r#"{"doc_id":21,"text":"Document ids sorted in ascending order"#),
-        "{stdout}"
-    );
-    // "conjunctive" and "query" share documents 1, 12 and 24.
-    assert!(
-        stdout.contains(r#"{"t1":"conjunctive","t2":"query","shared":[1,12,24],"n":3}"#),
-        "{stdout}"
-    );
-    // "the", "of" and "intersection": 1, 12, 14 and 22.
-    assert!(stdout.contains(r#"{"docs":[1,12,14,22]}"#), "{stdout}");
+    // One answer of each feature, checked against an independent computation over
+    // examples/data/debian-packages.json (examples/data/README.md).
+    for line in [
+        // BM25: the best package for "IMAP server".
+        r#"{"rank":1,"package":"dovecot-imapd","score":5.893,"description":"secure POP3/IMAP server - IMAP daemon"}"#,
+        // The similarity join's table function: the most similar large dependency sets.
+        r#"{"package_a":"mariadb-backup","package_b":"mariadb-server-core","jaccard":0.833,"deps_a":11,"deps_b":11}"#,
+        // The same join written in SQL: every pair at Jaccard >= 0.8.
+        r#"{"pairs":1052,"identical":972}"#,
+        // list_intersect_count / jaccard / list_intersect of two packages' dependencies.
+        r#"{"a":"postfix","b":"exim4-daemon-light","common":5,"jaccard":0.227,"names":["debconf","debconf-2.0","libc6","libdb5.3","libnsl2"]}"#,
+        // list_intersect_agg: a conjunctive query over reverse-dependency lists.
+        r#"{"package":"exim4-daemon-heavy","description":"Exim MTA (v4) daemon with extended features, including exiscan-acl"}"#,
+    ] {
+        assert!(stdout.contains(line), "missing {line} in\n{stdout}");
+    }
 }
 
 #[test]

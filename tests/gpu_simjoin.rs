@@ -330,12 +330,12 @@ fn session(partitions: usize, backend: &str, rt: &tokio::runtime::Runtime) -> Se
     // DFSETS_BENCH_SPLIT_SCAN=0: the Parquet input read a row group per task (A/B runs).
     if std::env::var("DFSETS_BENCH_SPLIT_SCAN").is_ok_and(|v| v == "0") {
         rt.block_on(async {
-            ctx.sql("SET sets.similarity_join_split_scan = false")
+            ctx.sql("SET tuning.similarity_join_split_scan = false")
                 .await?
                 .collect()
                 .await
         })
-        .expect("SET sets.similarity_join_split_scan");
+        .expect("SET tuning.similarity_join_split_scan");
     }
     ctx
 }

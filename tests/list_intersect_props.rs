@@ -108,7 +108,16 @@ fn build<O: OffsetSizeTrait>(rows: &[Row], element: &DataType, pad: usize) -> Ar
 fn options(kernel: &str, threaded: bool) -> Arc<ConfigOptions> {
     let mut options = ConfigOptions::new();
     options.extensions.insert(SetsConfig::default());
-    options.set("sets.cpu_kernel", kernel).expect("kernel name");
+    // Forcing a kernel is a `tuning` switch; without the feature every case runs `auto`.
+    #[cfg(feature = "tuning")]
+    {
+        options
+            .extensions
+            .insert(datafusion_sets::TuningOptions::default());
+        options.set("tuning.cpu_kernel", kernel).expect("kernel name");
+    }
+    #[cfg(not(feature = "tuning"))]
+    let _ = kernel;
     options
         .set("sets.parallel_min_values", if threaded { "1" } else { "0" })
         .expect("number");

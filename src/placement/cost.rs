@@ -10,12 +10,12 @@ pub const GPU_NS_PER_VALUE: f64 = 0.24;
 pub const GPU_NS_PER_ROW: f64 = 22.0;
 /// GPU fixed cost per batch (one device call: launches, copies' latency, waits), ns. The
 /// GPU backend's time over the CPU's on batches of 1 to 100 rows through SQL measured
-/// 0.13-0.24 ms on H200 and H100 hosts since the staging was overlapped (benches/RESULTS.md,
+/// 0.13-0.24 ms on H200 and H100 hosts since the staging was overlapped (benches/README.md,
 /// "auto by row count"; 0.3 ms was fitted before that).
 pub const GPU_NS_PER_BATCH: f64 = 2.5e5;
 /// GPU with the list columns already on the device, through the SQL function: fixed cost per
 /// batch (launches, the results' copy latency, waits), ns. Fitted on many small resident
-/// batches (H100 host, benches/RESULTS.md "`auto` on a table queried again": 8,192-row
+/// batches (H100 host, benches/README.md "`auto` on a table queried again": 8,192-row
 /// batches took 0.21-0.28 ms each; 0.3 ms, fitted on one-batch runs, over-priced them).
 pub const GPU_RESIDENT_NS_PER_BATCH: f64 = 2.0e5;
 /// The same, ns per input value (kernels, results copied out and into Arrow arrays).
@@ -29,7 +29,7 @@ pub const CPU_NS_PER_ROW: f64 = 345.0;
 
 /// The model's estimates (ms) for one batch of `values` input values in `rows` rows: the CPU
 /// on `threads` threads, and the GPU with the batch's list columns already on the device.
-/// Calibrated on the H200 machine through SQL (benches/RESULTS.md, "known row order": W1, W2
+/// Calibrated on the H200 machine through SQL (benches/README.md, "known row order": W1, W2
 /// and both 4x, resident, against the CPU backend on 16 threads).
 pub fn estimate_resident_ms(values: usize, rows: usize, threads: usize) -> (f64, f64) {
     let (values, rows, threads) = (values as f64, rows as f64, threads.max(1) as f64);

@@ -12,7 +12,7 @@
 //! 4. `sets.backend = 'gpu'` → GPU.
 //! 5. `auto`: a cost model over the input's statistics (bytes, rows; batches of the
 //!    session's batch size). Calibrated on the H200 machine through SQL on ordinary Arrow
-//!    arrays (benches/RESULTS.md, "auto by row count": rows of 10..100 values at 1 M and 10 M
+//!    arrays (benches/README.md, "auto by row count": rows of 10..100 values at 1 M and 10 M
 //!    rows, and W1): the GPU costs [`GPU_NS_PER_BATCH`] per batch (a device call) plus
 //!    [`GPU_NS_PER_VALUE`] per input value and [`GPU_NS_PER_ROW`] per row (pageable
 //!    staging, copies, kernels; 2 lists); the CPU [`CPU_NS_PER_VALUE`] per value and
@@ -397,7 +397,7 @@ mod tests {
     }
 
     /// The resident model against its calibration (H200 host, SQL function, resident columns:
-    /// benches/RESULTS.md "known row order"), within 15%, and the choices it implies.
+    /// benches/README.md "known row order"), within 15%, and the choices it implies.
     #[test]
     fn resident_model_reproduces_its_calibration() {
         let near = |got: f64, want: f64| (got - want).abs() <= 0.15 * want;
@@ -439,7 +439,7 @@ mod tests {
     }
 
     /// The model against the measurements it was calibrated on (H200 host, 16 threads,
-    /// benches/RESULTS.md), within 15%, and the choices they imply.
+    /// benches/README.md), within 15%, and the choices they imply.
     #[test]
     fn cost_model_reproduces_its_calibration() {
         let near = |got: f64, want: f64| (got - want).abs() <= 0.15 * want;

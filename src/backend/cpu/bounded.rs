@@ -26,7 +26,7 @@ impl BoundedKernel {
     /// The kernel for `tuning.cpu_kernel = choice` on this CPU. `auto`: the AVX2 block merge
     /// where the CPU has AVX2 (measured fastest on the similarity join's verification, whose
     /// remainders are short: 8-lane blocks waste fewer lanes than 16-lane ones; see
-    /// `benches/RESULTS.md`), else AVX-512, else scalar. A forced kernel without a bounded
+    /// `benches/README.md`), else AVX-512, else scalar. A forced kernel without a bounded
     /// form (galloping, SSE4.2) runs the scalar merge; one the CPU lacks falls back to the
     /// next one down: VP2INTERSECT, AVX-512, AVX2, scalar.
     pub fn resolve(choice: CpuKernelChoice) -> BoundedKernel {

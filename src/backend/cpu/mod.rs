@@ -256,7 +256,7 @@ fn detect() -> Features {
     for (w, bits) in [8, 16, 32, 64].into_iter().enumerate() {
         // VP2INTERSECT is never the large-block kernel: on the one CPU measured with it
         // (Zen 5) AVX-512's broadcast compares beat it from 16 values on, at both widths
-        // (`sweep/` in benches/RESULTS.md), and on Intel's (Tiger Lake) it is microcoded.
+        // (`sweep/` in benches/README.md), and on Intel's (Tiger Lake) it is microcoded.
         f.best_block[w] = [Kernel::Avx512, Kernel::Avx2, Kernel::Sse42]
             .into_iter()
             .find(|&k| usable_with(&f, k, bits))
@@ -510,7 +510,7 @@ fn count_with<T: SetElem>(kernel: Kernel, a: &[T], b: &[T]) -> usize {
 //
 // Zen 5 (AMD EPYC with VP2INTERSECT, 2026-11-26): `cargo bench --bench list_intersect --
 // sweep/`, one thread, pairs back to back in ~16 M values (64-128 MB, past L3), criterion
-// medians, ns per pair (table in benches/RESULTS.md). Galloping pays later on this CPU where
+// medians, ns per pair (table in benches/README.md). Galloping pays later on this CPU where
 // the longer list is long (u32 128x128: block 5.9 us vs gallop 8.2; 1024x256: 94 vs 121 us;
 // 12x48: 0.20 vs 0.27 us; gallop wins from 1024x512, 256x512, 128x256), a little earlier for
 // tiny u64 lists (1x8, 2x16, 4x16); VP2INTERSECT wins only for short lists (u32 2x8..12x48,
