@@ -10,8 +10,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions};
-use datafusion::config::ConfigOptions;
 use datafusion::common::{DataFusionError, config_err, config_field};
+use datafusion::config::ConfigOptions;
 
 use crate::backend::cpu::{CpuKernelChoice, Kernel};
 
@@ -81,7 +81,6 @@ impl fmt::Display for CpuKernelChoice {
 }
 
 config_field!(CpuKernelChoice);
-
 
 /// Declares an options struct once: each option's doc (shown by `SHOW ALL`), name, type,
 /// default and parser, from which the struct, its `Default`, `SET` and the listing follow.
@@ -159,7 +158,11 @@ macro_rules! options {
 }
 
 /// A value parsed by its `ConfigField` impl (the type's own `FromStr` errors name the option).
-fn parse_field<T: ConfigField>(field: &mut T, _key: &str, value: &str) -> datafusion::common::Result<()> {
+fn parse_field<T: ConfigField>(
+    field: &mut T,
+    _key: &str,
+    value: &str,
+) -> datafusion::common::Result<()> {
     field.set("", value)
 }
 
@@ -257,4 +260,3 @@ fn set_f64(
         _ => config_err!("{key}: expected a number in [{lo}, {hi}], got '{value}'"),
     }
 }
-

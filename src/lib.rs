@@ -46,9 +46,9 @@ mod catalog;
 mod config;
 mod session;
 
-pub use config::{BackendChoice, SetsConfig};
 #[cfg(feature = "tuning")]
 pub use config::TuningOptions;
+pub use config::{BackendChoice, SetsConfig};
 pub use functions::expr_fn;
 pub use functions::{all_aggregate_functions, all_scalar_functions};
 pub use intersect::similarity::Measure;

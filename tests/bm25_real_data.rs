@@ -30,10 +30,10 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, UInt32Type};
 use datafusion::parquet::arrow::ProjectionMask;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use datafusion_sets::bm25::{IndexBuilder, InvertedIndex};
 use datafusion_sets::bm25::{Bm25Params, Scored};
-use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
 use datafusion_sets::bm25::{Hit, Mode, exhaustive, query_terms, top};
+use datafusion_sets::bm25::{IndexBuilder, InvertedIndex};
+use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
 
 const K: usize = 10;
 const DEFAULT_QUERIES: usize = 2_000;

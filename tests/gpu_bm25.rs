@@ -16,14 +16,14 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, UInt32Type};
-use datafusion_sets::backend::gpu;
 use datafusion_sets::BackendChoice;
-use datafusion_sets::bm25::{IndexBuilder, IndexedDoc, InvertedIndex};
-use datafusion_sets::bm25::{Queries, QueryTerms};
+use datafusion_sets::backend::gpu;
 use datafusion_sets::bm25::rank_terms;
 use datafusion_sets::bm25::{Bm25Params, Scored};
-use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
+use datafusion_sets::bm25::{IndexBuilder, IndexedDoc, InvertedIndex};
 use datafusion_sets::bm25::{Mode, exhaustive, query_terms, top};
+use datafusion_sets::bm25::{Queries, QueryTerms};
+use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -374,9 +374,8 @@ fn results_copied_out_past_the_lent_ceiling() {
             &mut |_| true,
         )
     };
-    let lent_of = |s: &datafusion_sets::bm25::RankStats| {
-        s.timings.as_ref().map_or(0, |t| t.lent_bytes)
-    };
+    let lent_of =
+        |s: &datafusion_sets::bm25::RankStats| s.timings.as_ref().map_or(0, |t| t.lent_bytes);
     let (want_a, _) = rank(&a, BackendChoice::Cpu);
     let (want_b, _) = rank(&b, BackendChoice::Cpu);
     let (got_a, sa) = rank(&a, BackendChoice::Gpu);

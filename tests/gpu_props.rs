@@ -21,11 +21,11 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
+use datafusion_sets::BackendChoice;
 use datafusion_sets::SetsConfig;
 use datafusion_sets::backend::gpu::{self, HostList, HostOffsets, Mode};
-use datafusion_sets::BackendChoice;
-use datafusion_sets::udf::list_intersect_udf;
 use datafusion_sets::udf::list_intersect_count_udf;
+use datafusion_sets::udf::list_intersect_udf;
 
 /// splitmix64: fast, deterministic, no dependency.
 struct Rng(u64);

@@ -15,8 +15,8 @@ use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion_sets::SetsConfig;
-use datafusion_sets::udf::list_intersect_udf;
 use datafusion_sets::udf::list_intersect_count_udf;
+use datafusion_sets::udf::list_intersect_udf;
 use proptest::prelude::*;
 
 const TYPES: [DataType; 8] = [
@@ -114,7 +114,9 @@ fn options(kernel: &str, threaded: bool) -> Arc<ConfigOptions> {
         options
             .extensions
             .insert(datafusion_sets::TuningOptions::default());
-        options.set("tuning.cpu_kernel", kernel).expect("kernel name");
+        options
+            .set("tuning.cpu_kernel", kernel)
+            .expect("kernel name");
     }
     #[cfg(not(feature = "tuning"))]
     let _ = kernel;

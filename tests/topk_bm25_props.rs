@@ -16,10 +16,10 @@ use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_sets::SessionStateBuilderExt;
-use datafusion_sets::bm25::{IndexedDoc, InvertedIndex};
 use datafusion_sets::bm25::{Bm25Params, Scored};
-use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
 use datafusion_sets::bm25::{Hit, Mode, exhaustive, query_terms};
+use datafusion_sets::bm25::{IndexedDoc, InvertedIndex};
+use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
 use proptest::prelude::*;
 
 const WORDS: [&str; 12] = [

@@ -66,11 +66,15 @@ pub struct TopK {
     heap: BinaryHeap<Worst>,
 }
 
+/// Hits reserved up front; past it the heap grows with the documents that are pushed (it
+/// never holds more than k + 1), so memory follows the matches, not `k`.
+const RESERVED_HITS: usize = 1024;
+
 impl TopK {
     pub fn new(k: usize) -> Self {
         Self {
             k,
-            heap: BinaryHeap::with_capacity(k + 1),
+            heap: BinaryHeap::with_capacity(k.min(RESERVED_HITS) + 1),
         }
     }
     /// The score a new document must beat, or -inf while fewer than k are held.
@@ -597,6 +601,24 @@ mod tests {
             })
             .collect();
         InvertedIndex::build(&docs, TokenizerOptions::default(), with_static)
+    }
+
+    /// A `k` far above the matches (up to the largest `topk_bm25` accepts) reserves nothing
+    /// in proportion to it: it used to reserve `k` hits up front, and aborted on allocation.
+    #[test]
+    fn huge_k_allocates_for_the_matches_only() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let index = corpus(&mut rng, 300, 40, false);
+        let scored = Scored::new(&index, Bm25Params::default());
+        let (terms, unknown) = query_terms(&index, ["w0", "w1", "w7"].into_iter());
+        for k in [300_000_000, u32::MAX as usize] {
+            assert!(TopK::new(k).heap.capacity() <= RESERVED_HITS + 1);
+            for mode in [Mode::And, Mode::Or, Mode::AndOr] {
+                let got = top(&index, &scored, &terms, unknown, k, mode);
+                let want = exhaustive(&index, &scored, &terms, unknown, 1000, mode);
+                assert_eq!(got, want, "k {k} {mode:?}");
+            }
+        }
     }
 
     #[test]
