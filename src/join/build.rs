@@ -195,6 +195,7 @@ struct Slots(*mut Posting);
 // SAFETY: only used in step 4, where every slot is written by exactly one thread (the
 // ranges' slot intervals are disjoint by construction) and read after all threads joined.
 unsafe impl Send for Slots {}
+// SAFETY: as for `Send`: the threads write disjoint slots and nobody reads before they join.
 unsafe impl Sync for Slots {}
 
 impl Slots {

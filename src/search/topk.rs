@@ -610,7 +610,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(11);
         let index = corpus(&mut rng, 300, 40, false);
         let scored = Scored::new(&index, Bm25Params::default());
-        let (terms, unknown) = query_terms(&index, ["w0", "w1", "w7"].into_iter());
+        let (terms, unknown) = query_terms(&index, ["w0", "w1", "w7"]);
         for k in [300_000_000, u32::MAX as usize] {
             assert!(TopK::new(k).heap.capacity() <= RESERVED_HITS + 1);
             for mode in [Mode::And, Mode::Or, Mode::AndOr] {

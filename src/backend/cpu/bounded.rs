@@ -85,13 +85,15 @@ pub fn overlap_at_least<const EXACT: bool>(
     let need = need as usize;
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY (all arms): a `BoundedKernel` names a SIMD kernel only when `resolve` found
+        // SAFETY: a `BoundedKernel` names a SIMD kernel only when `resolve` found
         // the CPU features it needs; `need <= min(x.len(), y.len())` was checked above.
+        unsafe {
         match kernel.0 {
-            Kernel::Avx512 => return unsafe { x86::avx512::<EXACT>(x, y, need) },
-            Kernel::Vp2intersect => return unsafe { x86::vp2i::<EXACT>(x, y, need) },
-            Kernel::Avx2 => return unsafe { x86::avx2::<EXACT>(x, y, need) },
+            Kernel::Avx512 => return x86::avx512::<EXACT>(x, y, need),
+            Kernel::Vp2intersect => return x86::vp2i::<EXACT>(x, y, need),
+            Kernel::Avx2 => return x86::avx2::<EXACT>(x, y, need),
             _ => {}
+        }
         }
     }
     let _ = kernel;

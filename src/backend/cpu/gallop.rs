@@ -35,7 +35,7 @@ pub(crate) unsafe fn gallop_with<T: SetElem, const WRITE: bool, const LANES: usi
 ) -> usize {
     let nb = big.len();
     let pb = big.as_ptr();
-    // SAFETY (reads through `at`): every caller below passes an index < nb.
+    // SAFETY: every caller of `at` below passes an index < nb.
     let at = |idx: usize| unsafe { *pb.add(idx) };
     let (mut lo, mut k) = (0usize, 0usize);
     for &x in small {
@@ -236,8 +236,8 @@ pub(crate) unsafe fn gallop_batched<T: SetElem, const WRITE: bool>(
     let (ns, nb) = (small.len(), big.len());
     let (mut lo, mut k, mut s) = (0usize, 0usize, 0usize);
     while s < ns && lo < nb {
-        // SAFETY: s < ns; the caller's promise covers `dst` (k < ns).
         let rest = ns - s;
+        // SAFETY: s < ns; the caller's promise covers `dst` (k < ns).
         let (n, next, used) = unsafe {
             let (r, d) = (&small[s..], dst.add(k));
             match rest {
@@ -317,14 +317,16 @@ pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
     {
         use super::{avx2, avx512, features};
         let f = features();
-        // SAFETY (both arms): the CPU feature each function needs was detected; the rest is
+        // SAFETY: the CPU feature each function needs was detected; the rest is
         // the caller's promise.
+        unsafe {
         match T::BITS {
-            32 if f.avx512f => return unsafe { avx512::gallop32::<T, WRITE>(small, big, dst) },
-            64 if f.avx512f => return unsafe { avx512::gallop64::<T, WRITE>(small, big, dst) },
-            32 if f.avx2 => return unsafe { avx2::gallop32::<T, WRITE>(small, big, dst) },
-            64 if f.avx2 => return unsafe { avx2::gallop64::<T, WRITE>(small, big, dst) },
+            32 if f.avx512f => return avx512::gallop32::<T, WRITE>(small, big, dst),
+            64 if f.avx512f => return avx512::gallop64::<T, WRITE>(small, big, dst),
+            32 if f.avx2 => return avx2::gallop32::<T, WRITE>(small, big, dst),
+            64 if f.avx2 => return avx2::gallop64::<T, WRITE>(small, big, dst),
             _ => {}
+        }
         }
     }
     // SAFETY: the caller's promise.

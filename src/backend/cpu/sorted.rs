@@ -155,9 +155,11 @@ mod tests {
                     #[cfg(target_arch = "x86_64")]
                     {
                         if simd_level() >= 1 && n >= 2 {
+                            // SAFETY: simd_level() >= 1: AVX2 was detected.
                             assert_eq!(unsafe { sortedness_avx2(c) }, want, "avx2, n={n}");
                         }
                         if simd_level() >= 2 && n >= 2 {
+                            // SAFETY: simd_level() >= 2: AVX-512 was detected.
                             assert_eq!(unsafe { sortedness_avx512(c) }, want, "avx512, n={n}");
                         }
                     }
