@@ -35,6 +35,7 @@ pub mod optimizer;
 pub mod search;
 mod session;
 pub mod table_args;
+pub mod tuning;
 
 pub use config::SetsConfig;
 pub use functions::expr_fn;

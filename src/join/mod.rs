@@ -7,6 +7,7 @@ mod build;
 mod crew;
 pub mod exec;
 mod filter;
+pub mod gpu;
 pub mod rewrite;
 mod split_scan;
 mod stream;

@@ -2,6 +2,7 @@
 //! in-memory forms), scoring, the top-k evaluators, and the loaded-index cache the SQL
 //! functions share.
 
+pub mod gpu;
 pub mod index;
 pub mod index_function;
 pub mod loaded;

@@ -22,6 +22,7 @@
 use std::sync::Mutex;
 
 use super::{PairGroups, PairToVerify};
+use crate::backend::gpu::{Runtime, Selected};
 
 /// Page-locked bytes kept for reuse after the buffers that held them are dropped (two chunks
 /// of 2^18 pairs on each of 16 partitions take 72 MiB).
@@ -114,11 +115,8 @@ impl PairBuffer {
                 return Some((addr as *mut PairToVerify, n));
             }
         }
-        #[cfg(feature = "cuda")]
-        return super::cuda::alloc_pinned(pairs * size_of::<PairToVerify>())
-            .map(|p| (p.cast(), pairs));
-        #[cfg(not(feature = "cuda"))]
-        None
+        <Selected as Runtime>::alloc_pinned(pairs * size_of::<PairToVerify>())
+            .map(|p| (p.cast(), pairs))
     }
 
     /// Give a page-locked allocation of `pairs` pairs back: to the pool while it has room,
@@ -131,8 +129,9 @@ impl PairBuffer {
             return;
         }
         drop(pool);
-        #[cfg(feature = "cuda")]
-        super::cuda::free_pinned(ptr.cast());
+        // SAFETY: `ptr` came from `alloc_pinned` (through the pool or not), and the buffer
+        // that held it lets it go here, once.
+        unsafe { <Selected as Runtime>::free_pinned(ptr.cast()) };
     }
 
     /// Whether the pairs live in page-locked memory.
