@@ -40,7 +40,7 @@ macro_rules! lab_module {
 }
 
 lab_module!(
-    backend, functions, intersect, io, join, optimizer, placement, search
+    backend, functions, intersect, io, join, optimizer, placement, search, tuning
 );
 mod catalog;
 mod config;

@@ -24,6 +24,8 @@ use datafusion_sets::bm25::{IndexBuilder, IndexedDoc, InvertedIndex};
 use datafusion_sets::bm25::{Mode, exhaustive, query_terms, top};
 use datafusion_sets::bm25::{Queries, QueryTerms};
 use datafusion_sets::bm25::{Tokenizer, TokenizerOptions};
+use datafusion_sets::search::gpu as bm25_gpu;
+use datafusion_sets::tuning;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -103,7 +105,7 @@ fn device_takes(qs: &[QueryTerms], mode: Mode) -> usize {
     qs.iter()
         .filter(|q| {
             !q.ids.is_empty()
-                && q.ids.len() <= gpu::BM25_MAX_TERMS
+                && q.ids.len() <= bm25_gpu::BM25_MAX_TERMS
                 && !(mode == Mode::And && q.unknown)
         })
         .count()
@@ -173,7 +175,7 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         .enumerate()
         .flat_map(|s| [(s, true), (s, false)]);
     for ((round, &(docs, vocab, with_static)), device_plan) in rounds {
-        gpu::set_bm25_device_plan(device_plan);
+        tuning::set_bm25_device_plan(device_plan);
         let index = corpus(&mut rng, docs, vocab, with_static);
         let params = Bm25Params {
             k1: [1.2, 0.9, 2.0, 1.2, 0.0][round],
@@ -209,7 +211,7 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .is_some_and(|p| (1..=64).contains(&p));
-    gpu::set_bm25_device_plan(true);
+    tuning::set_bm25_device_plan(true);
     // Short AND queries ranked a warp each, planned on the device only (with small pieces
     // nearly every query is split instead).
     assert!(
@@ -244,14 +246,14 @@ fn gpu_top_k_equals_cpu_and_exhaustive() {
 /// would leave one to the CPU, and the answers would be copied out), on the device-planned
 /// path (whose answers are lent).
 fn lendable_batches(seed: u64) -> (InvertedIndex, Arc<Scored>, Queries, Queries) {
-    gpu::set_bm25_device_plan(true);
+    tuning::set_bm25_device_plan(true);
     let mut rng = StdRng::seed_from_u64(seed);
     let index = corpus(&mut rng, 6000, 150, false);
     let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
     let mut batch = || -> Queries {
         queries(&mut rng, &index, 300, 150)
             .iter()
-            .filter(|q| q.ids.len() <= gpu::BM25_MAX_TERMS)
+            .filter(|q| q.ids.len() <= bm25_gpu::BM25_MAX_TERMS)
             .collect()
     };
     let (a, b) = (batch(), batch());
@@ -306,7 +308,7 @@ struct RestoreLentMax;
 
 impl Drop for RestoreLentMax {
     fn drop(&mut self) {
-        gpu::set_lent_max(usize::MAX);
+        tuning::set_lent_max(usize::MAX);
     }
 }
 
@@ -336,7 +338,7 @@ fn kernel_window_timed_with_and_without_events() {
             |backend| rank_terms(&index, &scored, &a, 10, mode, backend, None, &mut |_| true);
         let (want, _) = rank(BackendChoice::Cpu);
         for (ceiling, lent) in [(usize::MAX, true), (0, false), (usize::MAX, true)] {
-            gpu::set_lent_max(ceiling);
+            tuning::set_lent_max(ceiling);
             for call in 0..4 {
                 let (got, s) = rank(BackendChoice::Gpu);
                 assert!(got == want, "{mode:?} lent {lent} call {call}: answers");
@@ -353,7 +355,7 @@ fn kernel_window_timed_with_and_without_events() {
     }
 }
 
-/// Past `gpu::lent_max` a batch's results are copied out of the workspace's buffer instead of
+/// Past `tuning::lent_max` a batch's results are copied out of the workspace's buffer instead of
 /// lent in a page-locked block: the same answers, for `topk_bm25` and for `list_intersect`'s
 /// values, and lent again once the ceiling is back.
 #[test]
@@ -381,7 +383,7 @@ fn results_copied_out_past_the_lent_ceiling() {
     let (got_a, sa) = rank(&a, BackendChoice::Gpu);
     assert!(lent_of(&sa) > 0, "lent under the default ceiling");
     // No block may be taken now: `got_a` holds the workspace's, the idle ones are freed.
-    gpu::set_lent_max(0);
+    tuning::set_lent_max(0);
     let (got_b, sb) = rank(&b, BackendChoice::Gpu);
     assert_eq!(lent_of(&sb), 0, "copied out past the ceiling");
     assert!(got_b == want_b, "batch b copied out");
@@ -413,7 +415,7 @@ fn results_copied_out_past_the_lent_ceiling() {
     );
     assert_eq!(copied.values_slice(), reference.values_slice());
     assert_eq!(copied.offsets, reference.offsets);
-    gpu::set_lent_max(usize::MAX);
+    tuning::set_lent_max(usize::MAX);
     let shared = gpu::intersect(&lists, None, gpu::Mode::Values, None, true).expect("values");
     if shared.timings.chunks == 1 {
         assert!(shared.shared_values.is_some(), "lent again");
@@ -461,7 +463,7 @@ fn ties_across_lists_in_one_tile() {
             }
         }
     }
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
 }
 
 /// A term id beyond the index (a caller's bug) is refused with an error before any list is
@@ -483,16 +485,16 @@ fn a_term_beyond_the_index_is_refused() {
         None,
         Some(index.n_docs() as usize * 4 + index.docs().len() * 4),
     ] {
-        gpu::bm25_evict();
+        bm25_gpu::bm25_evict();
         let stats = check(&index, &scored, &qs, 10, Mode::Or, budget, "before");
         assert!(stats.on_gpu > 0, "{stats:?}");
         qs[150].ids.push(terms_beyond);
         let with_beyond: Queries = qs.iter().collect();
-        let batch = gpu::Bm25Batch {
+        let batch = bm25_gpu::Bm25Batch {
             queries: &with_beyond,
             mode: Mode::Or,
         };
-        let r = gpu::bm25_topk(&index, &scored, &batch, 10, budget, &on_cpu, &mut |_| true);
+        let r = bm25_gpu::bm25_topk(&index, &scored, &batch, 10, budget, &on_cpu, &mut |_| true);
         assert!(
             matches!(&r, Err(gpu::GpuError::Unsupported(m)) if m.contains("malformed")),
             "{budget:?}: {:?}",
@@ -502,7 +504,7 @@ fn a_term_beyond_the_index_is_refused() {
         let stats = check(&index, &scored, &qs, 10, Mode::AndOr, budget, "after");
         assert!(stats.on_gpu > 0 && stats.gpu_error.is_none(), "{stats:?}");
     }
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
 }
 
 /// A budget too small for the whole index: the most visited lists are resident, queries
@@ -517,7 +519,7 @@ fn resident_budget_keeps_answers_exact() {
     let index = corpus(&mut rng, 8000, 300, false);
     let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
     let qs = queries(&mut rng, &index, 600, 300);
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
     let tables = 8000 * 4;
     let budget = tables + index.docs().len() * 12 / 3;
     // A budgeted batch: its stats and timings, the resident bytes within the budget.
@@ -537,12 +539,12 @@ fn resident_budget_keeps_answers_exact() {
     }
     // The whole index resident: planned on the device (also what the device script runs
     // under compute-sanitizer), pieces of 16 or the default.
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
     for mode in [Mode::Or, Mode::And, Mode::AndOr] {
         let stats = check(&index, &scored, &qs, 10, mode, None, "whole index resident");
         assert!(stats.on_gpu > 0 && stats.gpu_error.is_none(), "{stats:?}");
     }
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
     let stats = check(
         &index,
         &scored,
@@ -557,12 +559,12 @@ fn resident_budget_keeps_answers_exact() {
     // The device-planned path's tables (every term's list reference, and its floor at k)
     // count as resident: with room for the whole index but not for them, the host plans the
     // batch (exact either way) and the resident bytes stay within the budget.
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
     let stats = check(&index, &scored, &qs, 10, Mode::Or, None, "tables counted");
     let full = stats.timings.clone().expect("the GPU ran");
     assert!(full.plan_ms > 0.0, "planned on the device: {full:?}");
     let tight = full.resident_bytes as usize - 1;
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
     for mode in [Mode::Or, Mode::And] {
         let (stats, t) = within(mode, tight, "no room for the tables");
         // The whole index still fits (only the tables do not): every query the device takes
@@ -571,7 +573,7 @@ fn resident_budget_keeps_answers_exact() {
         assert!(stats.gpu_error.is_none(), "{stats:?}");
         assert_eq!(t.plan_ms, 0.0, "planned on the host: {t:?}");
     }
-    gpu::bm25_evict();
+    bm25_gpu::bm25_evict();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -613,7 +615,7 @@ fn read_parquet(path: &str, columns: &[&str]) -> Vec<RecordBatch> {
 /// Places at the end of the trace that hold the kernels' spans (`TRACE_KERNELS` in bm25.cu).
 const TRACE_KERNELS: usize = 8;
 
-/// With `DFSETS_BM25_TRACE=1` (kernels compiled with their timeline, `gpu::bm25_trace_take`):
+/// With `DFSETS_BM25_TRACE=1` (kernels compiled with their timeline, `bm25_gpu::bm25_trace_take`):
 /// one more device-planned call of the batch, and each ranking block's (or short item's warp's)
 /// start and end, query, kind and multiprocessor, with the query's lists and shortest list, to
 /// `$DFSETS_BENCH_OUT.trace_<tag>.csv` (times in ns from the first start), and each kernel's
@@ -622,10 +624,10 @@ fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &Inve
     if std::env::var("DFSETS_BM25_TRACE").as_deref() != Ok("1") {
         return;
     }
-    gpu::set_bm25_device_plan(true);
-    gpu::bm25_trace_take().unwrap();
+    tuning::set_bm25_device_plan(true);
+    bm25_gpu::bm25_trace_take().unwrap();
     std::hint::black_box(call());
-    let trace = gpu::bm25_trace_take().unwrap();
+    let trace = bm25_gpu::bm25_trace_take().unwrap();
     // The last places hold the kernels' spans (`KernelSpan` in bm25.cu: the start
     // complemented), the others the blocks'.
     let (trace, kernels) = trace.split_at(trace.len().saturating_sub(TRACE_KERNELS));
@@ -793,7 +795,7 @@ fn bench_gpu_bm25() {
     };
     for k in [10, 100] {
         for mode in [Mode::And, Mode::Or, Mode::AndOr] {
-            gpu::bm25_evict();
+            bm25_gpu::bm25_evict();
             let t0 = Instant::now();
             let (first, stats) = rank(k, mode, BackendChoice::Gpu);
             let cold = t0.elapsed().as_secs_f64() * 1e3;
@@ -804,14 +806,14 @@ fn bench_gpu_bm25() {
             let mut cpu = Vec::new();
             let mut gpu_ms = Vec::new();
             let mut host_ms = Vec::new();
-            let mut tims: Vec<gpu::Bm25Timings> = Vec::new();
+            let mut tims: Vec<bm25_gpu::Bm25Timings> = Vec::new();
             // Untimed: each GPU path twice, so that one-time work (a kernel graph is built
             // the second time a batch's kernels repeat) stays out of the medians.
             for device_plan in [true, false, true, false] {
-                gpu::set_bm25_device_plan(device_plan);
+                tuning::set_bm25_device_plan(device_plan);
                 std::hint::black_box(rank(k, mode, BackendChoice::Gpu));
             }
-            gpu::set_bm25_device_plan(true);
+            tuning::set_bm25_device_plan(true);
             for round in 0..7 {
                 let t0 = Instant::now();
                 let r = rank(k, mode, BackendChoice::Cpu);
@@ -819,7 +821,7 @@ fn bench_gpu_bm25() {
                 std::hint::black_box(r);
                 // The two GPU paths in turn, each first in every other round.
                 for device_plan in [round % 2 == 0, round % 2 == 1] {
-                    gpu::set_bm25_device_plan(device_plan);
+                    tuning::set_bm25_device_plan(device_plan);
                     rest();
                     let t0 = Instant::now();
                     let (r, s) = rank(k, mode, BackendChoice::Gpu);
@@ -833,10 +835,10 @@ fn bench_gpu_bm25() {
                         host_ms.push(ms);
                     }
                 }
-                gpu::set_bm25_device_plan(true);
+                tuning::set_bm25_device_plan(true);
             }
             let (c, g, h) = (median(cpu), median(gpu_ms), median(host_ms));
-            let med = |f: fn(&gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
+            let med = |f: fn(&bm25_gpu::Bm25Timings) -> f64| median(tims.iter().map(f).collect());
             let line = format!(
                 "| {mode:?} | {k} | {c:.2} | {g:.2} | {:.1}x | {h:.2} | {:.1}x | {:.2} / {:.3} / {:.3} / {:.2} ({} on GPU, {} pieces, {} a warp each) | {cold:.1} ({:.1} MB) |\n",
                 c / g,

@@ -220,8 +220,8 @@ async fn child() {
 fn counters() -> [u64; 3] {
     [
         gpu::batches_run(),
-        gpu::bm25_batches_run(),
-        gpu::simjoin_chunks_run(),
+        datafusion_sets::search::gpu::bm25_batches_run(),
+        datafusion_sets::join::gpu::simjoin_chunks_run(),
     ]
 }
 

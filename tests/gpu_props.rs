@@ -24,6 +24,7 @@ use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion_sets::BackendChoice;
 use datafusion_sets::SetsConfig;
 use datafusion_sets::backend::gpu::{self, HostList, HostOffsets, Mode};
+use datafusion_sets::tuning;
 use datafusion_sets::udf::list_intersect_count_udf;
 use datafusion_sets::udf::list_intersect_udf;
 
@@ -539,14 +540,14 @@ fn warp_call_after_a_tiled_one() {
     ];
     let short = Column::from_rows(&order_rows(&mut rng, 20_000, 1.0, 8.0, u64::MAX));
     let long = Column::from_rows(&order_rows(&mut rng, 20_000, 1_000.0, 8_000.0, u64::MAX));
-    let before = gpu::known_order();
+    let before = tuning::known_order();
     for _ in 0..2 {
-        gpu::set_known_order(gpu::KnownOrder::Search(4));
+        tuning::set_known_order(tuning::KnownOrder::Search(4));
         resident_call(&[&equal[0], &equal[1]], 0, "tiles");
-        gpu::set_known_order(gpu::KnownOrder::Warp);
+        tuning::set_known_order(tuning::KnownOrder::Warp);
         resident_call(&[&short, &long], 0, "warp after tiles");
     }
-    gpu::set_known_order(before);
+    tuning::set_known_order(before);
 }
 
 /// `wmerge`'s steps never clear their look-back states: each launch tags its words with an
@@ -568,8 +569,8 @@ fn warp_calls_across_the_epoch_wrap() {
         ]
     };
     let (first, second) = (pair(), pair());
-    let before = gpu::known_order();
-    gpu::set_known_order(gpu::KnownOrder::Warp);
+    let before = tuning::known_order();
+    tuning::set_known_order(tuning::KnownOrder::Warp);
     let mut calls = Vec::new();
     for cols in [&first, &second] {
         let staged: Vec<_> = cols.iter().map(|c| c.host(false)).collect();
@@ -592,7 +593,7 @@ fn warp_calls_across_the_epoch_wrap() {
             &format!("call {i} at the epoch wrap"),
         );
     }
-    gpu::set_known_order(before);
+    tuning::set_known_order(before);
 }
 
 /// A `wmerge` call whose kernels (k, element and offset types) were launched before goes out as
@@ -614,8 +615,8 @@ fn warp_calls_through_the_kernel_graph() {
     let c = Column::from_rows(&order_rows(&mut rng, 7_000, 10.0, 900.0, u64::MAX));
     let d = Column::from_rows(&order_rows(&mut rng, 7_000, 50.0, 2_000.0, u64::MAX));
     let e = Column::from_rows(&order_rows(&mut rng, 7_000, 1.0, 300.0, u64::MAX));
-    let before = gpu::known_order();
-    gpu::set_known_order(gpu::KnownOrder::Warp);
+    let before = tuning::known_order();
+    tuning::set_known_order(tuning::KnownOrder::Warp);
     // Copied to the device (and their row order found) first, so that every call below runs
     // `wmerge`.
     for col in [&a, &b, &c, &d, &e] {
@@ -655,7 +656,7 @@ fn warp_calls_through_the_kernel_graph() {
         ks_met.push(cols.len());
     }
     assert_eq!(through_graph > 0, graphs);
-    gpu::set_known_order(before);
+    tuning::set_known_order(before);
 }
 
 /// Resident columns carry the order of their rows, found on the device when copied there:
@@ -673,16 +674,16 @@ fn engine_uses_known_row_order() {
     let short = Column::from_rows(&order_rows(&mut rng, 30_000, 1.0, 40.0, 8));
     let long = Column::from_rows(&order_rows(&mut rng, 30_000, 1.0, 4000.0, 8));
     let mixed = Column::from_rows(&order_rows(&mut rng, 30_000, 1.0, 400.0, 50));
-    let before = gpu::known_order();
+    let before = tuning::known_order();
     for mode in [
-        gpu::KnownOrder::Ignore,
-        gpu::KnownOrder::CheckOnly,
-        gpu::KnownOrder::Search(1),
-        gpu::KnownOrder::Search(4),
-        gpu::KnownOrder::Search(16),
-        gpu::KnownOrder::Warp,
+        tuning::KnownOrder::Ignore,
+        tuning::KnownOrder::CheckOnly,
+        tuning::KnownOrder::Search(1),
+        tuning::KnownOrder::Search(4),
+        tuning::KnownOrder::Search(16),
+        tuning::KnownOrder::Warp,
     ] {
-        gpu::set_known_order(mode);
+        tuning::set_known_order(mode);
         let what = format!("{mode:?}");
         resident_call(&[&short, &long], 0, &format!("short, long: {what}"));
         resident_call(&[&long, &short], 0, &format!("long, short: {what}"));
@@ -694,7 +695,7 @@ fn engine_uses_known_row_order() {
             &format!("sliced: {what}"),
         );
     }
-    gpu::set_known_order(before);
+    tuning::set_known_order(before);
     // Signed and 64-bit elements (the other order kernels) through the SQL function.
     for t in [DataType::Int32, DataType::Int64, DataType::UInt64] {
         let args: Vec<ArrayRef> = [&short, &long]
@@ -800,13 +801,13 @@ fn bench_gpu_intersect() {
         for mode in [Mode::Values, Mode::Counts] {
             // From pinned memory: everything staged first, then one copy (the H2D time is
             // the copy alone); then the default, staging overlapped with the copy in pieces.
-            let pieces = gpu::stage_piece();
-            gpu::set_stage_piece(0);
+            let pieces = tuning::stage_piece();
+            tuning::set_stage_piece(0);
             let mut runs = Vec::new();
             for _ in 0..8 {
                 runs.push(gpu::intersect(&lists, None, mode, None, false).expect("GPU batch"));
             }
-            gpu::set_stage_piece(pieces);
+            tuning::set_stage_piece(pieces);
             let mut piped: Vec<f64> = (0..6)
                 .map(|_| {
                     let o = gpu::intersect(&lists, None, mode, None, false).expect("GPU batch");
@@ -844,10 +845,10 @@ fn bench_gpu_intersect() {
         // The CPU backend on the same data, through the SQL function (all cores).
         let arrays: Vec<ArrayRef> = (0..k).map(|j| u32_lists(&offs[j], &vals[j])).collect();
         let (cpu, staged, first, resident) = cpu_staged_resident(&arrays);
-        let pieces = gpu::stage_piece();
-        gpu::set_stage_piece(0);
+        let pieces = tuning::stage_piece();
+        tuning::set_stage_piece(0);
         let (_, staged_whole, _, _) = cpu_staged_resident(&arrays);
-        gpu::set_stage_piece(pieces);
+        tuning::set_stage_piece(pieces);
         let line = format!(
             "{name:8} SQL function on Arrow arrays (pageable): CPU backend {cpu:.1} ms ({} threads), GPU backend {staged:.1} ms staged ({staged_whole:.1} ms staging all before one copy), {resident:.1} ms with the columns resident (first call {first:.1} ms) = {:.1}x the CPU; results equal",
             rayon_threads(),
@@ -893,22 +894,22 @@ fn bench_known_order() {
         ("skewed k=2", vec![&skew[0], &skew[1]]),
     ];
     let modes = [
-        gpu::KnownOrder::Ignore,
-        gpu::KnownOrder::CheckOnly,
-        gpu::KnownOrder::Search(1),
-        gpu::KnownOrder::Search(2),
-        gpu::KnownOrder::Search(4),
-        gpu::KnownOrder::Search(8),
-        gpu::KnownOrder::Search(16),
-        gpu::KnownOrder::Warp,
+        tuning::KnownOrder::Ignore,
+        tuning::KnownOrder::CheckOnly,
+        tuning::KnownOrder::Search(1),
+        tuning::KnownOrder::Search(2),
+        tuning::KnownOrder::Search(4),
+        tuning::KnownOrder::Search(8),
+        tuning::KnownOrder::Search(16),
+        tuning::KnownOrder::Warp,
     ];
     // DFSETS_BENCH_KO_MODES=warp: `wmerge` and the tile kernel at ratio 4 (the reference of
     // earlier runs) alone, for side-by-side runs of `wmerge`'s settings.
     let modes: Vec<_> = match std::env::var("DFSETS_BENCH_KO_MODES").as_deref() {
-        Ok("warp") => vec![gpu::KnownOrder::Search(4), gpu::KnownOrder::Warp],
+        Ok("warp") => vec![tuning::KnownOrder::Search(4), tuning::KnownOrder::Warp],
         _ => modes.to_vec(),
     };
-    let before = gpu::known_order();
+    let before = tuning::known_order();
     for (name, cols) in shapes {
         let kept: Vec<_> = cols.iter().map(|c| c.host(true)).collect();
         let first = gpu::intersect(&kept, None, Mode::Values, Some(0), false).expect("upload");
@@ -927,9 +928,9 @@ fn bench_known_order() {
         // breakdown from the second.
         for round in 0..14 {
             let marks = round % 2 == 1;
-            gpu::set_merge_marks(marks);
+            tuning::set_merge_marks(marks);
             for (i, &m) in modes.iter().enumerate() {
-                gpu::set_known_order(m);
+                tuning::set_known_order(m);
                 let o =
                     gpu::intersect(&kept, None, Mode::Values, Some(0), false).expect("resident");
                 assert_eq!(o.timings.columns_reused as usize, cols.len(), "{name}");
@@ -988,8 +989,8 @@ fn bench_known_order() {
         println!("{line}");
         report.push(line);
     }
-    gpu::set_known_order(before);
-    gpu::set_merge_marks(false);
+    tuning::set_known_order(before);
+    tuning::set_merge_marks(false);
     if let Ok(path) = std::env::var("DFSETS_BENCH_OUT") {
         let _ = std::fs::write(format!("{path}.known_order"), report.join("\n") + "\n");
     }

@@ -20,11 +20,12 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_sets::backend::gpu::{self, PairBuffer, PairGroups, PairToVerify};
+use datafusion_sets::join::gpu::{self, PairBuffer, PairGroups, PairToVerify};
 
 /// The expected answer of a pair below its minimum overlap.
 const NONE: u32 = u32::MAX;
 use datafusion_sets::Measure;
+use datafusion_sets::tuning;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -540,7 +541,8 @@ fn bench_gpu_simjoin() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    // filter_only: DFSETS_SJ_FILTER_ONLY's value ("" for a real join).
+    // filter_only: DFSETS_SJ_FILTER_ONLY's value ("" for a real join), set for the run with
+    // `tuning::set_sj_filter_only`.
     let run = |cores_used: usize, backend: &str, filter_only: &str, sql: &str| -> (f64, i64) {
         let rt = if cores_used == 1 {
             tokio::runtime::Builder::new_current_thread()
@@ -563,15 +565,11 @@ fn bench_gpu_simjoin() {
             .await
         })
         .expect("register");
-        // SAFETY: set while no other thread of this test reads the environment (the
-        // runtimes of earlier runs are dropped; this one is idle until block_on below).
-        unsafe {
-            if !filter_only.is_empty() {
-                std::env::set_var("DFSETS_SJ_FILTER_ONLY", filter_only);
-            } else {
-                std::env::remove_var("DFSETS_SJ_FILTER_ONLY");
-            }
-        }
+        tuning::set_sj_filter_only(Some(match filter_only {
+            "1" => tuning::SjFilterOnly::Count,
+            "serialize" => tuning::SjFilterOnly::Serialize,
+            _ => tuning::SjFilterOnly::Off,
+        }));
         let t0 = Instant::now();
         let b = rt
             .block_on(async { ctx.sql(sql).await?.collect().await })
@@ -596,8 +594,7 @@ fn bench_gpu_simjoin() {
                 eprintln!("  {}", line[at..].trim_end_matches([' ', '|']));
             }
         }
-        // SAFETY: as above (the query is done).
-        unsafe { std::env::remove_var("DFSETS_SJ_FILTER_ONLY") };
+        tuning::set_sj_filter_only(None);
         (ms, b[0].column(0).as_primitive::<Int64Type>().value(0))
     };
     let mut report = format!(

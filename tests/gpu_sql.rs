@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     };
     let (mut passed, mut failed) = (0usize, 0usize);
     let before = gpu::batches_run();
-    let bm25_before = gpu::bm25_batches_run();
+    let bm25_before = datafusion_sets::search::gpu::bm25_batches_run();
     let dir = std::env::var_os("DFSETS_SQL_TESTS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
         }
     }
     let batches = gpu::batches_run() - before;
-    let bm25_batches = gpu::bm25_batches_run() - bm25_before;
+    let bm25_batches = datafusion_sets::search::gpu::bm25_batches_run() - bm25_before;
     println!(
         "gpu_sql: {passed} passed, {failed} failed; {batches} list batches and {bm25_batches} \
          topk_bm25 batches ran on the GPU"
@@ -177,7 +177,7 @@ async fn bm25_gpu_equals_cpu() -> Result<(), String> {
     run(queries).await?;
     run("CREATE TABLE bm25_idx AS SELECT * FROM bm25_index('bm25_docs', 'id', 'body')".into())
         .await?;
-    let before = gpu::bm25_batches_run();
+    let before = datafusion_sets::search::gpu::bm25_batches_run();
     for mode in ["or", "and", "and_or"] {
         let mut results = Vec::new();
         for backend in ["cpu", "gpu"] {
@@ -201,7 +201,7 @@ async fn bm25_gpu_equals_cpu() -> Result<(), String> {
             ));
         }
     }
-    if gpu::bm25_batches_run() == before {
+    if datafusion_sets::search::gpu::bm25_batches_run() == before {
         return Err("no topk_bm25 batch ran on the GPU".into());
     }
     Ok(())

@@ -233,7 +233,7 @@ pub(crate) struct Built {
     /// The sets on the device, uploaded by the first partition that verifies on the GPU
     /// (an error: the GPU could not take them, every partition verifies on the CPU).
     pub(crate) device_sets: std::sync::OnceLock<
-        std::result::Result<Arc<crate::backend::gpu::DeviceSets>, crate::backend::gpu::GpuError>,
+        std::result::Result<Arc<crate::join::gpu::DeviceSets>, crate::backend::gpu::GpuError>,
     >,
 }
 

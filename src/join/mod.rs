@@ -8,6 +8,7 @@ mod build;
 mod crew;
 pub mod exec;
 mod filter;
+pub mod gpu;
 mod stream;
 pub mod threshold;
 

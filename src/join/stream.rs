@@ -27,9 +27,9 @@ use super::exec::{Built, JoinColumn};
 use super::filter::{Candidate, Scratch, reserve, verify_candidate};
 use super::threshold::Threshold;
 use crate::backend::cpu::BoundedKernel;
-use crate::backend::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
 use crate::config::BackendChoice;
 use crate::intersect::similarity::Measure;
+use crate::join::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
 const WORK_PER_POLL: usize = 1 << 14;
@@ -75,32 +75,11 @@ enum Verifier {
     Gpu(Box<GpuVerify>),
 }
 
-/// `DFSETS_SJ_FILTER_ONLY` (benchmarks only; read when a partition starts): `1`, candidates
-/// are counted as pairs without verification, to time the filter alone; `serialize`, the
-/// same, but with a GPU verifier the candidates are also written into its chunks as for the
-/// device (a full chunk is emptied, not sent), to time the filter with the serialization.
-/// Logged as a warning; never for real answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FilterOnly {
-    Off,
-    Count,
-    Serialize,
-}
-
-fn filter_only() -> FilterOnly {
-    let mode = match std::env::var("DFSETS_SJ_FILTER_ONLY").as_deref() {
-        Ok("1") => FilterOnly::Count,
-        Ok("serialize") => FilterOnly::Serialize,
-        _ => FilterOnly::Off,
-    };
-    if mode != FilterOnly::Off {
-        log::warn!(
-            "datafusion-sets: DFSETS_SJ_FILTER_ONLY is set: similarity joins skip verification \
-             (benchmarking only; the results are candidates, not answers)"
-        );
-    }
-    mode
-}
+/// The filter-only knob (feature `tuning`, benchmarks only; read when a partition starts):
+/// candidates counted as pairs without verification, to time the filter alone, or also
+/// written into the GPU chunks (not sent), to time the filter with the serialization.
+#[cfg(feature = "tuning")]
+use crate::tuning::SjFilterOnly as FilterOnly;
 
 type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
 
@@ -204,7 +183,8 @@ pub(crate) struct SimilarityJoinStream {
     verifier: Verifier,
     /// The CPU's verification kernel (`tuning.cpu_kernel` at execution).
     kernel: BoundedKernel,
-    /// `DFSETS_SJ_FILTER_ONLY` (see [`FilterOnly`]).
+    /// The filter-only knob (see [`FilterOnly`]).
+    #[cfg(feature = "tuning")]
     filter_only: FilterOnly,
     // Pairs found and not yet emitted.
     left_rows: Vec<u32>,
@@ -306,7 +286,8 @@ impl SimilarityJoinStream {
             backend,
             verifier: Verifier::Cpu,
             kernel,
-            filter_only: filter_only(),
+            #[cfg(feature = "tuning")]
+            filter_only: crate::tuning::sj_filter_only(),
             left_rows: Vec::new(),
             right_rows: Vec::new(),
             scores: Vec::new(),
@@ -358,7 +339,11 @@ impl SimilarityJoinStream {
     fn choose_verifier(&self, built: &Built) -> Verifier {
         let (tokens, starts) = built.collections.raw();
         let wanted = crate::placement::join_verifies_on_gpu(self.backend, tokens.len());
-        if !wanted || self.filter_only == FilterOnly::Count || built.collections.len() == 0 {
+        if !wanted || built.collections.len() == 0 {
+            return Verifier::Cpu;
+        }
+        #[cfg(feature = "tuning")]
+        if self.filter_only == FilterOnly::Count {
             return Verifier::Cpu;
         }
         // One partition uploads the sets; the others share them (so the upload's bytes are
@@ -418,6 +403,7 @@ impl SimilarityJoinStream {
         self.candidates_met += met;
         self.candidates_verified += self.scratch.candidates.len();
         let work = 1 + met + self.scratch.candidates.len();
+        #[cfg(feature = "tuning")]
         if self.filter_only != FilterOnly::Off {
             if let (FilterOnly::Serialize, Verifier::Gpu(gv)) =
                 (self.filter_only, &mut self.verifier)
@@ -613,6 +599,7 @@ impl SimilarityJoinStream {
         if !(gv.chunk.is_full() || flush) {
             return;
         }
+        #[cfg(feature = "tuning")]
         if self.filter_only == FilterOnly::Serialize {
             // Written, not sent (benchmarks: the filter with the serialization).
             gv.chunk.clear();

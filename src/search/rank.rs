@@ -5,7 +5,7 @@
 //! `sets.backend = 'gpu'` (or `'auto'` with a usable GPU, an OR or AND-then-OR batch of at
 //! least `placement::AUTO_MIN_QUERIES` queries, an AND batch of at least
 //! `placement::AUTO_MIN_AND_QUERIES`; see [`wants_gpu`]), on the GPU
-//! (`backend::gpu::bm25_topk`): the device ranks every query it can, the CPU the rest (terms
+//! (`search::gpu::bm25_topk`): the device ranks every query it can, the CPU the rest (terms
 //! not resident on the device, more than 64 terms, k above 768, or no GPU at all), while the
 //! device works, with identical results either way. Results come in one flat layout
 //! ([`Ranked`]), which is the Arrow list's.
@@ -22,7 +22,6 @@ use super::queries::Queries;
 use super::scoring::Scored;
 use super::tokenize::Tokenizer;
 use super::topk::{Hit, Mode, query_terms, top};
-use crate::backend::gpu;
 use crate::config::BackendChoice;
 
 /// Queries per rayon task.
@@ -173,7 +172,7 @@ pub struct RankStats {
     /// Why the GPU was not used, when it was asked for and failed.
     pub gpu_error: Option<String>,
     /// The GPU call's timings, when it ran.
-    pub timings: Option<gpu::Bm25Timings>,
+    pub timings: Option<super::gpu::Bm25Timings>,
 }
 
 /// The top-k of every query, on the backend chosen (see the module doc). `budget` bounds the
@@ -207,12 +206,12 @@ pub fn rank_terms(
     }
     // The device reads the queries where they lie (see `Bm25Batch` for the rules on
     // unknown terms); a query it does not take comes back to `cpu`.
-    let batch = gpu::Bm25Batch { queries, mode };
+    let batch = super::gpu::Bm25Batch { queries, mode };
     let on_cpu = cpu;
-    match gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu, hold) {
+    match super::gpu::bm25_topk(index, scored, &batch, k, budget, &on_cpu, hold) {
         Ok(out) => {
             if out.timings.on_device > 0 {
-                gpu::count_bm25_batch();
+                super::gpu::count_bm25_batch();
             }
             stats.on_gpu = out.timings.on_device;
             stats.on_cpu = queries.len() - stats.on_gpu;

@@ -3,7 +3,8 @@
 //! Every way the GPU can fail has a path that must end with the query on the CPU (or a clear
 //! `DataFusionError`), never a panic, a hang or a wrong answer. Most of those failures cannot
 //! be caused at will on a healthy machine, so the backend checks these switches at the points
-//! where they happen for real:
+//! where they happen for real (only with the cargo feature `tuning`: without it each check
+//! is a constant `false` and nothing is injected):
 //!
 //! | fault | where | effect |
 //! | --- | --- | --- |
@@ -19,8 +20,9 @@
 //! once); the others act on every call while armed. The switches come from the environment
 //! variable `DFSETS_GPU_FAULT` (a comma-separated list of the names above), read once, and can
 //! be flipped at run time with [`arm`] / [`disarm`]. With none armed each check is one relaxed
-//! atomic load. `tests/gpu_faults.rs` runs every fault against every GPU entry point, on a
-//! machine without a GPU (CI) and on the GPU machine (`scripts/gpu/run.sh`).
+//! atomic load. `tests/gpu_faults.rs` (built with `--features tuning`) runs every fault
+//! against every GPU entry point, on a machine without a GPU (CI) and on the GPU machine
+//! (`scripts/gpu/run.sh`).
 //!
 //! [`GpuError::NoDriver`]: super::GpuError::NoDriver
 //! [`GpuError::NoNvrtc`]: super::GpuError::NoNvrtc
@@ -82,11 +84,11 @@ impl Fault {
 static ARMED: AtomicU32 = AtomicU32::new(0);
 static FROM_ENV: OnceLock<()> = OnceLock::new();
 
-/// Arms the switches `DFSETS_GPU_FAULT` names, once per process. Unknown names are logged
-/// and ignored.
+/// Arms the switches `DFSETS_GPU_FAULT` names (the knob `gpu_fault`), once per process.
+/// Unknown names are logged and ignored.
 fn read_env() {
     FROM_ENV.get_or_init(|| {
-        let Ok(spec) = std::env::var("DFSETS_GPU_FAULT") else {
+        let Some(spec) = &crate::tuning::knobs().gpu_fault else {
             return;
         };
         for name in spec.split(',').filter(|s| !s.trim().is_empty()) {

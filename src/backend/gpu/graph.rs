@@ -26,11 +26,11 @@ use std::ptr;
 use cudarc::driver::sys;
 
 use super::GpuError;
-use super::cuda::drv;
+use super::runtime::drv;
 
 /// A kernel argument by value (the kernels take 32- and 64-bit scalars and device pointers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Word {
+pub(crate) enum Word {
     U32(u32),
     U64(u64),
 }
@@ -58,16 +58,16 @@ impl Word {
 
 /// One kernel launch: function, grid and block (one dimension each), arguments.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Launch {
-    pub(super) f: sys::CUfunction,
-    pub(super) grid: u32,
-    pub(super) block: u32,
-    pub(super) args: Vec<Word>,
+pub(crate) struct Launch {
+    pub(crate) f: sys::CUfunction,
+    pub(crate) grid: u32,
+    pub(crate) block: u32,
+    pub(crate) args: Vec<Word>,
 }
 
 impl Launch {
     /// The argument addresses the driver reads (valid while `self` is borrowed).
-    pub(super) fn addrs(&self) -> Vec<*mut c_void> {
+    pub(crate) fn addrs(&self) -> Vec<*mut c_void> {
         self.args.iter().map(Word::addr).collect()
     }
 
@@ -148,10 +148,10 @@ impl Built {
             let mut addrs = l.addrs();
             let params = l.node_params(&mut addrs);
             let mut node: sys::CUgraphNode = ptr::null_mut();
+            let deps = usize::from(!last.is_null());
             // SAFETY: `params` points at `addrs`, which point at `l`'s words, all alive for
             // the call (the driver copies the argument values); the one dependency is the
             // previous node of this graph.
-            let deps = usize::from(!last.is_null());
             unsafe { sys::cuGraphAddKernelNode_v2(&mut node, built.graph, &last, deps, &params) }
                 .result()
                 .map_err(drv("graph kernel node"))?;
@@ -226,22 +226,22 @@ const SEQUENCES_SEEN: usize = 8;
 /// Host time of the last call through a built graph: its nodes' parameters set (and how
 /// many nodes changed), then `cuGraphLaunch`.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct GraphCallTimes {
-    pub(super) update_ms: f64,
-    pub(super) launch_ms: f64,
-    pub(super) updated: u32,
+pub(crate) struct GraphCallTimes {
+    pub(crate) update_ms: f64,
+    pub(crate) launch_ms: f64,
+    pub(crate) updated: u32,
 }
 
 /// A workspace's graphs and what it needs to decide when to build one.
 #[derive(Default)]
-pub(super) struct LaunchGraph {
+pub(crate) struct LaunchGraph {
     /// The last call through a built graph.
-    pub(super) last: GraphCallTimes,
+    pub(crate) last: GraphCallTimes,
     built: Vec<Built>,
     /// Kernel sequences (function and block of each launch) seen once, oldest first.
     seen: Vec<Vec<(usize, u32)>>,
     /// Why graphs were turned off for the workspace (the failing graph call), if they were.
-    pub(super) off: Option<String>,
+    pub(crate) off: Option<String>,
 }
 
 // SAFETY: the graph handles are owned, used only under the workspace mutex.
@@ -249,18 +249,18 @@ unsafe impl Send for LaunchGraph {}
 
 impl LaunchGraph {
     /// Queue `launches` on `stream`, in order: through a graph when a call with the same
-    /// kernels came before (unless graphs are off: `DFSETS_GPU_GRAPH=0`), else one by one
+    /// kernels came before (unless graphs are off: the knob `gpu_graph`), else one by one
     /// through `one`. `before` runs once, right before the first thing is queued (a graph's
     /// parameters are set by then), told whether a graph is about to run them. A graph
     /// records `span`'s events, if any, before its first kernel and after its last (the
     /// events must outlive this `LaunchGraph`; graphs with and without them are kept apart:
-    /// event nodes cost `cuGraphLaunch` ~3 µs each, session 55). Whether a graph ran the
+    /// event nodes cost `cuGraphLaunch` ~3 µs each on the H200 hosts). Whether a graph ran the
     /// launches.
     ///
     /// # Safety
     /// Each launch's arguments must match its kernel's parameter list, and every device
     /// pointer among them must be valid for the accesses the kernel makes.
-    pub(super) unsafe fn submit(
+    pub(crate) unsafe fn submit(
         &mut self,
         launches: &[Launch],
         stream: sys::CUstream,
@@ -271,6 +271,7 @@ impl LaunchGraph {
     ) -> Result<bool, GpuError> {
         let mut before = Some(before);
         if enabled && self.off.is_none() && !launches.is_empty() {
+            // SAFETY: the caller's contract, passed on.
             match unsafe { self.try_graph(launches, stream, span, &mut before) } {
                 Ok(true) => return Ok(true),
                 Ok(false) => {}
@@ -306,6 +307,7 @@ impl LaunchGraph {
             let b = self.built.remove(i);
             self.built.insert(0, b);
             self.last = GraphCallTimes::default();
+            // SAFETY: the caller's contract; the graph fits the launches (`fits`).
             unsafe {
                 self.built[0].launch(launches, stream, || run_before(before), &mut self.last)?
             };
@@ -320,9 +322,10 @@ impl LaunchGraph {
             return Ok(false);
         };
         self.seen.remove(i);
+        // SAFETY: the caller's contract, passed on.
         let b = unsafe { Built::new(launches, span)? };
         run_before(before)?;
-        // The nodes hold this call's launches already.
+        // SAFETY: the nodes hold this call's launches already (made from them above).
         unsafe { sys::cuGraphLaunch(b.exec, stream) }
             .result()
             .map_err(drv("graph launch"))?;

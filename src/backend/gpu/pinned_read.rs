@@ -1,13 +1,13 @@
 //! Host reads for [`super::pinned_read_probe`]: a sum of u64 words by plain loads or by
 //! streaming loads (SSE4.1 `MOVNTDQA`, which read write-combining memory a line at a time).
 //!
-//! Why the probe exists: session 49 suspected that the GPU machines' hosts read page-locked
-//! memory slowly (a pass reading the query offsets back from the pinned upload buffer and
-//! writing each query's mode there took 0.10-0.13 ms, where the same pass over ordinary memory
-//! took 0.02-0.04, then a copy). The probe says otherwise for memory
-//! the device wrote by a copy down: 19-24 GB/s with plain loads, as ordinary memory (22-26),
-//! and streaming loads no faster (16-23). Answers copied out of the pinned buffer with
-//! streaming loads were no faster either (benches/RESULTS.md, session 49).
+//! Why the probe exists: the GPU machines' hosts were suspected of reading page-locked memory
+//! slowly (a pass reading the query offsets back from the pinned upload buffer and writing
+//! each query's mode there took 0.10-0.13 ms, where the same pass over ordinary memory took
+//! 0.02-0.04, then a copy). The probe says otherwise for memory the device wrote by a copy
+//! down: 19-24 GB/s with plain loads, as ordinary memory (22-26), and streaming loads no
+//! faster (16-23), on the H200 hosts. Answers copied out of the pinned buffer with streaming
+//! loads were no faster either (the `topk_bm25` GPU benchmark, tests/gpu_bm25.rs).
 
 use std::sync::OnceLock;
 

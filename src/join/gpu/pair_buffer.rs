@@ -22,6 +22,7 @@
 use std::sync::Mutex;
 
 use super::{PairGroups, PairToVerify};
+use crate::backend::gpu::{Runtime, Selected};
 
 /// Page-locked bytes kept for reuse after the buffers that held them are dropped (two chunks
 /// of 2^18 pairs on each of 16 partitions take 72 MiB).
@@ -114,11 +115,8 @@ impl PairBuffer {
                 return Some((addr as *mut PairToVerify, n));
             }
         }
-        #[cfg(feature = "cuda")]
-        return super::cuda::alloc_pinned(pairs * size_of::<PairToVerify>())
-            .map(|p| (p.cast(), pairs));
-        #[cfg(not(feature = "cuda"))]
-        None
+        <Selected as Runtime>::alloc_pinned(pairs * size_of::<PairToVerify>())
+            .map(|p| (p.cast(), pairs))
     }
 
     /// Give a page-locked allocation of `pairs` pairs back: to the pool while it has room,
@@ -131,8 +129,9 @@ impl PairBuffer {
             return;
         }
         drop(pool);
-        #[cfg(feature = "cuda")]
-        super::cuda::free_pinned(ptr.cast());
+        // SAFETY: `ptr` came from `alloc_pinned` (through the pool or not), and the buffer
+        // that held it lets it go here, once.
+        unsafe { <Selected as Runtime>::free_pinned(ptr.cast()) };
     }
 
     /// Whether the pairs live in page-locked memory.
@@ -148,6 +147,7 @@ impl PairBuffer {
         self.len == 0
     }
 
+    #[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -191,6 +191,7 @@ impl PairBuffer {
     /// Append `pair`; past the capacity the buffer grows (on the heap storage) or the pair
     /// goes to a heap copy of the whole buffer (pinned storage), so nothing is ever lost.
     #[inline]
+    #[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
     pub fn push(&mut self, pair: PairToVerify) {
         if let Storage::Pinned(_) = self.storage
             && self.len == self.allocated
@@ -394,6 +395,7 @@ impl Drop for PairBuffer {
 
 /// Scratch for [`in_chunk_order`], kept with a lane and reused chunk after chunk.
 #[derive(Default)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA driver only
 pub struct PassOrder {
     /// Bit `i`: pair `i` passed.
     seen: Vec<u64>,
@@ -405,6 +407,7 @@ pub struct PassOrder {
 /// `overlap[j]`, in the order the device's blocks wrote them) as (index, overlap) by
 /// ascending index; `None` when an index is `>= m` or comes twice. Linear in `m / 64` plus
 /// the passing pairs (it replaced a sort of them: ~0.3 ms for a chunk's 13 K pairs).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA driver only
 pub fn in_chunk_order(
     index: &[u32],
     overlap: &[u32],

@@ -1,8 +1,8 @@
 //! Verification of similarity-join candidates on the device (`kernels/simjoin.cu`): the
-//! host side.
+//! host side, the CUDA implementation of [`super::PairVerifier`].
 //!
 //! - [`upload_sets`] copies one join's sets (token ranks, CSR) to the device once; they stay
-//!   there while the join's [`DeviceSets`] lives.
+//!   there while the join's [`Sets`] live.
 //! - [`verify_pairs`] verifies one chunk of candidate pairs: the chunk goes up in two copies
 //!   (pairs; the groups' starts and probe sets), two launches (a block per probe
 //!   set for short remainders, a block per pair, merge-path partitioned, for long ones), and
@@ -16,7 +16,6 @@
 //! `exact = false` a passing pair's count may be any value from `alpha` up to its overlap, as
 //! on the CPU).
 
-use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -24,21 +23,19 @@ use std::time::Instant;
 use cudarc::driver::result;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaStream};
 
-use super::cuda::{
-    DevBuf, Gpu, Workspace, align, arg, bytes_of, compile_module, drv, env_knob, gpu,
-    panic_message, view,
-};
 use super::{
-    GpuError, PairBuffer, PairGroups, PairToVerify, PassOrder, VerifyAnswer, VerifyTimings,
-    in_chunk_order,
+    PairBuffer, PairGroups, PairToVerify, PassOrder, VerifyAnswer, VerifyTimings, in_chunk_order,
 };
-
-const SOURCE: &str = include_str!("../../../kernels/simjoin.cu");
+use crate::backend::gpu::{
+    DevBuf, Gpu, GpuError, Module, Workspace, align, arg, bytes_of, drv, launch_on, panic_message,
+    ready, view,
+};
+use crate::tuning::knobs;
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
 const GROUP_THREADS: u32 = 128;
 const LARGE_THREADS: u32 = 256;
 /// Pairs whose two sets together hold this many tokens go to the block-per-pair layout;
-/// `DFSETS_SJ_LARGE_FROM` overrides it (measurement knob).
+/// the knob `sj_large_from` overrides it (measurements).
 const LARGE_FROM: u64 = 1024;
 /// The kernels' counters: large pairs, passing pairs, the bad-pair flag.
 const COUNTERS: usize = 3;
@@ -56,9 +53,7 @@ static KERNELS: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
 fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
     KERNELS
         .get_or_init(|| {
-            let (major, minor) = g.info.compute_capability;
-            let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-            let module = compile_module(&g.ctx, arch, SOURCE, "simjoin.cu", Vec::new())?;
+            let module = g.module(Module::Simjoin, Vec::new)?;
             let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
             let (groups, large) = (f("verify_groups")?, f("verify_large")?);
             let grid = |k: &CudaFunction, threads: u32| -> Result<u32, GpuError> {
@@ -101,12 +96,11 @@ unsafe impl Send for Lane {}
 static LANE_POOL: Mutex<Vec<Lane>> = Mutex::new(Vec::new());
 
 fn large_from() -> u64 {
-    static V: OnceLock<u64> = OnceLock::new();
-    *V.get_or_init(|| env_knob("DFSETS_SJ_LARGE_FROM", LARGE_FROM))
+    knobs().sj_large_from.unwrap_or(LARGE_FROM)
 }
 
 /// One join's sets on the device (freed when dropped).
-pub struct DeviceSets {
+pub(crate) struct Sets {
     tokens: Option<DevBuf>,
     starts: Option<DevBuf>,
     /// Number of sets.
@@ -114,7 +108,7 @@ pub struct DeviceSets {
     bytes: u64,
 }
 
-impl std::fmt::Debug for DeviceSets {
+impl std::fmt::Debug for Sets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceSets")
             .field("sets", &self.sets)
@@ -123,27 +117,23 @@ impl std::fmt::Debug for DeviceSets {
     }
 }
 
-impl DeviceSets {
+impl Sets {
     /// Bytes copied to the device for the sets.
-    pub fn bytes(&self) -> u64 {
+    pub(super) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// Number of sets.
-    pub fn len(&self) -> usize {
+    #[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
+    pub(super) fn len(&self) -> usize {
         self.sets
-    }
-
-    /// Whether there are no sets.
-    pub fn is_empty(&self) -> bool {
-        self.sets == 0
     }
 }
 
-impl Drop for DeviceSets {
+impl Drop for Sets {
     fn drop(&mut self) {
         // The buffers are freed with the context bound to this thread (any thread may drop).
-        if let Ok(g) = gpu() {
+        if let Ok(g) = ready() {
             let _lock = g.workspace.lock();
             if g.ctx.bind_to_thread().is_ok() {
                 self.tokens = None;
@@ -158,7 +148,7 @@ impl Drop for DeviceSets {
 
 /// Copy sets to the device: set `s` is `tokens[starts[s]..starts[s + 1]]`, ascending and
 /// distinct (the join's token ranks).
-pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuError> {
+pub(super) fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<Sets, GpuError> {
     if starts.is_empty()
         || starts[starts.len() - 1] != tokens.len()
         || starts
@@ -167,13 +157,13 @@ pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuEr
     {
         return Err(GpuError::Unsupported("malformed set offsets".into()));
     }
-    let g = gpu()?;
+    let g = ready()?;
     let _ws = g.workspace.lock().unwrap_or_else(|p| p.into_inner());
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let starts64: Vec<u64> = starts.iter().map(|&s| s as u64).collect();
     let up = |v: &[u8]| DevBuf::upload(v, "set allocation", "set upload");
-    let res = catch_unwind(AssertUnwindSafe(|| -> Result<DeviceSets, GpuError> {
-        Ok(DeviceSets {
+    let res = catch_unwind(AssertUnwindSafe(|| -> Result<Sets, GpuError> {
+        Ok(Sets {
             tokens: Some(up(bytes_of(tokens))?),
             starts: Some(up(bytes_of(&starts64))?),
             sets: starts.len() - 1,
@@ -191,8 +181,9 @@ pub fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<DeviceSets, GpuEr
 /// that reach their `alpha`, as (index in `pairs`, overlap), by ascending index. `groups`:
 /// each pair's probe set (see [`PairGroups`]). `exact = false` lets a passing pair stop
 /// counting at its `alpha`.
-pub fn verify_pairs(
-    sets: &DeviceSets,
+#[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
+pub(super) fn verify_pairs(
+    sets: &Sets,
     pairs: &[PairToVerify],
     groups: PairGroups<'_>,
     exact: bool,
@@ -214,10 +205,10 @@ pub fn verify_pairs(
 }
 
 /// A chunk of pairs at the device: its copies and kernels queued on a lane of its own by
-/// [`submit_pairs`], its answer taken by [`PendingVerify::finish`]. The caller goes on (the
+/// [`submit_pairs`], its answer taken by [`Pending::finish`]. The caller goes on (the
 /// join filters its next chunk) while the device works. Dropped unfinished, it waits for
 /// its stream first, so the device never reads the chunk's memory after it is freed.
-pub struct PendingVerify {
+pub(crate) struct Pending {
     pairs: Arc<PairBuffer>,
     /// The device's work: `None` when the call failed before anything was queued.
     inflight: Option<Inflight>,
@@ -231,10 +222,10 @@ struct Inflight {
     lane: Lane,
     launched: Launched,
     /// The sets the kernels read, kept alive until they are done.
-    _sets: Arc<DeviceSets>,
+    _sets: Arc<Sets>,
 }
 
-impl std::fmt::Debug for PendingVerify {
+impl std::fmt::Debug for Pending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PendingVerify")
             .field("pairs", &self.pairs.len())
@@ -244,11 +235,11 @@ impl std::fmt::Debug for PendingVerify {
 }
 
 /// Queue the verification of the chunk `pairs` (its groups as the join recorded them) on a
-/// lane and return at once; [`PendingVerify::finish`] waits for the answer, which is
+/// lane and return at once; [`Pending::finish`] waits for the answer, which is
 /// [`verify_pairs`]'s. A failure to queue is kept and returned by `finish`.
-pub fn submit_pairs(sets: &Arc<DeviceSets>, pairs: Arc<PairBuffer>, exact: bool) -> PendingVerify {
+pub(super) fn submit_pairs(sets: &Arc<Sets>, pairs: Arc<PairBuffer>, exact: bool) -> Pending {
     let started = Instant::now();
-    let mut pending = PendingVerify {
+    let mut pending = Pending {
         pairs,
         inflight: None,
         failed: None,
@@ -281,11 +272,11 @@ pub fn submit_pairs(sets: &Arc<DeviceSets>, pairs: Arc<PairBuffer>, exact: bool)
     pending
 }
 
-impl PendingVerify {
+impl Pending {
     /// Wait (asleep) for the device and take the answer, with the chunk back. The answer's
     /// `total_ms` is the host's time in the call: submitting plus finishing (the wait
     /// included), not the time the chunk spent at the device meanwhile.
-    pub fn finish(mut self) -> VerifyAnswer {
+    pub(super) fn finish(mut self) -> VerifyAnswer {
         let pairs = Arc::clone(&self.pairs);
         if let Some(e) = self.failed.take() {
             return (pairs, Err(e));
@@ -294,7 +285,7 @@ impl PendingVerify {
             return (pairs, Ok((Vec::new(), VerifyTimings::default())));
         };
         let started = Instant::now();
-        let answer = gpu().and_then(|g| {
+        let answer = ready().and_then(|g| {
             g.ctx.bind_to_thread().map_err(drv("bind context"))?;
             let (lane, (passed, mut t)) = guarded(g, lane, |lane| collect(g, lane, &launched))?;
             give_back(lane);
@@ -305,11 +296,11 @@ impl PendingVerify {
     }
 }
 
-impl Drop for PendingVerify {
+impl Drop for Pending {
     fn drop(&mut self) {
         if let Some(Inflight { lane, .. }) = self.inflight.take() {
             // Abandoned (the join was cancelled): the stream may still read the chunk.
-            match gpu() {
+            match ready() {
                 Ok(g) if g.ctx.bind_to_thread().is_ok() && lane.stream.synchronize().is_ok() => {
                     give_back(lane)
                 }
@@ -327,7 +318,7 @@ impl Drop for PendingVerify {
 /// (Each pair's sets are checked by the kernel that reads them: a pass over the chunk here
 /// cost the partition's thread about as much as the rest of the call.)
 fn check_chunk(
-    sets: &DeviceSets,
+    sets: &Sets,
     pairs: &[PairToVerify],
     groups: PairGroups<'_>,
 ) -> Result<(), GpuError> {
@@ -352,7 +343,7 @@ fn check_chunk(
 /// The device, bound to this thread, its kernels and a lane from the pool (a new one when
 /// none is free). The kernels are compiled first, so a compile failure costs no lane.
 fn take_lane() -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
-    let g = gpu()?;
+    let g = ready()?;
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let k = kernels(g)?;
     let free = LANE_POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
@@ -413,31 +404,6 @@ fn guarded<R>(
     }
 }
 
-/// Launch `f` on `stream`.
-///
-/// # Safety
-/// As [`Gpu::launch`]: `params` match the kernel, and its device pointers are valid.
-unsafe fn launch_on(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    grid: u32,
-    block: u32,
-    params: &mut [*mut c_void],
-) -> Result<(), GpuError> {
-    // SAFETY: forwarded to the caller's contract.
-    unsafe {
-        result::launch_kernel(
-            f.cu_function(),
-            (grid.max(1), 1, 1),
-            (block, 1, 1),
-            0,
-            stream.cu_stream(),
-            params,
-        )
-    }
-    .map_err(drv("kernel launch"))
-}
-
 /// What [`launch`] queued, for [`collect`].
 struct Launched {
     m: usize,
@@ -457,7 +423,7 @@ fn launch(
     g: &Gpu,
     k: &Kernels,
     lane: &mut Lane,
-    sets: &DeviceSets,
+    sets: &Sets,
     pairs: &[PairToVerify],
     groups: PairGroups<'_>,
     exact: bool,

@@ -6,40 +6,42 @@
 //! The host-staged path (`stage` in the parent) reads each term's list reference and floor
 //! and plans every query on the host: ~0.3-0.5 ms of a 10,000-query batch on the H100 host
 //! (cache misses into the term table), longer than AND's kernels. Here the host's share is a
-//! copy of the term ids into that buffer and one graph launch (session 51, H200 hosts: the
-//! copy up queued beside it cost 0.010-0.017 ms of the host's time and the device's reads
-//! across the bus ~0.007 ms of the kernels'; `DFSETS_BM25_MAPPED_IN=0` queues the copy).
+//! copy of the term ids into that buffer and one graph launch (H200 hosts: the copy up
+//! queued beside it cost 0.010-0.017 ms of the host's time and the device's reads across
+//! the bus ~0.007 ms of the kernels'; the knob `bm25_mapped_in` off queues the copy).
 //! It does not wait for the plan: `bm25_topk` goes out on an upper
 //! bound of blocks (the queries ranked plus the piece budget) and `bm25_merge` on a fixed
 //! number that stride over the split queries, both reading the plan's counts on the device;
 //! the host reads the counts after the batch's one wait (`settle`).
-//! `DFSETS_BM25_DEVICE_PLAN=0` (or `gpu::set_bm25_device_plan(false)`) keeps the
-//! host-staged path.
+//! [`crate::tuning::bm25_device_plan`] off (the knob, or `set_bm25_device_plan(false)`)
+//! keeps the host-staged path.
 
 use cudarc::driver::result;
 
-use super::super::cuda::{DevBuf, Gpu, Workspace, align, bytes_of, drv, env_knob, view, view_mut};
-use super::super::graph::Launch;
-use super::super::{BM25_MAX_TERMS, Bm25Timings, GpuError};
+use super::launch::{RankArgs, answers_down, packed_on_host, rank_launches, submit};
+use super::resident::Resident;
 use super::{
-    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, RankArgs, Resident, Staged, answers_down,
-    batch_events, malformed, mode_code, packed_on_host, rank_launches, submit,
+    CAP, Ctx, Kernels, Layout, MAX_PIECES, ON_CPU, Staged, batch_events, malformed, mode_code,
 };
+use crate::backend::gpu::{
+    DevBuf, Gpu, GpuError, Launch, Workspace, align, bytes_of, drv, view, view_mut,
+};
+use crate::search::gpu::{BM25_MAX_TERMS, Bm25Timings};
 use crate::search::topk::Mode;
+use crate::tuning::knobs;
 
 /// Whether the device reads a batch where the host wrote it (the pinned upload buffer, through
 /// its mapped address: `bm25_plan` copies the offsets and writes the modes into device
 /// memory, `bm25_clear` clears the counters) rather than in a copy queued before the kernels
-/// (`DFSETS_BM25_MAPPED_IN`, default on; 0: the copy).
+/// (the knob `bm25_mapped_in`, default on; off: the copy).
 fn mapped() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_knob("DFSETS_BM25_MAPPED_IN", 1) == 1)
+    knobs().bm25_mapped_in
 }
 
 /// Whether batches go through this path when the whole index is resident
-/// ([`crate::backend::gpu::set_bm25_device_plan`]).
+/// ([`crate::tuning::bm25_device_plan`]).
 pub(super) fn enabled() -> bool {
-    super::super::bm25_device_plan()
+    crate::tuning::bm25_device_plan()
 }
 
 /// Threads per block of `bm25_plan` (one query each).
@@ -120,11 +122,11 @@ impl Resident {
 /// device (`MODE_NONE` in bm25.cu: its count stays the cleared 0, its answer empty, as the
 /// CPU's rule says); one with more than [`BM25_MAX_TERMS`] terms too, and it goes to the
 /// CPU's share. Copies and one counting pass on the calling thread, no compaction: the device
-/// skips what it does not rank. (Session 50, H200 hosts: a pass writing each query's mode
+/// skips what it does not rank. (H200 hosts: a pass writing each query's mode
 /// byte into the pinned buffer, or into ordinary memory and then copied there, took
 /// 0.017-0.033 ms of a 10,000-query batch.)
 /// (Staging only the ranked queries, compacted, took 0.14 ms of a 10,000-query AND batch in
-/// parallel groups and 0.39 ms on the calling thread, on the H200 host; session 43.)
+/// parallel groups and 0.39 ms on the calling thread, on the H200 host.)
 pub(super) fn stage(
     c: &Ctx<'_>,
     ws: &mut Workspace,
@@ -174,10 +176,10 @@ pub(super) fn stage(
     counters_b.fill(0);
     let (qoff_b, terms_b) = head.split_at_mut(pl.terms);
     // The offsets written as the device reads them (u32) and the queries counted in one pass,
-    // from the same values (nothing read back from the pinned buffer: such reads were slow on
-    // the GPU hosts, session 49). A vector of u32 offsets, a count over it and its copy:
-    // 12.5-17.6 µs for 10,000 queries against 9.5-12.2 for this pass (a microbenchmark on
-    // this machine's Zen 5, caches cold; session 52).
+    // from the same values (nothing read back from the pinned buffer: a pass that did took
+    // 0.10-0.13 ms on the GPU hosts, the same pass over ordinary memory 0.02-0.04). A vector
+    // of u32 offsets, a count over it and its copy: 12.5-17.6 µs for 10,000 queries against
+    // 9.5-12.2 for this pass (a microbenchmark on a Zen 5 host, caches cold).
     let t_copy = std::time::Instant::now();
     let unknown = batch.queries.unknown_flags();
     let (ranked, long) = offsets_and_counts(
@@ -268,7 +270,7 @@ pub(super) fn stage(
 /// the others `MODE_NONE`) and how many have too many terms (the CPU ranks those), from the
 /// same values and the unknown-term flags: 32-bit lanes without data-dependent branches.
 ///
-/// [`Bm25Batch::terms`]: super::super::Bm25Batch::terms
+/// [`Bm25Batch::terms`]: crate::search::gpu::Bm25Batch::terms
 fn offsets_and_counts(
     off: &[usize],
     unknown: &[bool],
@@ -387,7 +389,7 @@ pub(super) fn launch(
     // The plan's counters for the host: written into its pinned buffer by `bm25_order` when
     // the answers go there too, else copied down after the kernels.
     let counters_host = match packed_host {
-        Some(_) => Workspace::pinned(&mut ws.pin_items, part.items_bytes)?
+        Some(_) => Workspace::pinned(&mut ws.pin_aux, part.items_bytes)?
             .device_ptr()
             .ok(),
         None => None,
@@ -395,12 +397,12 @@ pub(super) fn launch(
     // The batch times itself when nothing crosses the bus by copies (read where the host
     // wrote it, answers and counters written into the host's memory): `bm25_clear` stamps
     // its start, `bm25_pack`'s last block its end, into the counters' pinned copy. Timing
-    // events cost the launch ~3 µs each on the H200 hosts (session 55); the copies' times
+    // events cost the launch ~3 µs each on the H200 hosts; the copies' times
     // need them, so a batch with copies keeps them.
     part.clocked = !part.copied_up && counters_host.is_some();
     let clock_host = match counters_host {
         Some(h) if part.clocked => {
-            let pin = Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice();
+            let pin = Workspace::pinned(&mut ws.pin_aux, part.items_bytes)?.as_mut_slice();
             pin[CLOCK_HOST..COUNTER_BYTES].fill(0);
             h + CLOCK_HOST as u64
         }
@@ -506,13 +508,13 @@ pub(super) fn launch(
     // `bm25_merge`: the block completing a split query merges it (`piece_done`).
     launches.extend(rank_launches(f, c, &part.layout, &rank));
     let t_submit = std::time::Instant::now();
-    // SAFETY: the launches' parameters are as the two notes above say.
     let timing = (!part.clocked).then_some(events);
+    // SAFETY: the launches' parameters are as the two notes above say.
     unsafe { submit(g, ws, &launches, timing, t)? };
     t.submit_ms += t_submit.elapsed().as_secs_f64() * 1e3;
     answers_down(g, ws, &mut part, d_out, packed_host, t)?;
     if counters_host.is_none() {
-        let pin = &mut Workspace::pinned(&mut ws.pin_items, part.items_bytes)?.as_mut_slice()
+        let pin = &mut Workspace::pinned(&mut ws.pin_aux, part.items_bytes)?.as_mut_slice()
             [..COUNTER_BYTES];
         // SAFETY: the counters on the device into as many pinned bytes, read by `settle` after
         // the stream is synchronized.
@@ -554,7 +556,7 @@ pub(super) fn settle(
         return Ok(());
     }
     let pin = ws
-        .pin_items
+        .pin_aux
         .as_ref()
         .ok_or(GpuError::OutOfMemory("pinned allocation"))?;
     let c = view::<u32>(&pin.as_slice()[..COUNTER_BYTES]);
@@ -599,7 +601,7 @@ const CLOCK_HOST: usize = COUNTER_BYTES - 16;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::gpu::Bm25Batch;
+    use crate::search::gpu::Bm25Batch;
     use crate::search::queries::{Queries, QueryTerms};
 
     proptest::proptest! {
