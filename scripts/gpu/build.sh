@@ -6,16 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${CARRY:-carry/gpu}
 rm -rf "$out" && mkdir -p "$out/upstream/array"
-# --no-default-features: the CLI binary is not needed by these tests. FEATURES=default builds
-# with the default features instead (reuses a target directory built that way).
+# --no-default-features: the CLI binary is not needed by these tests; `tuning`: the suites set
+# measurement knobs and inject faults. FEATURES=all builds with --all-features instead (reuses
+# the target directory of `cargo test --all-features`).
 # The library's unit tests ride along: on the GPU machine they exercise the CPU kernels on its
 # own processor (VP2INTERSECT, when it has it, which the development machine may not).
 # The library's unit tests only with WITH_LIB_TESTS=1 (the carry limit is 64 MiB).
 lib=""
 [ "${WITH_LIB_TESTS:-0}" = 1 ] && lib="--lib"
 # TESTS picks the test binaries (default: all six).
-features="--no-default-features --features cuda"
-[ "${FEATURES:-}" = default ] && features=""
+features="--no-default-features --features cuda,tuning"
+[ "${FEATURES:-}" = all ] && features="--all-features"
 tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin gpu_faults}
 args=""
 for t in $tests; do args="$args --test $t"; done
