@@ -70,7 +70,7 @@ pub fn env() -> &'static Env {
 }
 
 /// What the GPU intersection does with known row order (each resident list column's strictly
-/// increasing rows are found once, when it is copied to the device; kernels/NOTES.md, "Known
+/// increasing rows are found once, when it is copied to the device; kernels/DESIGN.md, "Known
 /// order" and "wmerge").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KnownOrder {
@@ -450,7 +450,7 @@ pub fn set_lent_max(bytes: usize) {
 /// Whether GPU list calls record events around each step's merge kernels
 /// (`Timings::merge_ms`). Off unless a benchmark turns it on (`set_merge_marks`): each event
 /// is one more operation queued between the kernels, and a call whose kernels are short waits
-/// for the host to queue them (kernels/NOTES.md, "The device waits for the host").
+/// for the host to queue them (kernels/DESIGN.md, "The device waits for the host").
 #[inline]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA driver only
 pub fn merge_marks() -> bool {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after run.sh has unpacked the test binaries into /tmp/gpubin: the
-# known-order benchmarks side by side (kernels/NOTES.md, "Known order" and "wmerge").
+# known-order benchmarks side by side (kernels/DESIGN.md, "Known order" and "wmerge").
 #   bench_known_order  resident columns, kernels alone, every KnownOrder mode alternated in
 #                      one process; once per entry of KO_ENVS ("WPIECE=1024 WMINB=8": the
 #                      benchmark again with DFSETS_GPU_<entry> set, "A=1,B=2" sets two; "-":

@@ -3,7 +3,7 @@
 # intersection benchmarks (bench_resident, bench_gpu_intersect) once per merge-kernel variant,
 # each in its own process (the kernels compile once per process), so that the variants are
 # measured side by side on one machine. Variants: "threads:minb:items" (DFSETS_GPU_MERGE_THREADS,
-# DFSETS_GPU_MERGE_MINB, DFSETS_GPU_MERGE_ITEMS; kernels/NOTES.md), optionally ":source", a
+# DFSETS_GPU_MERGE_MINB, DFSETS_GPU_MERGE_ITEMS; kernels/DESIGN.md), optionally ":source", a
 # kernel file compiled instead of the embedded intersect.cu (DFSETS_GPU_INTERSECT_SOURCE), so
 # that two kernel versions are measured by one binary. Writes
 # $OUT/bench-<threads>-<minb>-<items>[-<source name>].txt(.resident).

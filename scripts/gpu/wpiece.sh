@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: `wmerge`'s piece sizes side by side (kernels/NOTES.md, "A piece size per
+# On the GPU machine: `wmerge`'s piece sizes side by side (kernels/DESIGN.md, "A piece size per
 # step"), then the GPU tests. Through the device tool, from the repository root:
 #   command: OUT=$OUT CARRY=carry/new KO_BASE=carry/old bash scripts/gpu/wpiece.sh
 #   carry:   ["carry/new", "carry/old"]

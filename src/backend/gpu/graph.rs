@@ -3,12 +3,12 @@
 //!
 //! A two-list `wmerge` call is three launches (plan_scan, `wmerge`, `wplace`) of ~0.4 ms in
 //! all on an H200, and the device waited ~25 µs of it for the host to prepare and queue them
-//! (kernels/NOTES.md, "The device waits for the host"). A graph puts the whole sequence on the
+//! (kernels/DESIGN.md, "The device waits for the host"). A graph puts the whole sequence on the
 //! stream with one `cuGraphLaunch`, once the host has prepared it; the device runs its nodes
 //! back to back (measured: a few µs less than the same launches one by one; "One submission
 //! per call"). A `topk_bm25` batch's launches (plan, order, rank, merge, pack) go the same
 //! way: its AND k 10 call of 10,000 queries took 0.25-0.27 ms with them queued one by one
-//! and 0.21-0.26 ms through a graph on an H200 (kernels/NOTES.md, "topk_bm25: a batch in one
+//! and 0.21-0.26 ms through a graph on an H200 (kernels/DESIGN.md, "topk_bm25: a batch in one
 //! submission, short AND queries a warp each").
 //!
 //! Graphs are kept per workspace, one per kernel sequence (function and block size of each

@@ -346,7 +346,7 @@ pub(crate) fn view_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
 
 /// Copy `src` into `dst` (same length), with several threads past two pieces. One core
 /// copies about 8 GB/s into pinned memory: with 8 MiB pieces a batch of 8192 W1 rows (7 MB a
-/// list) was staged on one thread, 75% of its call (kernels/NOTES.md); 1 MiB pieces spread it.
+/// list) was staged on one thread, 75% of its call (kernels/DESIGN.md); 1 MiB pieces spread it.
 pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
     const PIECE: usize = 1 << 20;
     if src.len() < 2 * PIECE {

@@ -98,7 +98,7 @@ pub(super) fn elem_index<T: SetElem>() -> Option<usize> {
 /// (`wpiece_of` in kernels/intersect.cu): `hi` positions, halved (never below `lo`) until the step
 /// makes at least `per_sm` pieces per multiprocessor. Large pieces spread each piece's row
 /// lookup and first search over more work; enough pieces keep every warp busy to the end of
-/// the step (measured on an H200: kernels/NOTES.md, "A piece size per step").
+/// the step (measured on an H200: kernels/DESIGN.md, "A piece size per step").
 /// The knob `gpu_wpiece` fixes the size (`lo` = `hi`), `gpu_wpiece_min` / `_max` /
 /// `_per_sm` set the rule's terms (experiments).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl WPieces {
 /// The merge block's shape (threads, positions a thread): the defaults, or the knobs
 /// `gpu_merge_threads` (64, 128 or 256) and `gpu_merge_items` (4, 8, 12 or 16; tiles of at most
 /// 2,048 positions, so that the 64-bit kernels' shared memory stays under 48 KB). Experiments
-/// only (kernels/NOTES.md): one binary then measures the variants side by side.
+/// only (kernels/DESIGN.md): one binary then measures the variants side by side.
 fn merge_shape() -> (u32, u32) {
     let k = knobs();
     match (
@@ -367,7 +367,7 @@ mod tests {
     fn the_step_sizes_measured_on_the_h200() {
         // 132 multiprocessors, the defaults: the issue shape's first step (41.8 M A positions)
         // takes pieces of 2,048, its second (16.5 M) pieces of 1,024, the skewed shape's
-        // (2.1 M) pieces of 256 (kernels/NOTES.md, "A piece size per step").
+        // (2.1 M) pieces of 256 (kernels/DESIGN.md, "A piece size per step").
         let w = WPieces {
             lo: super::WPIECE_MIN,
             hi: super::WPIECE_MAX,

@@ -220,7 +220,7 @@ pub(super) fn stage(
     lay.done = lay.and + align(gq * 4);
     lay.piece_bytes = lay.done + align(pl.max_pieces * 4);
     // The rare query past BM25_MAX_TERMS goes to the CPU. (The counts above: one pass without
-    // data-dependent branches. Session 43, H200 host, 10,000 AND queries: a pass through
+    // data-dependent branches. On an H200 host, 10,000 AND queries: a pass through
     // `terms(i)` / `mode(i)`, branching on each query's empty term list, took 0.13-0.15 ms.)
     let t_modes = std::time::Instant::now();
     if long > 0 {
