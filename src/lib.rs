@@ -2,14 +2,13 @@
 //!
 //! Fast set operations on Arrow list columns for Apache DataFusion.
 //!
-//! - [`functions`]: the SQL surface (`list_intersect`, `list_intersect_count`,
-//!   `list_intersect_agg`, `jaccard`, `cosine`, `dice`, `overlap`), one function per file.
-//! - [`join`]: the exact set similarity join (`SimilarityJoinExec`, the `similarity_join`
-//!   table function, and the `similarity_join_rewrite` optimizer rule that runs
-//!   `JOIN ... ON jaccard(r.tokens, s.tokens) >= 0.8` on it).
-//! - [`backend`]: the kernels — scalar, galloping and SIMD (SSE4.2 STTNI, AVX2, AVX-512,
-//!   VP2INTERSECT) on the CPU, chosen at run time.
-//! - [`config`]: `SET sets.<option> = ...`.
+//! - SQL: `list_intersect`, `list_intersect_count`, `list_intersect_agg`, `jaccard`,
+//!   `cosine`, `dice`, `overlap`, the `similarity_join` and `bm25_index` table functions,
+//!   `topk_bm25`, and the rule that runs `JOIN ... ON jaccard(r.tokens, s.tokens) >= 0.8` as
+//!   a similarity join ([`SimilarityJoinExec`]); options `SET sets.<option> = ...`
+//!   ([`SetsConfig`]).
+//! - Rust: the UDFs one by one ([`udf`]), `Expr` builders ([`expr_fn`]), BM25 without SQL
+//!   ([`bm25`]), the CPU kernels ([`kernels`]) and the GPU's status ([`gpu`]).
 //!
 //! Install everything with [`SessionStateBuilderExt::with_sets`] or [`register`]:
 //!

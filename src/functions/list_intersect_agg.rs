@@ -74,7 +74,7 @@ impl ListIntersectAgg {
 
     /// This aggregate bound to a planning-time backend choice (`optimizer::backend_rule`):
     /// with `Gpu`, a `GROUP BY`'s groups are folded on the device, all groups together
-    /// ([`gpu::fold_groups`]); the call counts its folds for `EXPLAIN ANALYZE`.
+    /// (`gpu::fold_groups`); the call counts its folds for `EXPLAIN ANALYZE`.
     pub fn with_plan(plan: Arc<BackendPlan>) -> Self {
         Self {
             plan: PlanSlot(Some(plan)),

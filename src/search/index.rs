@@ -85,7 +85,7 @@ impl InvertedIndex {
         b.finish()
     }
 
-    /// The index as one record batch of [`index_schema`].
+    /// The index as one record batch of `index_schema`.
     pub fn to_batch(&self) -> Result<RecordBatch> {
         let mut terms: Vec<(&str, u32)> = self
             .term_ids

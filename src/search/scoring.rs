@@ -50,7 +50,7 @@ pub struct Scored {
     pub params: Bm25Params,
     /// Impact of every posting (same positions as the index's postings).
     pub impacts: Vec<f64>,
-    /// Largest impact of each block of [`BLOCK`] postings of each term: block `j` of term
+    /// Largest impact of each block of `BLOCK` postings of each term: block `j` of term
     /// `t` is `block_start[t] + j`.
     pub block_max: Vec<f64>,
     pub block_start: Vec<usize>,
@@ -61,7 +61,7 @@ pub struct Scored {
     /// Weighted static score of every posting, `α · static`, or empty.
     pub weighted_static: Vec<f64>,
     /// The largest `impact + α·static` values of each term's postings, best first, at most
-    /// [`FLOOR_K`] of them, for terms with at least [`FLOOR_MIN_DF`] postings: term `t`'s are
+    /// `FLOOR_K` of them, for terms with at least `FLOOR_MIN_DF` postings: term `t`'s are
     /// `floor_values[floor_start[t]..floor_start[t + 1]]`. The k-th of them is a lower bound of
     /// the k-th best score of any query holding `t` (see [`Scored::theta_floor`]).
     pub floor_values: Vec<f64>,
@@ -156,7 +156,7 @@ impl Scored {
     }
 
     /// Term `t`'s own floor at `k`: the k-th largest `impact + α·static` among its postings,
-    /// or -inf (fewer postings kept, or k out of 1..=[`FLOOR_K`]).
+    /// or -inf (fewer postings kept, or k out of 1..=`FLOOR_K`).
     pub fn term_floor(&self, t: u32, k: usize) -> f64 {
         if k == 0 || k > FLOOR_K {
             return f64::NEG_INFINITY;
