@@ -28,7 +28,8 @@
 //! too long for criterion's sampling, run `SETS_BENCH_REPS` times (default 1) after one
 //! untimed warm-up of the small case, printing each time and the minimum.
 //!
-//! Allocator: mimalloc (with the default `cli` feature), as in the `dfsets` CLI; the system
+//! Allocator: mimalloc with the `cli` feature (`cargo bench --features cli ...`), as in the
+//! `dfsets` CLI; the system
 //! allocator returned and re-faulted the build's buffers on every query (3-4 ms of a 36 ms
 //! debian_deps query on this 2-core machine, benches/README.md).
 //!
