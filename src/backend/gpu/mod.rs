@@ -14,7 +14,7 @@
 //! - [`intersect`] (`intersect/`): one batch of list intersections on the device, its columns
 //!   optionally kept resident (`columns`: which, within which budget); `fold`: many groups'
 //!   sets folded by rounds of batched intersections (`list_intersect_agg`).
-//! - `rows` connects the intersection to the SQL functions (`sets.backend = 'gpu'`).
+//! - `intersect::gpu` (above this layer) connects the intersection to the SQL functions.
 //!
 //! The drivers of the other features live with their engines (`topk_bm25`'s in
 //! `crate::search::gpu`, the similarity join's verifier in `crate::join::gpu`) and use the
