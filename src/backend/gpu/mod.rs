@@ -17,7 +17,7 @@
 //! - `intersect::gpu` (above this layer) connects the intersection to the SQL functions.
 //!
 //! The drivers of the other features live with their engines (`topk_bm25`'s in
-//! `crate::search::gpu`, the similarity join's verifier in `crate::join::gpu`) and use the
+//! the search engine's `gpu` module, the similarity join's verifier in the join's) and use the
 //! runtime through this module's `pub(crate)` items, starting from `ready`.
 //!
 //! Every driver's entry points go through a trait ([`Runtime`] here, `Intersector` for the
