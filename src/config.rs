@@ -174,8 +174,8 @@ options! {
         backend: BackendChoice = BackendChoice::Auto, parse_field;
         /// Split a batch's rows across threads when it holds at least this many list values (0: never).
         parallel_min_values: usize = 1 << 18, set_usize;
-        /// BM25 k1 (term-frequency saturation) for topk_bm25, >= 0.
-        bm25_k1: f64 = 1.2, |f, k, v| set_f64(f, k, v, 0.0, f64::MAX);
+        /// BM25 k1 (term-frequency saturation) for topk_bm25, in [0, 1000000] (bounded so every score stays finite).
+        bm25_k1: f64 = 1.2, |f, k, v| set_f64(f, k, v, 0.0, BM25_K1_MAX);
         /// BM25 b (document-length normalization) for topk_bm25, in [0, 1].
         bm25_b: f64 = 0.75, |f, k, v| set_f64(f, k, v, 0.0, 1.0);
         /// topk_bm25 over an index with static scores: score = alpha * static + (1 - alpha) * BM25; alpha in [0, 1].
@@ -243,6 +243,10 @@ fn set_usize(field: &mut usize, key: &str, value: &str) -> datafusion::common::R
     }
 }
 
+/// The largest `sets.bm25_k1`: a posting's score is at most idf · tf · (k1 + 1) / (tf + k1·(1 − b)),
+/// with idf < 45 and tf < 2^32, far from overflow at this bound (at 1e308 it overflows to inf).
+pub const BM25_K1_MAX: f64 = 1e6;
+
 /// Parse a finite float in `[lo, hi]` into `field`.
 fn set_f64(
     field: &mut f64,
@@ -256,7 +260,6 @@ fn set_f64(
             *field = v;
             Ok(())
         }
-        _ if hi == f64::MAX => config_err!("{key}: expected a number >= {lo}, got '{value}'"),
         _ => config_err!("{key}: expected a number in [{lo}, {hi}], got '{value}'"),
     }
 }

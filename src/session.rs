@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use datafusion::catalog::{MemoryCatalogProviderList, TableFunction, TableFunctionImpl};
+
 use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
@@ -19,6 +20,7 @@ use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
 use crate::optimizer::async_calls::{AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
+use crate::search::catalog_watch::watch_catalogs;
 
 /// The crate's table functions, by SQL name.
 fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
@@ -64,10 +66,13 @@ impl SessionStateBuilderExt for SessionStateBuilder {
         }
         // `topk_bm25` reads index tables through the catalog and runtime the state will be
         // built with: fix them now (the defaults `build()` would create otherwise).
-        let catalogs = self
-            .catalog_list()
-            .get_or_insert_with(|| Arc::new(MemoryCatalogProviderList::new()))
-            .clone();
+        // Watched, so a dropped or replaced index table releases its loaded index at once.
+        let catalogs = watch_catalogs(
+            self.catalog_list()
+                .take()
+                .unwrap_or_else(|| Arc::new(MemoryCatalogProviderList::new())),
+        );
+        *self.catalog_list() = Some(Arc::clone(&catalogs));
         let runtime = self
             .runtime_env()
             .get_or_insert_with(|| Arc::new(RuntimeEnv::default()))
@@ -147,16 +152,21 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
         // A session's physical optimizer rules can only be replaced by rebuilding its state;
         // this comes first, as rebuilding re-registers the functions (in no defined order).
         // The rebuilt state keeps the catalog list and runtime, which `topk_bm25` reads.
+        let catalogs = watch_catalogs(Arc::clone(state.catalog_list()));
         let session = SessionHandle {
-            catalogs: Arc::clone(state.catalog_list()),
+            catalogs: Arc::clone(&catalogs),
             runtime: Arc::clone(state.runtime_env()),
         };
-        if let Some(rules) = with_sets_rules(state.physical_optimizers(), &session) {
+        let rules = with_sets_rules(state.physical_optimizers(), &session);
+        if rules.is_some() || !Arc::ptr_eq(&catalogs, state.catalog_list()) {
             let session_id = state.session_id().to_string();
-            *state = SessionStateBuilder::new_from_existing(state.clone())
+            let mut builder = SessionStateBuilder::new_from_existing(state.clone())
                 .with_session_id(session_id)
-                .with_physical_optimizer_rules(rules)
-                .build();
+                .with_catalog_list(catalogs);
+            if let Some(rules) = rules {
+                builder = builder.with_physical_optimizer_rules(rules);
+            }
+            *state = builder.build();
         }
         crate::config::install(state.config_mut().options_mut());
     }

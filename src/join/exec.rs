@@ -41,7 +41,8 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::coop::cooperative;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::metrics::{
     ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
 };
@@ -433,7 +434,8 @@ impl SimilarityJoinExec {
             Partitioning::UnknownPartitioning(partitions),
             EmissionType::Final,
             Boundedness::Bounded,
-        ));
+        )
+        .with_scheduling_type(SchedulingType::Cooperative));
         Ok(Self {
             left,
             right,
@@ -719,7 +721,9 @@ impl ExecutionPlan for SimilarityJoinExec {
             context,
             &self.metrics,
         )
-        .map(|s| Box::pin(s) as SendableRecordBatchStream)
+        // Ready batches consume tokio's task budget, so a parent that consumes quietly
+        // (`count(*)`, a filter that drops every row) still yields, and a cancel lands.
+        .map(|s| Box::pin(cooperative(s)) as SendableRecordBatchStream)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

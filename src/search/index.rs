@@ -28,7 +28,7 @@ use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{
     DataType, Field, Float64Type, Schema, SchemaRef, UInt32Type, UInt64Type,
 };
-use datafusion::common::{Result, exec_err, plan_err};
+use datafusion::common::{Result, plan_err};
 use rayon::prelude::*;
 
 use super::tokenize::{Tokenizer, TokenizerOptions};
@@ -133,18 +133,24 @@ impl InvertedIndex {
         )?)
     }
 
-    /// Load an index from the batches of an index table (any batch split, any row order).
-    /// `who` and `table` name the caller and the table in errors.
-    pub fn from_batches(batches: &[RecordBatch], who: &str, table: &str) -> Result<Self> {
+    /// Load an index from the batches of an index table of `schema` (any batch split, any
+    /// row order). `who` and `table` name the caller and the table in errors. Every value is
+    /// checked, so a corrupted or hand-edited table is rejected with the reason rather than
+    /// ranked wrongly: each document has one length (and one static score, finite) in every
+    /// term that holds it, a term's frequency in a document is at least 1 and at most the
+    /// document's length, `n_docs` covers every document and `total_len` their lengths.
+    /// Deleting whole term rows keeps an index valid.
+    pub fn from_batches(
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        who: &str,
+        table: &str,
+    ) -> Result<Self> {
         let not_index = |why: String| {
             plan_err!(
                 "{who}: table '{table}' is not a BM25 index ({why}); build one with bm25_index('docs', 'id', 'text')"
             )
         };
-        let Some(first) = batches.first() else {
-            return Ok(Self::empty());
-        };
-        let schema = first.schema();
         let with_static = schema.column_with_name("static_scores").is_some();
         for f in index_schema(with_static).fields() {
             match schema.column_with_name(f.name()) {
@@ -166,24 +172,45 @@ impl InvertedIndex {
         };
         let mut tokenizer: Option<String> = None;
         let mut stats: Option<(u64, u64)> = None;
+        // Each document's length and static score (as bits), as first met.
+        let mut doc_seen: HashMap<u32, (u32, u64), foldhash::fast::RandomState> =
+            HashMap::default();
         for batch in batches {
-            let col = |name: &str| batch.column(batch.schema().index_of(name).unwrap()).clone();
-            let terms = cast_utf8(&col("term"))?;
-            let docs = col("doc_ids");
+            if batch.schema().fields().len() != schema.fields().len() {
+                return not_index("batches of different schemas".into());
+            }
+            let col = |name: &str| -> Result<ArrayRef> {
+                match batch.schema().index_of(name) {
+                    Ok(i) => Ok(Arc::clone(batch.column(i))),
+                    Err(_) => plan_err!(
+                        "{who}: table '{table}' is not a BM25 index (no column '{name}' in a batch)"
+                    ),
+                }
+            };
+            let terms = cast_utf8(&col("term")?)?;
+            let docs = col("doc_ids")?;
             let docs = docs.as_list::<i32>();
-            let tfs = col("tfs");
+            let tfs = col("tfs")?;
             let tfs = tfs.as_list::<i32>();
-            let lens = col("doc_lens");
+            let lens = col("doc_lens")?;
             let lens = lens.as_list::<i32>();
-            let statics = with_static.then(|| col("static_scores"));
-            let n_docs = col("n_docs");
+            let statics = match with_static {
+                true => Some(col("static_scores")?),
+                false => None,
+            };
+            let n_docs = col("n_docs")?;
             let n_docs = n_docs.as_primitive::<UInt64Type>();
-            let total = col("total_len");
+            let total = col("total_len")?;
             let total = total.as_primitive::<UInt64Type>();
-            let toks = cast_utf8(&col("tokenizer"))?;
+            let toks = cast_utf8(&col("tokenizer")?)?;
             for r in 0..batch.num_rows() {
                 if terms.is_null(r) || docs.is_null(r) || tfs.is_null(r) || lens.is_null(r) {
                     return not_index(format!("NULL in row {r}"));
+                }
+                if n_docs.is_null(r) || total.is_null(r) || toks.is_null(r) {
+                    return not_index(format!(
+                        "NULL n_docs, total_len or tokenizer in row {r}"
+                    ));
                 }
                 let term = terms.value(r);
                 let d = docs.value(r);
@@ -211,6 +238,44 @@ impl InvertedIndex {
                 if tokenizer.get_or_insert_with(|| tok.to_string()) != tok {
                     return not_index("tokenizer differs between rows".into());
                 }
+                let static_row = match &statics {
+                    Some(s) => {
+                        let s = s.as_list::<i32>();
+                        if s.is_null(r) {
+                            return not_index(format!("term '{term}': NULL static_scores"));
+                        }
+                        let s = s.value(r);
+                        let s = s.as_primitive::<Float64Type>().clone();
+                        if s.len() != d.len() || s.null_count() > 0 {
+                            return not_index(format!(
+                                "term '{term}': static_scores differ in length or hold NULLs"
+                            ));
+                        }
+                        Some(s)
+                    }
+                    None => None,
+                };
+                for (i, ((&doc, &tf), &len)) in
+                    d.values().iter().zip(f.values()).zip(l.values()).enumerate()
+                {
+                    let st = static_row.as_ref().map_or(0.0, |s| s.value(i));
+                    if !st.is_finite() {
+                        return not_index(format!(
+                            "term '{term}': static score {st} of document {doc} is not finite"
+                        ));
+                    }
+                    if tf == 0 || tf > len {
+                        return not_index(format!(
+                            "term '{term}': frequency {tf} in document {doc} of length {len}"
+                        ));
+                    }
+                    let first = *doc_seen.entry(doc).or_insert((len, st.to_bits()));
+                    if first != (len, st.to_bits()) {
+                        return not_index(format!(
+                            "document {doc} has different lengths or static scores in different terms"
+                        ));
+                    }
+                }
                 let t = index.offsets.len() as u32 - 1;
                 if index.term_ids.insert(term.to_string(), t).is_some() {
                     return not_index(format!("term '{term}' appears twice"));
@@ -218,29 +283,51 @@ impl InvertedIndex {
                 index.docs.extend_from_slice(d.values());
                 index.tfs.extend_from_slice(f.values());
                 index.lens.extend_from_slice(l.values());
-                if let (Some(dst), Some(s)) = (&mut index.statics, &statics) {
-                    let s = s.as_list::<i32>().value(r);
-                    let s = s.as_primitive::<Float64Type>();
-                    if s.len() != d.len() || s.null_count() > 0 {
-                        return not_index(format!(
-                            "term '{term}': static_scores differ in length or hold NULLs"
-                        ));
-                    }
+                if let (Some(dst), Some(s)) = (&mut index.statics, &static_row) {
                     dst.extend_from_slice(s.values());
                 }
                 index.offsets.push(index.docs.len());
             }
         }
         let (n_docs, total_len) = stats.unwrap_or((0, 0));
+        if (doc_seen.len() as u64) > n_docs {
+            return not_index(format!(
+                "n_docs is {n_docs} but {} documents hold terms",
+                doc_seen.len()
+            ));
+        }
+        let lens: u64 = doc_seen.values().map(|&(len, _)| len as u64).sum();
+        if lens > total_len {
+            return not_index(format!(
+                "total_len is {total_len} but the documents' lengths add up to {lens}"
+            ));
+        }
         index.n_docs = n_docs;
         index.total_len = total_len;
         if let Some(t) = tokenizer {
             index.tokenizer = TokenizerOptions::parse(&t, who)?;
         }
-        if index.tfs.contains(&0) {
-            return exec_err!("{who}: table '{table}' has a zero term frequency");
-        }
         Ok(index)
+    }
+
+    /// An upper bound of the bytes [`from_batches`](Self::from_batches) holds while it loads
+    /// `batches` (the index and its checks), reserved before it runs.
+    pub fn load_bytes(batches: &[RecordBatch]) -> usize {
+        let mut bytes = 0;
+        for b in batches {
+            let postings = b
+                .schema()
+                .index_of("doc_ids")
+                .ok()
+                .and_then(|i| b.column(i).as_list_opt::<i32>().map(|l| l.values().len()))
+                .unwrap_or(0);
+            let statics = b.schema().index_of("static_scores").is_ok() as usize;
+            let terms = b.column_by_name("term").map_or(0, |t| t.get_array_memory_size());
+            // Postings (12 bytes, 20 with static scores), the document check (up to one entry
+            // per posting), and per term its name, offset and map slot.
+            bytes += postings * (12 + 8 * statics + 24) + terms + b.num_rows() * 48;
+        }
+        bytes
     }
 
     fn empty() -> Self {

@@ -1,92 +1,255 @@
-//! Index tables loaded into memory, cached per table provider.
+//! Index tables loaded into memory, cached by the identity of the data they were read from.
 //!
 //! `topk_bm25` reads an index table (a `CREATE TABLE ... AS SELECT * FROM bm25_index(...)`
 //! memory table, or a Parquet file registered as a table) once, builds the in-memory
-//! [`InvertedIndex`], and keeps it for later queries while the table provider lives:
-//! replacing or dropping the table makes the next query load the new one. The memory is
-//! reserved in the session's `MemoryPool` for as long as the index is cached.
+//! [`InvertedIndex`], and keeps it for later queries while the data stays the same. Each
+//! query plans the table's scan afresh and compares it with the cached one
+//! ([`same_version`]: the same in-memory buffers, or the same files by location, size,
+//! modification time and e-tag), so an `INSERT`, a replaced table or a rewritten file is
+//! seen by the next search. A table whose scan has no such identity (a custom provider, a
+//! view with a volatile expression) is read again for every query.
+//!
+//! Memory: the rows read from files are reserved in the session's `MemoryPool` as they
+//! arrive and the index before it is built, so a load over the limit fails with
+//! ResourcesExhausted before it allocates. The index stays reserved while it is cached; an
+//! entry goes when no table that read it is alive (checked at every load, and at once when
+//! the session's catalog drops or replaces the table: [`evict_table`]). Each index keeps the
+//! impacts of its [`SCORED_KEPT`] most recently used `sets.bm25_*` parameter sets, each
+//! reserved while it lives.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::Result;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::physical_plan::collect;
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use futures::StreamExt;
 
 use super::index::InvertedIndex;
 use super::scoring::{Bm25Params, Scored};
 use crate::catalog::resolve_table_async;
+use crate::io::same_data::{has_identity, only_memory, same_version};
 
-/// A loaded index and the impacts of the parameter sets it was queried with.
+/// Parameter sets whose impacts an index keeps (most recently used first).
+pub const SCORED_KEPT: usize = 2;
+
+/// A loaded index and the impacts of the parameter sets it was last queried with.
 #[derive(Debug)]
 pub struct LoadedIndex {
     pub index: InvertedIndex,
-    scored: Mutex<HashMap<[u64; 3], Arc<Scored>>>,
-    reservation: Mutex<MemoryReservation>,
+    scored: Mutex<Vec<Arc<Scored>>>,
+    pool: Arc<dyn MemoryPool>,
+    name: String,
+    _reservation: MemoryReservation,
+}
+
+/// A lock that a panic elsewhere does not poison for every later search (the guarded data
+/// is replaced whole, never left half-written).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl LoadedIndex {
-    /// The impacts for `params`, computed on first use and kept.
+    /// The impacts for `params`, computed on first use (reserved before they are) and kept
+    /// while they are among the [`SCORED_KEPT`] most recently used.
     pub fn scored(&self, params: Bm25Params) -> Result<Arc<Scored>> {
-        let key = [
-            params.k1.to_bits(),
-            params.b.to_bits(),
-            params.alpha.to_bits(),
-        ];
-        if let Some(s) = self.scored.lock().unwrap().get(&key) {
-            return Ok(Arc::clone(s));
+        if let Some(s) = self.cached_scored(params) {
+            return Ok(s);
         }
-        let s = Arc::new(Scored::new(&self.index, params));
-        let bytes = s.impacts.len() * 8 + s.block_max.len() * 8 + s.weighted_static.len() * 8;
-        self.reservation.lock().unwrap().try_grow(bytes)?;
-        let mut map = self.scored.lock().unwrap();
-        Ok(Arc::clone(map.entry(key).or_insert(s)))
+        let memory = MemoryConsumer::new(format!("{} scores", self.name)).register(&self.pool);
+        memory.try_grow(Scored::bytes_for(&self.index))?;
+        let s = Arc::new(Scored::new(&self.index, params).holding(memory));
+        let mut kept = lock(&self.scored);
+        if let Some(i) = kept.iter().position(|k| k.params == params) {
+            return Ok(Arc::clone(&kept[i]));
+        }
+        kept.insert(0, Arc::clone(&s));
+        kept.truncate(SCORED_KEPT);
+        Ok(s)
+    }
+
+    fn cached_scored(&self, params: Bm25Params) -> Option<Arc<Scored>> {
+        let mut kept = lock(&self.scored);
+        let i = kept.iter().position(|k| k.params == params)?;
+        let s = kept.remove(i);
+        kept.insert(0, Arc::clone(&s));
+        Some(s)
+    }
+
+    /// Parameter sets whose impacts are kept now.
+    pub fn scored_kept(&self) -> usize {
+        lock(&self.scored).len()
     }
 }
 
 struct Entry {
-    table: Weak<dyn TableProvider>,
+    /// The scan the index was read through: holding it keeps its batches alive, so no
+    /// later scan can reuse their addresses.
+    scan: Arc<dyn ExecutionPlan>,
+    /// The tables that read these data last; the entry goes when none is alive.
+    tables: Vec<Weak<dyn TableProvider>>,
     loaded: Arc<LoadedIndex>,
 }
 
-/// Keyed by the provider's address; a `Weak` keeps the address from being reused while the
-/// entry exists, and entries whose provider is gone are dropped at the next lookup.
-static CACHE: LazyLock<Mutex<HashMap<usize, Entry>>> = LazyLock::new(Default::default);
+static CACHE: LazyLock<Mutex<Vec<Entry>>> = LazyLock::new(Default::default);
 
-/// The index in table `name`, loaded (or from the cache). `who` names the caller in errors;
-/// `arg` is the table argument's position.
+fn same_table(w: &Weak<dyn TableProvider>, table: &Arc<dyn TableProvider>) -> bool {
+    std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(table))
+}
+
+/// Forget `table` in every entry and drop the entries no live table reads.
+fn sweep(cache: &mut Vec<Entry>, table: Option<*const ()>) -> Vec<Entry> {
+    let mut gone = Vec::new();
+    for e in cache.iter_mut() {
+        e.tables
+            .retain(|w| w.strong_count() > 0 && table.is_none_or(|t| !std::ptr::addr_eq(w.as_ptr(), t)));
+    }
+    let mut i = 0;
+    while i < cache.len() {
+        if cache[i].tables.is_empty() {
+            gone.push(cache.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    gone
+}
+
+/// Release what `table` (a provider the catalog has just dropped or replaced) holds in the
+/// cache. The entries are freed after the lock is released.
+pub fn evict_table(table: &Arc<dyn TableProvider>) {
+    let gone = sweep(&mut lock(&CACHE), Some(Arc::as_ptr(table) as *const ()));
+    drop(gone);
+}
+
+/// Indexes cached now (for tests of the cache's lifecycle).
+pub fn cached_indexes() -> usize {
+    let mut cache = lock(&CACHE);
+    let gone = sweep(&mut cache, None);
+    drop(cache);
+    drop(gone);
+    lock(&CACHE).len()
+}
+
+/// An index table's scan, planned (the table resolved in the catalog), not yet read.
+#[derive(Debug, Clone)]
+pub struct IndexScan {
+    table: Arc<dyn TableProvider>,
+    scan: Arc<dyn ExecutionPlan>,
+    name: String,
+}
+
+impl IndexScan {
+    /// The scan of table `name`. `who` names the caller in errors; `arg` is the table
+    /// argument's position.
+    pub async fn plan(session: &dyn Session, name: &str, who: &str, arg: usize) -> Result<Self> {
+        let table = resolve_table_async(who, session, name, arg).await?;
+        let scan = table.scan(session, None, &[], None).await?;
+        Ok(Self {
+            table,
+            scan,
+            name: name.to_string(),
+        })
+    }
+
+    /// The table's name as the query gave it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The index, loaded in `ctx` (or from the cache when its data are unchanged).
+    pub async fn open(&self, ctx: Arc<TaskContext>, who: &str) -> Result<Arc<LoadedIndex>> {
+        let Self { table, scan, name } = self;
+        let cacheable = has_identity(scan);
+        if cacheable {
+            let mut cache = lock(&CACHE);
+            let mut gone = sweep(&mut cache, None);
+            if let Some(i) = cache.iter().position(|e| same_version(&e.scan, scan)) {
+                let loaded = Arc::clone(&cache[i].loaded);
+                if !cache[i].tables.iter().any(|w| same_table(w, table)) {
+                    cache[i].tables.push(Arc::downgrade(table));
+                }
+                drop(cache);
+                drop(gone);
+                return Ok(loaded);
+            }
+            // This table's data changed: what it read before goes (unless another table
+            // reads it too).
+            gone.extend(sweep(&mut cache, Some(Arc::as_ptr(table) as *const ())));
+            drop(cache);
+            drop(gone);
+        }
+        let loaded = Arc::new(load(ctx, Arc::clone(scan), who, name).await?);
+        if !cacheable {
+            return Ok(loaded);
+        }
+        let mut cache = lock(&CACHE);
+        if let Some(e) = cache.iter_mut().find(|e| same_version(&e.scan, scan)) {
+            // Loaded meanwhile by another query: keep one copy.
+            if !e.tables.iter().any(|w| same_table(w, table)) {
+                e.tables.push(Arc::downgrade(table));
+            }
+            return Ok(Arc::clone(&e.loaded));
+        }
+        cache.push(Entry {
+            scan: Arc::clone(scan),
+            tables: vec![Arc::downgrade(table)],
+            loaded: Arc::clone(&loaded),
+        });
+        Ok(loaded)
+    }
+}
+
+/// The index in table `name`, loaded (or from the cache when its data are unchanged).
+/// `who` names the caller in errors; `arg` is the table argument's position.
 pub async fn load_index(
     session: &dyn Session,
     name: &str,
     who: &str,
     arg: usize,
 ) -> Result<Arc<LoadedIndex>> {
-    let table = resolve_table_async(who, session, name, arg).await?;
-    let key = Arc::as_ptr(&table) as *const () as usize;
-    {
-        let mut cache = CACHE.lock().unwrap();
-        cache.retain(|_, e| e.table.strong_count() > 0);
-        if let Some(e) = cache.get(&key) {
-            return Ok(Arc::clone(&e.loaded));
+    let scan = IndexScan::plan(session, name, who, arg).await?;
+    scan.open(session.task_ctx(), who).await
+}
+
+/// Read `scan` and build its index, reserving the rows read from files as they arrive and
+/// the index before it is built.
+async fn load(
+    ctx: Arc<TaskContext>,
+    scan: Arc<dyn ExecutionPlan>,
+    who: &str,
+    name: &str,
+) -> Result<LoadedIndex> {
+    let pool = Arc::clone(ctx.memory_pool());
+    let label = format!("{who} index '{name}'");
+    let reservation = MemoryConsumer::new(label.clone()).register(&pool);
+    // Batches of in-memory tables are the table's own, not new memory.
+    let count_rows = !only_memory(&scan);
+    let schema = scan.schema();
+    let mut stream = execute_stream(scan, ctx)?;
+    let mut batches = Vec::new();
+    let mut rows_bytes = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if count_rows {
+            let bytes = batch.get_array_memory_size();
+            reservation.try_grow(bytes)?;
+            rows_bytes += bytes;
         }
+        batches.push(batch);
     }
-    let plan = table.scan(session, None, &[], None).await?;
-    let batches = collect(plan, session.task_ctx()).await?;
-    let index = InvertedIndex::from_batches(&batches, who, name)?;
+    drop(stream);
+    reservation.try_grow(InvertedIndex::load_bytes(&batches))?;
+    let index = InvertedIndex::from_batches(&schema, &batches, who, name)?;
     drop(batches);
-    let reservation = MemoryConsumer::new(format!("{who} index '{name}'"))
-        .register(&session.runtime_env().memory_pool);
-    reservation.try_grow(index.size_bytes())?;
-    let loaded = Arc::new(LoadedIndex {
+    reservation.shrink(rows_bytes);
+    reservation.resize(index.size_bytes());
+    Ok(LoadedIndex {
         index,
-        scored: Mutex::new(HashMap::new()),
-        reservation: Mutex::new(reservation),
-    });
-    let mut cache = CACHE.lock().unwrap();
-    let e = cache.entry(key).or_insert(Entry {
-        table: Arc::downgrade(&table),
-        loaded,
-    });
-    Ok(Arc::clone(&e.loaded))
+        scored: Mutex::new(Vec::new()),
+        pool,
+        name: label,
+        _reservation: reservation,
+    })
 }

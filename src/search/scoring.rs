@@ -14,6 +14,8 @@
 //! in ascending term-id order, always, so every algorithm (pruned, exhaustive, CPU, GPU)
 //! adds the same f64 values in the same order and gets the same bits.
 
+use datafusion::execution::memory_pool::MemoryReservation;
+
 use super::index::InvertedIndex;
 
 /// Postings per skipping block.
@@ -66,6 +68,8 @@ pub struct Scored {
     /// the k-th best score of any query holding `t` (see [`Scored::theta_floor`]).
     pub floor_values: Vec<f64>,
     pub floor_start: Vec<usize>,
+    /// The memory these impacts hold in a session's pool, released with them.
+    memory: Option<MemoryReservation>,
 }
 
 /// The idf of a term held by `n` of `n_docs` documents.
@@ -144,7 +148,36 @@ impl Scored {
             weighted_static,
             floor_values,
             floor_start,
+            memory: None,
         }
+    }
+
+    /// An upper bound of the bytes [`Scored::new`] allocates for `index`.
+    pub fn bytes_for(index: &InvertedIndex) -> usize {
+        let (postings, terms) = (index.docs().len(), index.terms());
+        let statics = index.statics().is_some() as usize;
+        postings * 8 * (1 + statics)
+            + (postings / BLOCK + terms + 1) * 8
+            + (terms + 1) * 24
+            + terms.min(postings / FLOOR_MIN_DF) * FLOOR_K * 8
+    }
+
+    /// The bytes these impacts hold.
+    pub fn size_bytes(&self) -> usize {
+        (self.impacts.capacity()
+            + self.block_max.capacity()
+            + self.term_max.capacity()
+            + self.weighted_static.capacity()
+            + self.floor_values.capacity())
+            * 8
+            + (self.block_start.capacity() + self.floor_start.capacity()) * 8
+    }
+
+    /// These impacts, accounted in `memory` (resized to what they hold) until dropped.
+    pub fn holding(mut self, memory: MemoryReservation) -> Self {
+        memory.resize(self.size_bytes());
+        self.memory = Some(memory);
+        self
     }
 
     /// A lower bound of the k-th best score of a query holding the terms `terms`, or -inf:

@@ -34,6 +34,15 @@ impl Mode {
             _ => None,
         }
     }
+
+    /// The mode's SQL name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::And => "and",
+            Self::Or => "or",
+            Self::AndOr => "and_or",
+        }
+    }
 }
 
 /// One ranked document.

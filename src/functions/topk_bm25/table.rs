@@ -8,20 +8,31 @@
 //! Columns: `rank` (UInt32, from 1), `doc_id` (UInt32), `score` (Float64), best first, ties
 //! by increasing `doc_id`. The scalar function of the same name ranks a column of queries.
 
+use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Float64Array, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{
+    ArrayRef, Float64Array, RecordBatch, RecordBatchOptions, UInt32Array,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{Result, plan_err};
-use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, exec_err, internal_err, plan_err};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableType};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
 
 use crate::config::SetsConfig;
 use crate::functions::args::{int_arg, string_arg};
-use crate::search::loaded::load_index;
+use crate::search::loaded::IndexScan;
 use crate::search::rank::rank_one;
 use crate::search::scoring::Bm25Params;
 use crate::search::tokenize::Tokenizer;
@@ -118,22 +129,134 @@ impl TableProvider for TopkTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let loaded = load_index(state, &self.table, TOPK_BM25, 1).await?;
-        let scored = loaded.scored(params_of(state.config_options()))?;
-        let mut tok = Tokenizer::new(loaded.index.tokenizer());
-        let hits = rank_one(&loaded, &scored, &mut tok, &self.query, self.k, self.mode);
-        let batch = RecordBatch::try_new(
-            Arc::clone(&self.schema),
-            vec![
+        // Planning resolves the table and plans its scan; the index is read and the query
+        // ranked when the plan runs (so EXPLAIN ranks nothing, and a cancel stops the load).
+        let index = IndexScan::plan(state, &self.table, TOPK_BM25, 1).await?;
+        let schema = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => Arc::clone(&self.schema),
+        };
+        Ok(Arc::new(TopkOneExec {
+            index,
+            query: self.query.clone(),
+            k: self.k,
+            mode: self.mode,
+            projection: projection.cloned(),
+            properties: Arc::new(PlanProperties::new(
+                rank_ordered(&schema),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )),
+            schema,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
+}
+
+/// The output's properties: rows come best first, by `rank` (when it is projected).
+fn rank_ordered(schema: &SchemaRef) -> EquivalenceProperties {
+    let mut eq = EquivalenceProperties::new(Arc::clone(schema));
+    if let Ok(i) = schema.index_of("rank") {
+        let rank: Arc<dyn PhysicalExpr> = Arc::new(Column::new("rank", i));
+        eq.add_ordering([PhysicalSortExpr::new_default(rank)]);
+    }
+    eq
+}
+
+/// One ad hoc query ranked when the plan runs.
+#[derive(Debug)]
+struct TopkOneExec {
+    index: IndexScan,
+    query: String,
+    k: usize,
+    mode: Mode,
+    projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl DisplayAs for TopkOneExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "TopkBm25Exec: index={}, query={:?}, k={}, mode={}",
+            self.index.name(),
+            self.query,
+            self.k,
+            self.mode.name()
+        )
+    }
+}
+
+impl ExecutionPlan for TopkOneExec {
+    fn name(&self) -> &str {
+        "TopkBm25Exec"
+    }
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return internal_err!("TopkBm25Exec has no children");
+        }
+        Ok(self)
+    }
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return exec_err!("{TOPK_BM25}: partition {partition} out of range (1 partition)");
+        }
+        let index = self.index.clone();
+        let (query, k, mode) = (self.query.clone(), self.k, self.mode);
+        let projection = self.projection.clone();
+        let schema = Arc::clone(&self.schema);
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let fut = async move {
+            let loaded = index.open(Arc::clone(&context), TOPK_BM25).await?;
+            let _t = baseline.elapsed_compute().timer();
+            let scored = loaded.scored(params_of(context.session_config().options()))?;
+            let mut tok = Tokenizer::new(loaded.index.tokenizer());
+            let hits = rank_one(&loaded, &scored, &mut tok, &query, k, mode);
+            let columns: Vec<ArrayRef> = vec![
                 Arc::new(UInt32Array::from_iter_values(1..=hits.len() as u32)),
                 Arc::new(UInt32Array::from_iter_values(hits.iter().map(|h| h.doc))),
                 Arc::new(Float64Array::from_iter_values(hits.iter().map(|h| h.score))),
-            ],
-        )?;
-        Ok(MemorySourceConfig::try_new_exec(
-            &[vec![batch]],
+            ];
+            let columns = match &projection {
+                Some(p) => p.iter().map(|&i| Arc::clone(&columns[i])).collect(),
+                None => columns,
+            };
+            let batch = RecordBatch::try_new_with_options(
+                schema,
+                columns,
+                &RecordBatchOptions::new().with_row_count(Some(hits.len())),
+            )?;
+            baseline.record_output(batch.num_rows());
+            Ok(batch)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
-            projection.cloned(),
-        )?)
+            futures::stream::once(fut),
+        )))
     }
 }
