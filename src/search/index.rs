@@ -172,8 +172,9 @@ impl InvertedIndex {
         };
         let mut tokenizer: Option<String> = None;
         let mut stats: Option<(u64, u64)> = None;
-        // Each document's length and static score (as bits), as first met.
-        let mut doc_seen: HashMap<u32, (u32, u64), foldhash::fast::RandomState> =
+        // Each document's length and static score (as bits), as first met, and the sum of
+        // its term frequencies (at most its length: equal unless term rows were deleted).
+        let mut doc_seen: HashMap<u32, (u32, u64, u64), foldhash::fast::RandomState> =
             HashMap::default();
         for batch in batches {
             if batch.schema().fields().len() != schema.fields().len() {
@@ -238,6 +239,10 @@ impl InvertedIndex {
                 if tokenizer.get_or_insert_with(|| tok.to_string()) != tok {
                     return not_index("tokenizer differs between rows".into());
                 }
+                let t = index.offsets.len() as u32 - 1;
+                if index.term_ids.insert(term.to_string(), t).is_some() {
+                    return not_index(format!("term '{term}' appears twice"));
+                }
                 let static_row = match &statics {
                     Some(s) => {
                         let s = s.as_list::<i32>();
@@ -269,16 +274,18 @@ impl InvertedIndex {
                             "term '{term}': frequency {tf} in document {doc} of length {len}"
                         ));
                     }
-                    let first = *doc_seen.entry(doc).or_insert((len, st.to_bits()));
-                    if first != (len, st.to_bits()) {
+                    let seen = doc_seen.entry(doc).or_insert((len, st.to_bits(), 0));
+                    if (seen.0, seen.1) != (len, st.to_bits()) {
                         return not_index(format!(
                             "document {doc} has different lengths or static scores in different terms"
                         ));
                     }
-                }
-                let t = index.offsets.len() as u32 - 1;
-                if index.term_ids.insert(term.to_string(), t).is_some() {
-                    return not_index(format!("term '{term}' appears twice"));
+                    seen.2 += tf as u64;
+                    if seen.2 > len as u64 {
+                        return not_index(format!(
+                            "document {doc} holds more terms than its length {len}"
+                        ));
+                    }
                 }
                 index.docs.extend_from_slice(d.values());
                 index.tfs.extend_from_slice(f.values());
@@ -296,7 +303,7 @@ impl InvertedIndex {
                 doc_seen.len()
             ));
         }
-        let lens: u64 = doc_seen.values().map(|&(len, _)| len as u64).sum();
+        let lens: u64 = doc_seen.values().map(|&(len, ..)| len as u64).sum();
         if lens > total_len {
             return not_index(format!(
                 "total_len is {total_len} but the documents' lengths add up to {lens}"
