@@ -295,6 +295,11 @@ impl ExecutionPlan for Bm25IndexExec {
                 add_batch(&mut builder, &mut tok, &mut seen, &batch)?;
                 let want = builder.size_bytes() + seen.len() * 8;
                 reservation.try_resize(want)?;
+                drop(_t);
+                // A batch is milliseconds of tokenizing: yield after each, so a cancel (or
+                // another query's task) gets in even when the input never runs out of
+                // tokio's budget.
+                tokio::task::yield_now().await;
             }
             let _t = timer.timer();
             let index = builder.finish();

@@ -278,6 +278,9 @@ impl AsyncScalarUDFImpl for TopkBm25 {
             .with_runtime_env(Arc::clone(&self.handle.runtime))
             .with_catalog_list(Arc::clone(&self.handle.catalogs))
             .build();
+        // Ranking a batch is CPU work without an await: yield once per batch, so a query
+        // whose consumer emits nothing can still be cancelled between batches.
+        tokio::task::yield_now().await;
         let loaded = load_index(&state, &table, TOPK_BM25, 1).await?;
         let scored = loaded.scored(params_of(&options))?;
         let (texts, scalar) = match &args.args[1] {
