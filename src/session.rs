@@ -18,7 +18,7 @@ use crate::functions::bm25_index::{BM25_INDEX, Bm25IndexFunction};
 use crate::functions::topk_bm25::table::{TOPK_BM25, TopkBm25Function};
 use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
-use crate::optimizer::async_calls::{AsyncCallRewrite, SETS_ASYNC_CALLS};
+use crate::optimizer::async_calls::{AsyncCallPlaces, AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
 use crate::search::catalog_watch::watch_catalogs;
 
@@ -87,6 +87,7 @@ impl SessionStateBuilderExt for SessionStateBuilder {
         let analyzer = self.analyzer().get_or_insert_with(Analyzer::new);
         if !has_async_calls(analyzer) {
             analyzer.add_function_rewrite(Arc::new(AsyncCallRewrite));
+            analyzer.rules.push(Arc::new(AsyncCallPlaces));
         }
         let rules = match self.physical_optimizers().take() {
             Some(optimizer) => optimizer.rules,
@@ -189,6 +190,7 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     let mut state = state.write();
     if !has_async_calls(state.analyzer()) {
         state.register_function_rewrite(Arc::new(AsyncCallRewrite))?;
+        state.add_analyzer_rule(Arc::new(AsyncCallPlaces));
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::catalog::CatalogProviderList;
 use datafusion::common::types::{NativeType, logical_int64, logical_string};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
@@ -31,7 +31,8 @@ use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::async_udf::{AsyncScalarUDF, AsyncScalarUDFImpl};
 use datafusion::logical_expr::{
-    Coercion, ColumnarValue, Documentation, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Coercion, ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl,
     Signature, TypeSignature, TypeSignatureClass, Volatility,
 };
 use datafusion::prelude::SessionConfig;
@@ -93,6 +94,9 @@ impl ScalarUDFImpl for TopkBm25Entry {
     }
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         self.async_udf.return_type(arg_types)
+    }
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        self.topk.return_field_from_args(args)
     }
     fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         exec_err!(
@@ -227,6 +231,37 @@ impl ScalarUDFImpl for TopkBm25 {
             DataType::Struct(hit_fields()),
             true,
         ))))
+    }
+    /// Checks the constant arguments while the query is planned, so a bad `k` or mode is an
+    /// error even when no row reaches the function.
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        let constant = |i: usize| args.scalar_arguments.get(i).copied().flatten();
+        if let Some(k) = constant(2) {
+            match k.cast_to(&DataType::Int64)? {
+                ScalarValue::Int64(Some(k)) => {
+                    check_k(k, 3)?;
+                }
+                _ => return plan_err!("{TOPK_BM25}: argument 3 (k) must not be NULL"),
+            }
+        }
+        if let Some(mode) = constant(3) {
+            match mode.try_as_str() {
+                Some(Some(m)) => {
+                    check_mode(m, 4)?;
+                }
+                _ => return plan_err!("{TOPK_BM25}: argument 4 (mode) must not be NULL"),
+            }
+        }
+        let arg_types: Vec<DataType> = args
+            .arg_fields
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        Ok(Arc::new(Field::new(
+            self.name(),
+            self.return_type(&arg_types)?,
+            true,
+        )))
     }
     fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         exec_err!(

@@ -8,13 +8,15 @@
 //! and return type, so column names and schemas do not change.
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::Transformed;
-use datafusion::common::{DFSchema, Result};
-use datafusion::logical_expr::Expr;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, Result, plan_err};
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::optimizer::AnalyzerRule;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
 
 use crate::functions::topk_bm25::TopkBm25Entry;
+use crate::functions::topk_bm25::table::TOPK_BM25;
 
 /// The rewrite's name, as `Analyzer::function_rewrites` lists it.
 pub const SETS_ASYNC_CALLS: &str = "sets_async_calls";
@@ -43,4 +45,51 @@ impl FunctionRewrite for AsyncCallRewrite {
         }
         Ok(Transformed::no(expr))
     }
+}
+
+/// The analyzer rule's name.
+pub const SETS_ASYNC_PLACES: &str = "sets_async_call_places";
+
+/// An analyzer rule that rejects, with a way out, a `topk_bm25` call where DataFusion
+/// cannot run an async function: it evaluates them only in a SELECT list, a WHERE clause
+/// and an aggregate's arguments, and elsewhere fails with an internal error.
+#[derive(Debug, Default)]
+pub struct AsyncCallPlaces;
+
+impl AnalyzerRule for AsyncCallPlaces {
+    fn name(&self) -> &str {
+        SETS_ASYNC_PLACES
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.apply_with_subqueries(|node| {
+            let (place, exprs): (&str, Vec<&Expr>) = match node {
+                LogicalPlan::Sort(s) => ("ORDER BY", s.expr.iter().map(|e| &e.expr).collect()),
+                LogicalPlan::Aggregate(a) => ("GROUP BY", a.group_expr.iter().collect()),
+                LogicalPlan::Window(w) => ("a window function", w.window_expr.iter().collect()),
+                LogicalPlan::Values(v) => ("VALUES", v.values.iter().flatten().collect()),
+                LogicalPlan::Join(j) => (
+                    "a join condition",
+                    j.on.iter()
+                        .flat_map(|(l, r)| [l, r])
+                        .chain(j.filter.as_ref())
+                        .collect(),
+                ),
+                _ => return Ok(TreeNodeRecursion::Continue),
+            };
+            for e in exprs {
+                if calls_topk(e)? {
+                    return plan_err!(
+                        "{TOPK_BM25}: cannot be called in {place} (DataFusion runs async functions only in a SELECT list, a WHERE clause or an aggregate's arguments); compute it in a subquery first, e.g. SELECT ... FROM (SELECT *, {TOPK_BM25}(...) AS hits FROM t) ORDER BY cardinality(hits)"
+                    );
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(plan)
+    }
+}
+
+fn calls_topk(e: &Expr) -> Result<bool> {
+    e.exists(|e| Ok(matches!(e, Expr::ScalarFunction(f) if f.name() == TOPK_BM25)))
 }
