@@ -9,7 +9,8 @@
 //! term, every document id and every term frequency.
 //!
 //! Data: `bench-data/` (or `$SETS_BENCH_DATA`), built by `benches/data/build.sh`. Without it
-//! the test prints why and passes (CI has no bench-data).
+//! the test prints why and passes, unless `SETS_REQUIRE_DATA=1` (`.ci/run` builds the data
+//! and sets it): then a missing data set fails.
 //!
 //! Environment:
 //! - `SETS_BENCH_DATA=dir`: where the data is (default `bench-data` at the repository root);
@@ -46,10 +47,7 @@ macro_rules! note {
 }
 
 fn data_dir() -> PathBuf {
-    match std::env::var_os("SETS_BENCH_DATA") {
-        Some(d) => PathBuf::from(d),
-        None => common::manifest_dir().join("bench-data"),
-    }
+    common::bench_data()
 }
 
 /// Named columns of a Parquet file, every row group, as Utf8 / UInt32 arrays per batch.
@@ -156,15 +154,7 @@ fn topk_equals_exhaustive_on_gcide() {
     let docs = dir.join("gcide/docs.parquet");
     let postings = dir.join("gcide/postings.parquet");
     let queries = dir.join("queries/queries.parquet");
-    if let Some(missing) = [&docs, &postings, &queries]
-        .into_iter()
-        .find(|p| !p.exists())
-    {
-        note!(
-            "bm25_real_data: SKIPPED: {} is missing (set SETS_BENCH_DATA or build it with \
-             benches/data/build.sh)",
-            missing.display()
-        );
+    if !common::data_present("bm25_real_data", &[&docs, &postings, &queries]) {
         return;
     }
     let n_queries: usize = match std::env::var("SETS_BM25_QUERIES") {

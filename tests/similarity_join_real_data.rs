@@ -23,7 +23,7 @@
 //! `benches/data/check_similarity_join.py`, fed by this test's dump (see there).
 //!
 //! Data: `bench-data/` (or `$SETS_BENCH_DATA`). Without it the test prints why and passes
-//! (CI has no bench-data).
+//! (unless `SETS_REQUIRE_DATA=1`, as `.ci/run` sets after building the data).
 //!
 //! Environment: `SETS_SIMJOIN_DUMP=dir` also writes the table function's pairs of each case
 //! as `dir/<dataset>_<measure>_<t>.tsv` (`left_id  right_id  similarity`, sorted).
@@ -95,10 +95,7 @@ impl Measure {
 }
 
 fn data_dir() -> PathBuf {
-    match std::env::var_os("SETS_BENCH_DATA") {
-        Some(d) => PathBuf::from(d),
-        None => common::manifest_dir().join("bench-data"),
-    }
+    common::bench_data()
 }
 
 /// `sets[id]`, read with the Parquet reader (not through DataFusion), sorted and deduplicated.
@@ -270,11 +267,7 @@ fn dump(dir: &Path, name: &str, pairs: &Pairs) {
 /// Every case of one dataset: the three SQL forms against the oracle.
 fn check_dataset(dataset: &str, cases: &[(Measure, f64)]) {
     let path = data_dir().join(dataset).join("sets.parquet");
-    if !path.exists() {
-        note!(
-            "{} not found: skipping the {dataset} check (build it with benches/data/build.sh)",
-            path.display()
-        );
+    if !common::data_present(&format!("similarity_join_real_data ({dataset})"), &[&path]) {
         return;
     }
     let sets = read_sets(&path);

@@ -85,6 +85,34 @@ pub fn gpu_or_skip(test: &str) -> bool {
     }
 }
 
+/// Where the real data sets are: `$SETS_BENCH_DATA`, else `bench-data/` at the repository
+/// root (built by `benches/data/build.sh`).
+pub fn bench_data() -> PathBuf {
+    match std::env::var_os("SETS_BENCH_DATA") {
+        Some(d) => PathBuf::from(d),
+        None => manifest_dir().join("bench-data"),
+    }
+}
+
+/// Whether every one of `paths` exists. A missing one is a failure with
+/// `SETS_REQUIRE_DATA=1` (as `.ci/run` sets, after building the data), and otherwise a
+/// note that `test` is skipped.
+pub fn data_present(test: &str, paths: &[&Path]) -> bool {
+    let Some(missing) = paths.iter().find(|p| !p.exists()) else {
+        return true;
+    };
+    let why = format!(
+        "{test}: {} is missing (build it with benches/data/build.sh, or set SETS_BENCH_DATA)",
+        missing.display()
+    );
+    if std::env::var("SETS_REQUIRE_DATA").is_ok_and(|v| v == "1") {
+        panic!("{why}; SETS_REQUIRE_DATA=1");
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{why}: SKIPPED");
+    false
+}
+
 /// A session with DataFusion's defaults plus datafusion-sets, on `config`.
 pub fn sets_session(config: SessionConfig) -> SessionContext {
     let state = SessionStateBuilder::new()
