@@ -302,8 +302,11 @@ impl ExecutionPlan for Bm25IndexExec {
                 tokio::task::yield_now().await;
             }
             let _t = timer.timer();
+            // The index is built beside the builder (which it empties as it goes), then
+            // moved into the output batch uncopied: reserve both before building.
+            reservation.try_grow(builder.finished_bytes())?;
             let index = builder.finish();
-            let out = index.to_batch()?;
+            let out = index.into_batch()?;
             baseline.record_output(out.num_rows());
             drop(reservation);
             Ok::<_, datafusion::common::DataFusionError>(out)

@@ -85,6 +85,66 @@ impl InvertedIndex {
         b.finish()
     }
 
+    /// The index as one record batch of `index_schema`, its postings moved into the Arrow
+    /// arrays uncopied when the term ids follow the terms' order (as [`IndexBuilder::finish`]
+    /// numbers them), so the batch costs no second copy of the index.
+    pub fn into_batch(self) -> Result<RecordBatch> {
+        let mut terms: Vec<(&str, u32)> = self
+            .term_ids
+            .iter()
+            .map(|(k, &v)| (k.as_str(), v))
+            .collect();
+        terms.sort_unstable_by_key(|&(_, t)| t);
+        if !terms.windows(2).all(|w| w[0].0 < w[1].0) {
+            return self.to_batch();
+        }
+        let n = terms.len();
+        let names = StringArray::from_iter_values(terms.iter().map(|&(s, _)| s));
+        drop(terms);
+        let offsets = OffsetBuffer::new(
+            self.offsets
+                .iter()
+                .map(|&o| i32::try_from(o))
+                .collect::<Result<Vec<i32>, _>>()
+                .map_err(|_| {
+                    datafusion::common::DataFusionError::Execution(
+                        "bm25_index: more than 2^31 postings in one index".into(),
+                    )
+                })?
+                .into(),
+        );
+        let list_u32 = |v: Vec<u32>| -> ArrayRef {
+            Arc::new(ListArray::new(
+                Arc::new(Field::new_list_field(DataType::UInt32, false)),
+                offsets.clone(),
+                Arc::new(UInt32Array::from(v)),
+                None,
+            ))
+        };
+        let with_static = self.statics.is_some();
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(names),
+            list_u32(self.docs),
+            list_u32(self.tfs),
+            list_u32(self.lens),
+        ];
+        if let Some(s) = self.statics {
+            columns.push(Arc::new(ListArray::new(
+                Arc::new(Field::new_list_field(DataType::Float64, false)),
+                offsets.clone(),
+                Arc::new(Float64Array::from(s)),
+                None,
+            )));
+        }
+        columns.push(Arc::new(UInt64Array::from_value(self.n_docs, n)));
+        columns.push(Arc::new(UInt64Array::from_value(self.total_len, n)));
+        let tok = self.tokenizer.to_string();
+        columns.push(Arc::new(StringArray::from_iter_values(
+            std::iter::repeat_n(tok.as_str(), n),
+        )));
+        Ok(RecordBatch::try_new(index_schema(with_static), columns)?)
+    }
+
     /// The index as one record batch of `index_schema`.
     pub fn to_batch(&self) -> Result<RecordBatch> {
         let mut terms: Vec<(&str, u32)> = self
@@ -568,6 +628,16 @@ impl IndexBuilder {
             + self.term_ids.keys().map(|k| k.len() + 40).sum::<usize>()
     }
 
+    /// An upper bound of the bytes [`finish`](Self::finish) allocates for the index (the
+    /// builder's own memory is released term by term meanwhile).
+    pub fn finished_bytes(&self) -> usize {
+        let postings: usize = self.postings.iter().map(Vec::len).sum();
+        let per_posting = 12 + if self.with_static { 8 } else { 0 };
+        postings * per_posting
+            + (self.postings.len() + 1) * 8
+            + self.term_ids.keys().map(|k| k.len() + 40).sum::<usize>()
+    }
+
     pub fn finish(mut self) -> InvertedIndex {
         let mut terms: Vec<(String, u32)> = self.term_ids.drain().collect();
         terms.sort_unstable();
@@ -693,11 +763,9 @@ mod tests {
             let (one, many) = (one.finish(), many.finish());
             assert_eq!(one.n_docs(), many.n_docs());
             assert_eq!(one.total_len(), many.total_len());
-            assert_eq!(
-                one.to_batch().unwrap(),
-                many.to_batch().unwrap(),
-                "{n} docs"
-            );
+            let (a, b) = (one.to_batch().unwrap(), many.to_batch().unwrap());
+            assert_eq!(a, b, "{n} docs");
+            assert_eq!(many.into_batch().unwrap(), b, "{n} docs, moved");
         }
     }
 }
