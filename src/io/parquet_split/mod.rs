@@ -1004,6 +1004,15 @@ impl Compact<'_> {
         }
     }
 
+    /// Skips an element of a list, set or map: as a value, but a bool is a byte there.
+    fn skip_element(&mut self, kind: u8, depth: u32) -> Option<()> {
+        if kind == BOOL_TRUE || kind == BOOL_FALSE {
+            self.byte().map(|_| ())
+        } else {
+            self.skip(kind, depth)
+        }
+    }
+
     /// Skips a value of type `kind` (`depth`: nesting, bounded against malformed input).
     fn skip(&mut self, kind: u8, depth: u32) -> Option<()> {
         if depth > 32 {
@@ -1028,23 +1037,26 @@ impl Compact<'_> {
                     15 => usize::try_from(self.varint()?).ok()?,
                     n => n as usize,
                 };
+                // Every element takes at least a byte: a count beyond the bytes left is
+                // malformed (and would loop for as long as the count says).
+                if count > self.data.len() - self.at {
+                    return None;
+                }
                 let elem = b & 0x0f;
                 for _ in 0..count {
-                    // A bool in a list is a byte.
-                    if elem == BOOL_TRUE || elem == BOOL_FALSE {
-                        self.byte()?;
-                    } else {
-                        self.skip(elem, depth + 1)?;
-                    }
+                    self.skip_element(elem, depth + 1)?;
                 }
             }
             MAP => {
                 let count = usize::try_from(self.varint()?).ok()?;
                 if count > 0 {
                     let kinds = self.byte()?;
+                    if count > self.data.len() - self.at {
+                        return None;
+                    }
                     for _ in 0..count {
-                        self.skip(kinds >> 4, depth + 1)?;
-                        self.skip(kinds & 0x0f, depth + 1)?;
+                        self.skip_element(kinds >> 4, depth + 1)?;
+                        self.skip_element(kinds & 0x0f, depth + 1)?;
                     }
                 }
             }
@@ -1751,6 +1763,12 @@ pub(crate) mod tests {
         assert_eq!(PageHeader::parse(&[]), None);
         // A struct that never ends.
         assert_eq!(PageHeader::parse(&[0x15, 0x00]), None);
+        // An unknown field 15 holding a map of 2^62 bool pairs in 11 bytes, or a list of
+        // 2^62 bytes: refused at once (the fuzzer's hang: bools of a map took no bytes).
+        let map = [0xfb, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x11, 0x00];
+        assert_eq!(PageHeader::parse(&map), None);
+        let list = [0xf9, 0xf3, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x00];
+        assert_eq!(PageHeader::parse(&list), None);
         // type = DATA_PAGE (0), compressed size = -1: refused.
         assert_eq!(PageHeader::parse(&[0x15, 0x00, 0x25, 0x01, 0x00]), None);
         // type 0, uncompressed 4, compressed 4, then stop.
