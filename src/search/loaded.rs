@@ -76,11 +76,6 @@ impl LoadedIndex {
         kept.insert(0, Arc::clone(&s));
         Some(s)
     }
-
-    /// Parameter sets whose impacts are kept now.
-    pub fn scored_kept(&self) -> usize {
-        lock(&self.scored).len()
-    }
 }
 
 struct Entry {
@@ -121,15 +116,6 @@ fn sweep(cache: &mut Vec<Entry>, table: Option<*const ()>) -> Vec<Entry> {
 pub fn evict_table(table: &Arc<dyn TableProvider>) {
     let gone = sweep(&mut lock(&CACHE), Some(Arc::as_ptr(table) as *const ()));
     drop(gone);
-}
-
-/// Indexes cached now (for tests of the cache's lifecycle).
-pub fn cached_indexes() -> usize {
-    let mut cache = lock(&CACHE);
-    let gone = sweep(&mut cache, None);
-    drop(cache);
-    drop(gone);
-    lock(&CACHE).len()
 }
 
 /// An index table's scan, planned (the table resolved in the catalog), not yet read.
