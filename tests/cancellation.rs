@@ -1,6 +1,6 @@
 //! Every long query can be cancelled, also under a consumer that emits nothing (`count(*)`,
 //! a filter that drops every row, GROUP BY): dropping the query's future returns control
-//! within a second, and no task of it keeps running.
+//! promptly (see [`BACK`]), and no task of it keeps running.
 //!
 //! With one partition the whole plan is polled in the test's own task, so an operator that
 //! never yields would hold the timeout off; with several, the partitions run in spawned
@@ -15,8 +15,11 @@ mod common;
 
 /// How long each query runs before it is cancelled.
 const RUN: Duration = Duration::from_millis(150);
-/// How soon after that control must be back.
-const BACK: Duration = Duration::from_secs(1);
+/// How soon after that control must be back. On an idle 2-core machine every shape comes
+/// back within 1 s; the bound leaves room for noisy neighbours on 2 vCPUs (loaded, 1.2-1.9 s
+/// were seen), while an operator that never yields misses it by seconds (5-115 s before the
+/// fixes).
+const BACK: Duration = Duration::from_secs(3);
 
 async fn setup(partitions: usize) -> SessionContext {
     let ctx = common::sets_session(SessionConfig::new().with_target_partitions(partitions));
@@ -109,12 +112,10 @@ async fn all_cancel(partitions: usize) {
     );
 }
 
+/// One partition (the plan polled in this task), then four (partitions in spawned tasks),
+/// one after the other so the two runs do not share the 2 cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_partition_every_operator_yields() {
+async fn every_operator_yields_and_every_task_ends() {
     all_cancel(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_partitions_every_task_ends() {
     all_cancel(4).await;
 }
