@@ -85,112 +85,41 @@ impl InvertedIndex {
         b.finish()
     }
 
-    /// The index as one record batch of `index_schema`, its postings moved into the Arrow
-    /// arrays uncopied when the term ids follow the terms' order (as [`IndexBuilder::finish`]
-    /// numbers them), so the batch costs no second copy of the index.
+    /// The index as one record batch of `index_schema`, one row per term in term-id order
+    /// (the order of [`IndexBuilder::finish`]: by term), its postings moved into the Arrow
+    /// arrays uncopied, so the batch costs no second copy of the index.
     pub fn into_batch(self) -> Result<RecordBatch> {
-        let mut terms: Vec<(&str, u32)> = self
-            .term_ids
-            .iter()
-            .map(|(k, &v)| (k.as_str(), v))
-            .collect();
-        terms.sort_unstable_by_key(|&(_, t)| t);
-        if !terms.windows(2).all(|w| w[0].0 < w[1].0) {
-            return self.to_batch();
-        }
-        let n = terms.len();
-        let names = StringArray::from_iter_values(terms.iter().map(|&(s, _)| s));
-        drop(terms);
-        let offsets = OffsetBuffer::new(
-            self.offsets
-                .iter()
-                .map(|&o| i32::try_from(o))
-                .collect::<Result<Vec<i32>, _>>()
-                .map_err(|_| {
-                    datafusion::common::DataFusionError::Execution(
-                        "bm25_index: more than 2^31 postings in one index".into(),
-                    )
-                })?
-                .into(),
-        );
-        let list_u32 = |v: Vec<u32>| -> ArrayRef {
-            Arc::new(ListArray::new(
-                Arc::new(Field::new_list_field(DataType::UInt32, false)),
-                offsets.clone(),
-                Arc::new(UInt32Array::from(v)),
-                None,
-            ))
-        };
-        let with_static = self.statics.is_some();
-        let mut columns: Vec<ArrayRef> = vec![
-            Arc::new(names),
-            list_u32(self.docs),
-            list_u32(self.tfs),
-            list_u32(self.lens),
-        ];
-        if let Some(s) = self.statics {
-            columns.push(Arc::new(ListArray::new(
-                Arc::new(Field::new_list_field(DataType::Float64, false)),
-                offsets.clone(),
-                Arc::new(Float64Array::from(s)),
-                None,
-            )));
-        }
-        columns.push(Arc::new(UInt64Array::from_value(self.n_docs, n)));
-        columns.push(Arc::new(UInt64Array::from_value(self.total_len, n)));
-        let tok = self.tokenizer.to_string();
-        columns.push(Arc::new(StringArray::from_iter_values(
-            std::iter::repeat_n(tok.as_str(), n),
-        )));
-        Ok(RecordBatch::try_new(index_schema(with_static), columns)?)
+        let Self {
+            term_ids,
+            offsets,
+            docs,
+            tfs,
+            lens,
+            statics,
+            n_docs,
+            total_len,
+            tokenizer,
+        } = self;
+        index_batch(
+            &term_ids,
+            &offsets,
+            [docs, tfs, lens],
+            statics,
+            (n_docs, total_len),
+            tokenizer,
+        )
     }
 
-    /// The index as one record batch of `index_schema`.
+    /// [`into_batch`](Self::into_batch) of a copy.
     pub fn to_batch(&self) -> Result<RecordBatch> {
-        let mut terms: Vec<(&str, u32)> = self
-            .term_ids
-            .iter()
-            .map(|(k, &v)| (k.as_str(), v))
-            .collect();
-        terms.sort_unstable_by_key(|&(_, t)| t);
-        let n = terms.len();
-        let offsets = OffsetBuffer::from_lengths(terms.iter().map(|&(_, t)| self.postings_len(t)));
-        let order: Vec<usize> = terms
-            .iter()
-            .flat_map(|&(_, t)| self.offsets[t as usize]..self.offsets[t as usize + 1])
-            .collect();
-        let list_u32 = |v: &[u32]| -> ArrayRef {
-            Arc::new(ListArray::new(
-                Arc::new(Field::new_list_field(DataType::UInt32, false)),
-                offsets.clone(),
-                Arc::new(UInt32Array::from_iter_values(order.iter().map(|&p| v[p]))),
-                None,
-            ))
-        };
-        let mut columns: Vec<ArrayRef> = vec![
-            Arc::new(StringArray::from_iter_values(terms.iter().map(|&(s, _)| s))),
-            list_u32(&self.docs),
-            list_u32(&self.tfs),
-            list_u32(&self.lens),
-        ];
-        if let Some(s) = &self.statics {
-            columns.push(Arc::new(ListArray::new(
-                Arc::new(Field::new_list_field(DataType::Float64, false)),
-                offsets.clone(),
-                Arc::new(Float64Array::from_iter_values(order.iter().map(|&p| s[p]))),
-                None,
-            )));
-        }
-        columns.push(Arc::new(UInt64Array::from_value(self.n_docs, n)));
-        columns.push(Arc::new(UInt64Array::from_value(self.total_len, n)));
-        let tok = self.tokenizer.to_string();
-        columns.push(Arc::new(StringArray::from_iter_values(
-            std::iter::repeat_n(tok.as_str(), n),
-        )));
-        Ok(RecordBatch::try_new(
-            index_schema(self.statics.is_some()),
-            columns,
-        )?)
+        index_batch(
+            &self.term_ids,
+            &self.offsets,
+            [self.docs.clone(), self.tfs.clone(), self.lens.clone()],
+            self.statics.clone(),
+            (self.n_docs, self.total_len),
+            self.tokenizer,
+        )
     }
 
     /// Load an index from the batches of an index table of `schema` (any batch split, any
@@ -676,6 +605,63 @@ impl IndexBuilder {
         }
         index
     }
+}
+
+/// The Arrow form of an index's parts: rows in term-id order, the CSR postings (laid out in
+/// term-id order, so `offsets` are the lists' offsets) moved in.
+fn index_batch(
+    term_ids: &HashMap<String, u32>,
+    offsets: &[usize],
+    [docs, tfs, lens]: [Vec<u32>; 3],
+    statics: Option<Vec<f64>>,
+    (n_docs, total_len): (u64, u64),
+    tokenizer: TokenizerOptions,
+) -> Result<RecordBatch> {
+    let mut names = vec![""; term_ids.len()];
+    for (k, &t) in term_ids {
+        names[t as usize] = k.as_str();
+    }
+    let n = names.len();
+    let offsets: Vec<i32> = offsets
+        .iter()
+        .map(|&o| i32::try_from(o))
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            datafusion::common::DataFusionError::Execution(
+                "bm25_index: more than 2^31 postings in one index".into(),
+            )
+        })?;
+    let offsets = OffsetBuffer::new(offsets.into());
+    let list_u32 = |v: Vec<u32>| -> ArrayRef {
+        Arc::new(ListArray::new(
+            Arc::new(Field::new_list_field(DataType::UInt32, false)),
+            offsets.clone(),
+            Arc::new(UInt32Array::from(v)),
+            None,
+        ))
+    };
+    let with_static = statics.is_some();
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(names)),
+        list_u32(docs),
+        list_u32(tfs),
+        list_u32(lens),
+    ];
+    if let Some(s) = statics {
+        columns.push(Arc::new(ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Float64, false)),
+            offsets.clone(),
+            Arc::new(Float64Array::from(s)),
+            None,
+        )));
+    }
+    columns.push(Arc::new(UInt64Array::from_value(n_docs, n)));
+    columns.push(Arc::new(UInt64Array::from_value(total_len, n)));
+    let tok = tokenizer.to_string();
+    columns.push(Arc::new(StringArray::from_iter_values(
+        std::iter::repeat_n(tok.as_str(), n),
+    )));
+    Ok(RecordBatch::try_new(index_schema(with_static), columns)?)
 }
 
 /// Whether two types match up to list field names/nullability and string flavour.
