@@ -75,7 +75,9 @@ pub mod bm25 {
     pub use crate::search::queries::{Queries, QueryTerms};
     pub use crate::search::rank::{RankStats, Ranked, rank_terms};
     pub use crate::search::scoring::{Bm25Params, Scored};
-    pub use crate::search::tokenize::{Tokenizer, TokenizerOptions};
+    pub use crate::search::tokenize::{
+        Grams, Language, Tokenizer, TokenizerKind, TokenizerOptions, uax29_words,
+    };
     pub use crate::search::topk::{Hit, Mode, exhaustive, query_terms, top};
 }
 

@@ -157,19 +157,22 @@ async fn run_case(c: &Case) -> datafusion::common::Result<()> {
     if c.with_static {
         opts.push("static=pr");
     }
+    let opts_spec = opts.join(",");
     ctx.sql(&format!(
-        "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'id', 'body', '{}')",
-        opts.join(",")
+        "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'id', 'body', '{opts_spec}')"
     ))
     .await?
     .collect()
     .await?;
 
     // The oracle: the same documents indexed directly, scored exhaustively.
-    let tok_opts = TokenizerOptions {
-        stop_words: c.stop_words,
-        stem: false,
-    };
+    // The tokenizer options `bm25_index` was given (all but `static=`), parsed as it parses them.
+    let tok_spec: Vec<&str> = opts
+        .iter()
+        .copied()
+        .filter(|o| !o.starts_with("static="))
+        .collect();
+    let tok_opts = TokenizerOptions::parse_options(&tok_spec.join(","), "oracle")?;
     let mut tok = Tokenizer::new(tok_opts);
     let texts: Vec<Vec<String>> = docs
         .iter()

@@ -8,10 +8,12 @@
 //!
 //! Arguments: the table (`schema.table` allowed), the id column (any integer type, values in
 //! `0..=4294967295`, distinct, not NULL), the text column (any string type; NULL text is an
-//! empty document) and optional `key=value` options: `stopwords=english|none`,
-//! `stem=english|none` (see `tokenize`), `static=<column>` (a numeric column of static
-//! scores, e.g. PageRank; NULL counts as 0). The result is the index table described in
-//! `index`, one row per term.
+//! empty document) and optional `key=value` options: the tokenizer's (`tokenizer=unicode|ascii`,
+//! `fold=ascii|none`, `stopwords=<language>|none`, `stem=<language>|none`, `qgrams=N`,
+//! `shingles=N`; see `search::tokenize`: the Unicode tokenizer unless `tokenizer=ascii`) and
+//! `static=<column>` (a numeric column of static scores, e.g. PageRank; NULL counts as 0). The
+//! result is the index table described in `index`, one row per term; its `tokenizer` column
+//! records the tokenizer options in full, so `topk_bm25` tokenizes queries the same way.
 
 use std::fmt;
 use std::sync::Arc;
@@ -58,7 +60,7 @@ impl TableFunctionImpl for Bm25IndexFunction {
         let session = args.session();
         if !(3..=4).contains(&exprs.len()) {
             return plan_err!(
-                "{BM25_INDEX}: expected 3 or 4 arguments, got {}; usage: {BM25_INDEX}('table', 'id_column', 'text_column' [, 'stopwords=english, stem=english, static=column'])",
+                "{BM25_INDEX}: expected 3 or 4 arguments, got {}; usage: {BM25_INDEX}('table', 'id_column', 'text_column' [, 'tokenizer=unicode, fold=ascii, stopwords=english, stem=english, static=column'])",
                 exprs.len()
             );
         }
@@ -121,7 +123,7 @@ impl TableFunctionImpl for Bm25IndexFunction {
                 }
             }
         }
-        let tokenizer = TokenizerOptions::parse(&tokenizer_spec.join(","), BM25_INDEX)?;
+        let tokenizer = TokenizerOptions::parse_options(&tokenizer_spec.join(","), BM25_INDEX)?;
         Ok(Arc::new(Bm25IndexTable {
             source: table,
             columns: [Some(id), Some(text), static_col]
@@ -229,10 +231,12 @@ impl Bm25IndexExec {
 
 impl DisplayAs for Bm25IndexExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        // The canonical spelling, its pairs spaced like the other fields.
+        let tokenizer = self.tokenizer.to_string().replace(',', ", ");
         write!(
             f,
-            "Bm25IndexExec: tokenizer={}, static={}",
-            self.tokenizer, self.with_static
+            "Bm25IndexExec: {tokenizer}, static={}",
+            self.with_static
         )
     }
 }

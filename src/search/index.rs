@@ -720,9 +720,11 @@ mod tests {
     #[test]
     fn documents_indexed_on_every_core_give_the_one_thread_index() {
         for (n, stem) in [(3_000, false), (5_000, true), (PARALLEL_DOCS - 1, false)] {
+            let english = stem.then_some(crate::search::tokenize::Language::English);
             let options = TokenizerOptions {
-                stop_words: stem,
-                stem,
+                stop_words: english,
+                stem: english,
+                ..TokenizerOptions::default()
             };
             let docs = docs(n, n as u64);
             let view: Vec<(u32, Option<&str>, Option<f64>)> = docs
