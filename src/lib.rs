@@ -3,10 +3,10 @@
 //! Fast set operations on Arrow list columns for Apache DataFusion.
 //!
 //! - SQL: `list_intersect`, `list_intersect_count`, `list_intersect_agg`, `jaccard`,
-//!   `cosine`, `dice`, `overlap`, the `similarity_join` and `bm25_index` table functions,
-//!   `topk_bm25`, and the rule that runs `JOIN ... ON jaccard(r.tokens, s.tokens) >= 0.8` as
-//!   a similarity join ([`SimilarityJoinExec`]); options `SET sets.<option> = ...`
-//!   ([`SetsConfig`]).
+//!   `cosine`, `dice`, `overlap`, `tokenize`, the `similarity_join` and `bm25_index` table
+//!   functions, `topk_bm25`, and the rule that runs
+//!   `JOIN ... ON jaccard(r.tokens, s.tokens) >= 0.8` as a similarity join
+//!   ([`SimilarityJoinExec`]); options `SET sets.<option> = ...` ([`SetsConfig`]).
 //! - Rust: the UDFs one by one ([`udf`]), `Expr` builders ([`expr_fn`]), BM25 without SQL
 //!   ([`bm25`]), the CPU kernels ([`kernels`]) and the GPU's status ([`gpu`]).
 //!
@@ -61,6 +61,7 @@ pub mod udf {
     pub use crate::functions::list_intersect_agg::{ListIntersectAgg, list_intersect_agg_udaf};
     pub use crate::functions::list_intersect_count::list_intersect_count_udf;
     pub use crate::functions::similarity::{cosine_udf, dice_udf, jaccard_udf, overlap_udf};
+    pub use crate::functions::tokenize::tokenize_udf;
 }
 
 /// The GPU as the crate sees it: whether one is usable (and which), or why not.

@@ -11,6 +11,7 @@ pub mod list_intersect_agg;
 pub mod list_intersect_count;
 pub mod similarity;
 pub mod similarity_join;
+pub mod tokenize;
 pub mod topk_bm25;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub fn all_scalar_functions() -> Vec<Arc<ScalarUDF>> {
         similarity::cosine_udf(),
         similarity::dice_udf(),
         similarity::overlap_udf(),
+        tokenize::tokenize_udf(),
     ]
 }
 
@@ -40,6 +42,7 @@ pub mod expr_fn {
     pub use super::list_intersect_agg::list_intersect_agg;
     pub use super::list_intersect_count::list_intersect_count;
     pub use super::similarity::{cosine, dice, jaccard, overlap};
+    pub use super::tokenize::tokenize;
 }
 
 #[cfg(test)]
