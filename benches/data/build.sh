@@ -11,6 +11,10 @@
 #                                       the names it depends on)
 #   bench-data/gcide_words/sets.parquet (id uint32, tokens list<uint32>, key)  the word set of
 #                                       each gcide article (from gcide/docs.parquet)
+#   bench-data/translations/<xx>.parquet (doc_id uint32, package, text)  Debian's translated
+#                                       package descriptions (bookworm main Translation-xx, for
+#                                       de fr es ru ja zh_CN, at most 3,000 each; 3 MB in all)
+#   bench-data/unicode/WordBreakTest.txt  Unicode's word boundary tests, from apt unicode-data
 #
 # Set token ids are numbered by increasing document frequency (the builders' order); the
 # similarity join does not rely on it (it ranks tokens itself).
@@ -67,5 +71,28 @@ if need debian_deps/sets.parquet; then
     (cd "$DATASETS_DIR" && $PY build_debian.py deps)
 fi
 
+if need translations/zh_CN.parquet; then
+    # apt fetches the Translation-xx indexes it is asked for; a lists folder of our own leaves
+    # the machine's apt state as it was.
+    LISTS=${APT_I18N_LISTS:-/tmp/dfsets-apt-i18n}
+    mkdir -p "$LISTS/partial" "$LISTS/cache"
+    command -v lz4cat >/dev/null || apt-get install -y --no-install-recommends lz4
+    apt-get update -o Dir::State::Lists="$LISTS" -o Dir::Cache="$LISTS/cache" \
+        -o Acquire::Languages="de,fr,es,ru,ja,zh_CN"
+    $PY "$REPO/benches/data/build_translations.py" "$LISTS" "$DATASETS_OUT/translations"
+fi
+
+if need unicode/WordBreakTest.txt; then
+    if [ ! -f /usr/share/unicode/auxiliary/WordBreakTest.txt ]; then
+        apt-get install -y --no-install-recommends unicode-data || {
+            apt-get update
+            apt-get install -y --no-install-recommends unicode-data
+        }
+    fi
+    mkdir -p "$DATASETS_OUT/unicode"
+    cp /usr/share/unicode/auxiliary/WordBreakTest.txt "$DATASETS_OUT/unicode/"
+fi
+
 ls -l "$DATASETS_OUT"/gcide/postings.parquet "$DATASETS_OUT"/queries/queries.parquet \
-    "$DATASETS_OUT"/gcide_words/sets.parquet "$DATASETS_OUT"/debian_deps/sets.parquet
+    "$DATASETS_OUT"/gcide_words/sets.parquet "$DATASETS_OUT"/debian_deps/sets.parquet \
+    "$DATASETS_OUT"/translations/*.parquet "$DATASETS_OUT"/unicode/WordBreakTest.txt
