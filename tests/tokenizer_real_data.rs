@@ -9,11 +9,12 @@
 //!    the same number of hits, each hit's score the scorer's score of that document, the i-th
 //!    score the scorer's i-th best (to 1e-9: the scorer adds in another order).
 //! 2. The words the tokenizer finds (`uax29_words`: its byte loop for ASCII pieces,
-//!    `unicode-segmentation` for the rest) equal those of every line of `WordBreakTest.txt`
-//!    but one, a known difference of `unicode-segmentation` (see [`KNOWN_DIFFERENCES`]).
+//!    `unicode-segmentation` for the rest, cut at punctuation) equal those of every line of
+//!    `WordBreakTest.txt`, its segments cut at punctuation by the rule written out here.
 //! 3. The tokenizer's shortcuts (pieces at whitespace, the ASCII byte loop, NFKC skipped for
 //!    ASCII) change no term: every translated description and every gcide article gives the
-//!    same terms with and without them.
+//!    same terms with and without them; and on every all-ASCII text the Unicode tokenizer's
+//!    terms are the ASCII tokenizer's.
 //!
 //! Data: `bench-data/` (or `$SETS_BENCH_DATA`), built by `benches/data/build.sh`
 //! (`translations/<xx>.parquet`, `unicode/WordBreakTest.txt`, `gcide/docs.parquet`). A test
@@ -32,9 +33,10 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, UInt32Type};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
-use datafusion_sets::bm25::{Tokenizer, TokenizerOptions, uax29_words};
+use datafusion_sets::bm25::{Tokenizer, TokenizerKind, TokenizerOptions, uax29_words};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use unicode_properties::{GeneralCategory, GeneralCategoryGroup, UnicodeGeneralCategory};
 
 const K: usize = 10;
 const QUERIES: usize = 600;
@@ -396,19 +398,21 @@ fn parse_break_test(line: &str) -> Option<(String, Vec<String>)> {
             }
         }
     }
+    // The tokenizer's rule: each segment cut at what is not a letter, digit, mark or format
+    // character; the pieces holding a letter or digit.
+    let keeps = |c: char| {
+        c.is_alphanumeric()
+            || matches!(c.general_category_group(), GeneralCategoryGroup::Mark)
+            || c.general_category() == GeneralCategory::Format
+    };
     let words = segments
-        .into_iter()
-        .filter(|s| s.chars().any(char::is_alphanumeric))
+        .iter()
+        .flat_map(|s| s.split(|c: char| !keeps(c)))
+        .filter(|w| w.chars().any(char::is_alphanumeric))
+        .map(str::to_string)
         .collect();
     Some((text, words))
 }
-
-/// Lines of `WordBreakTest.txt` (15.0, Debian 12's `unicode-data`) that `unicode-segmentation`
-/// 1.13 segments otherwise, each checked to still differ (so the list cannot go stale).
-/// `a ZWJ ✁`: WB3c keeps ZWJ with an Extended_Pictographic character, but the crate's
-/// Extended_Pictographic table lacks U+2701 (it has U+2702), so it breaks before the
-/// scissors; the word `a\u{200d}` loses an emoji, which no search term holds anyway.
-const KNOWN_DIFFERENCES: &[&str] = &["a\u{200d}\u{2701}"];
 
 #[test]
 fn word_boundaries_agree_with_word_break_test() {
@@ -420,7 +424,6 @@ fn word_boundaries_agree_with_word_break_test() {
     let version = file.lines().next().unwrap_or_default().to_string();
     let (mut lines, mut ascii) = (0, 0);
     let mut failures = Vec::new();
-    let mut known_seen = Vec::new();
     for (n, line) in file.lines().enumerate() {
         let Some((text, want)) = parse_break_test(line) else {
             continue;
@@ -428,14 +431,6 @@ fn word_boundaries_agree_with_word_break_test() {
         lines += 1;
         ascii += text.is_ascii() as usize;
         let got: Vec<&str> = uax29_words(&text);
-        if KNOWN_DIFFERENCES.contains(&text.as_str()) {
-            assert_ne!(
-                got, want,
-                "{text:?} is listed as a known difference but agrees now"
-            );
-            known_seen.push(text);
-            continue;
-        }
         if got != want {
             failures.push(format!(
                 "line {}: {text:?}: got {got:?}, want {want:?}",
@@ -444,17 +439,10 @@ fn word_boundaries_agree_with_word_break_test() {
         }
     }
     note!(
-        "tokenizer_real_data: {version}: {lines} lines ({ascii} all ASCII), {} differ, {} \
-         known differences",
-        failures.len(),
-        known_seen.len()
+        "tokenizer_real_data: {version}: {lines} lines ({ascii} all ASCII), {} differ",
+        failures.len()
     );
     assert!(lines > 1000, "{lines} test lines: not WordBreakTest.txt?");
-    assert_eq!(
-        known_seen.len(),
-        KNOWN_DIFFERENCES.len(),
-        "known differences not met: {known_seen:?}"
-    );
     assert!(
         failures.is_empty(),
         "{} of {lines} lines differ:\n{}",
@@ -479,6 +467,10 @@ async fn shortcuts_change_no_term_on_real_text() {
             let options = TokenizerOptions::parse_options(spec, "test").unwrap();
             let mut fast = Tokenizer::new(options);
             let mut slow = Tokenizer::new(options).without_shortcuts();
+            let mut ascii = Tokenizer::new(TokenizerOptions {
+                kind: TokenizerKind::Ascii,
+                ..options
+            });
             let (mut terms, mut ascii_docs) = (0usize, 0usize);
             let (mut t_fast, mut t_slow) = (0f64, 0f64);
             for (id, text) in &docs {
@@ -489,6 +481,14 @@ async fn shortcuts_change_no_term_on_real_text() {
                 t_fast += (t1 - t0).as_secs_f64();
                 t_slow += t1.elapsed().as_secs_f64();
                 assert_eq!(a, b, "{}: doc {id} ({spec:?}): {text:?}", path.display());
+                if text.is_ascii() {
+                    assert_eq!(
+                        a,
+                        ascii.terms(text),
+                        "{}: doc {id} ({spec:?}): the ASCII tokenizer differs on {text:?}",
+                        path.display()
+                    );
+                }
                 terms += a.len();
                 ascii_docs += text.is_ascii() as usize;
             }

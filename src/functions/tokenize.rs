@@ -34,7 +34,7 @@ pub fn tokenize(args: Vec<Expr>) -> Expr {
 
 #[user_doc(
     doc_section(label = "String Functions"),
-    description = "Splits text into the terms a `bm25_index` built with the same options would index: Unicode words (UAX #29, NFKC, lowercase, cut at apostrophes), CJK runs as overlapping bigrams, then the options. Returns List(Utf8); NULL text gives NULL, empty text an empty list.",
+    description = "Splits text into the terms a `bm25_index` built with the same options would index: Unicode words (NFKC, UAX #29 words cut at inner punctuation, lowercased; on ASCII text the same terms as `tokenizer=ascii`), CJK runs as overlapping bigrams, then the options. Returns List(Utf8); NULL text gives NULL, empty text an empty list.",
     syntax_example = "tokenize(text[, options])",
     sql_example = r#"```sql
 > select tokenize('Le Café est très bon, 東京タワー!', 'fold=ascii, stopwords=french');

@@ -2,15 +2,16 @@
 //!
 //! Two tokenizers, chosen by `tokenizer=`:
 //!
-//! - `unicode` (the default of new indexes): NFKC, then word boundaries by Unicode's UAX #29,
-//!   keeping the words that hold a letter or digit, each lowercased (Unicode's full
-//!   lowercasing). Han, Hiragana, Katakana and Hangul runs become overlapping bigrams (`東京都`:
-//!   `東京`, `京都`; a lone CJK character stays itself), as Lucene's `CJKBigramFilter` does, so
-//!   CJK text is searchable with no dictionary. UAX #29 keeps `3.14`, `e.g`, `a:b` and `foo_bar`
-//!   as one word; this tokenizer also cuts words at apostrophes (`'`, `‘`, `’`), so `don't` is
-//!   `don` and `t` and `l'homme` is `l` and `homme`, as the ASCII tokenizer has them and as
-//!   elisions in French or Italian want. Emoji and punctuation are no words.
-//!   ASCII pieces take a byte loop that finds the same words as UAX #29 (see [`unicode`]).
+//! - `unicode` (the default of new indexes): NFKC, then words by Unicode's UAX #29, each cut at
+//!   the punctuation UAX #29 allows inside words (`'`, `.`, `:`, `_`, `·`, ...), lowercased
+//!   (Unicode's full lowercasing): a term is a run of letters, digits and marks within a UAX #29
+//!   word (see [`unicode`]). So `don't` is `don` and `t`, `3.14` is `3` and `14`, `mod_ssl` is
+//!   `mod` and `ssl`, `l'homme` is `l` and `homme`: on ASCII text exactly the terms of the
+//!   `ascii` tokenizer, so English indexes built before and after it agree. Han, Hiragana,
+//!   Katakana and Hangul runs become overlapping bigrams (`東京都`: `東京`, `京都`; a lone CJK
+//!   character stays itself), as Lucene's `CJKBigramFilter` does, so CJK text is searchable
+//!   with no dictionary. Emoji and punctuation are no words. ASCII pieces of text take a byte
+//!   loop and skip NFKC.
 //! - `ascii`: a token is a maximal run of ASCII letters and digits after Unicode lowercasing (so
 //!   `É` is a separator and the Kelvin sign `K` becomes `k`), exactly the `[a-z0-9]+` over
 //!   `text.lower()` that the shared dataset builders (and PyPI `bm25s`' default pattern on ASCII
@@ -285,25 +286,16 @@ impl WordFilter {
         }
     }
 
-    /// A UAX #29 word: its parts between apostrophes that hold a letter or digit, each
-    /// lowercased and finished.
+    /// A word (letters, digits, marks): lowercased and finished.
     fn word(&mut self, word: &str, emit: &mut dyn FnMut(&str)) {
-        for part in word.split(['\'', '\u{2018}', '\u{2019}']) {
-            if part.is_ascii() {
-                if !part.bytes().any(|b| b.is_ascii_alphanumeric()) {
-                    continue;
-                }
-                self.lower.clear();
-                self.lower
-                    .extend(part.bytes().map(|b| b.to_ascii_lowercase() as char));
-            } else {
-                if !part.chars().any(char::is_alphanumeric) {
-                    continue;
-                }
-                self.lower = part.to_lowercase();
-            }
-            self.finish(emit);
+        if word.is_ascii() {
+            self.lower.clear();
+            self.lower
+                .extend(word.bytes().map(|b| b.to_ascii_lowercase() as char));
+        } else {
+            self.lower = word.to_lowercase();
         }
+        self.finish(emit);
     }
 }
 
@@ -445,7 +437,7 @@ impl Tokenizer {
             unicode::Unit::Cjk(r) => unicode::cjk_terms(r, bigrams, emit),
         };
         if !*shortcuts {
-            unicode::for_each_unit(&unicode::nfkc(text), run, &mut unit);
+            unicode::for_each_unit(&unicode::nfkc(text), true, run, &mut unit);
         } else if text.is_ascii() {
             unicode::ascii_words(text, |w| unit(unicode::Unit::Word(w)));
         } else {
@@ -453,7 +445,7 @@ impl Tokenizer {
                 if piece.is_ascii() {
                     unicode::ascii_words(piece, |w| unit(unicode::Unit::Word(w)));
                 } else {
-                    unicode::for_each_unit(&unicode::nfkc(piece), run, &mut unit);
+                    unicode::for_each_unit(&unicode::nfkc(piece), true, run, &mut unit);
                 }
             });
         }
@@ -513,7 +505,13 @@ mod tests {
         );
         assert_eq!(
             terms("", "Don't stop: 3.14, e.g. foo_bar a:b"),
-            ["don", "t", "stop", "3.14", "e.g", "foo_bar", "a:b"]
+            ["don", "t", "stop", "3", "14", "e", "g", "foo", "bar", "a", "b"]
+        );
+        // On ASCII text, the ASCII tokenizer's terms.
+        let text = "It's 3.14, e.g. mod_ssl & ASP.NET (v5.3) -- a:b; x_y 'q' __init__ 1,000";
+        assert_eq!(
+            terms("", text),
+            Tokenizer::new(TokenizerOptions::ASCII).terms(text)
         );
         assert_eq!(terms("", "Le café est très bon"), ["le", "café", "est", "très", "bon"]);
         assert_eq!(terms("", "Straße und MÜLLER"), ["straße", "und", "müller"]);

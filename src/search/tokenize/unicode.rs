@@ -1,16 +1,23 @@
-//! The pieces of the Unicode tokenizer: word boundaries (UAX #29, with a byte loop for ASCII),
-//! CJK runs, folding.
+//! The pieces of the Unicode tokenizer: words (UAX #29, with a byte loop for ASCII), CJK runs,
+//! folding.
 //!
-//! Word boundaries are `unicode-segmentation`'s UAX #29 segments; a word is a segment holding
-//! a letter or digit (`char::is_alphanumeric`), as `unicode_words` keeps. Two shortcuts give
-//! the same words, both checked against Unicode's `WordBreakTest.txt` and against the plain
-//! algorithm on real text (tests/tokenizer_real_data.rs):
+//! Words: `unicode-segmentation`'s UAX #29 segments, each cut at the punctuation UAX #29 lets
+//! stand inside a word (`'` `’` `.` `:` `,` `;` `_` `·` and the like): a word is a maximal run,
+//! within a segment, of letters, digits, marks (General_Category M) and format characters
+//! (Cf: ZWJ, ZWNJ), holding a letter or digit. So `don't` is `don` `t`, `3.14` is `3` `14`,
+//! `mod_ssl` is `mod` `ssl`; UAX #29 still decides where marks and joiners belong (Devanagari
+//! viramas, Persian ZWNJ stay in their word), keeps each Han character and hiragana apart
+//! (made bigrams after) and never joins letters of two scripts it keeps apart. On ASCII text
+//! the words are the maximal runs of `[A-Za-z0-9]`: UAX #29 joins every two adjacent ASCII
+//! letters or digits (WB5, WB8 to WB10), and every other ASCII character is a cut.
+//!
+//! Two shortcuts give the same words, checked against Unicode's `WordBreakTest.txt` and against
+//! the plain algorithm on real text (tests/tokenizer_real_data.rs):
 //! - text is cut at every ASCII whitespace byte followed by an ASCII byte: UAX #29 always has a
 //!   boundary there (no rule joins a space, tab or newline to a following ASCII character), and
 //!   NFKC cannot compose across it (ASCII characters are starters that compose with nothing
 //!   before them), so each piece is normalized and segmented alone;
-//! - an all-ASCII piece is segmented by [`ascii_words`], a byte loop implementing the rules of
-//!   UAX #29 that ASCII can meet (WB5 to WB13b), and skips NFKC (ASCII is NFKC already).
+//! - an all-ASCII piece takes [`ascii_words`], a byte loop, and skips NFKC (ASCII is NFKC).
 //!
 //! Scripts: a CJK letter is an alphanumeric character whose Script_Extensions (UAX #24, from
 //! `unicode-script`) include Han, Hiragana, Katakana or Hangul. Script_Extensions rather than
@@ -19,7 +26,7 @@
 
 use unicode_normalization::char::decompose_compatible;
 use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfkc_quick};
-use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+use unicode_properties::{GeneralCategory, GeneralCategoryGroup, UnicodeGeneralCategory};
 use unicode_script::{Script, UnicodeScript};
 use unicode_segmentation::UnicodeSegmentation;
 
@@ -41,109 +48,47 @@ pub(super) fn for_each_piece<'a>(text: &'a str, mut f: impl FnMut(&'a str)) {
     }
 }
 
-/// Word_Break classes of the ASCII characters.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Wb {
-    /// Everything that joins nothing (spaces, most punctuation).
-    Other,
-    /// ALetter: `A-Z a-z`.
-    Letter,
-    /// Numeric: `0-9`.
-    Digit,
-    /// ExtendNumLet: `_`.
-    Under,
-    /// MidLetter: `:`.
-    MidLetter,
-    /// MidNumLet and Single_Quote: `.` and `'`.
-    MidNumLet,
-    /// MidNum: `,` and `;`.
-    MidNum,
-}
-
-const fn wb_table() -> [Wb; 128] {
-    let mut t = [Wb::Other; 128];
-    let mut c = 0;
-    while c < 128 {
-        let b = c as u8;
-        t[c] = if b.is_ascii_alphabetic() {
-            Wb::Letter
-        } else if b.is_ascii_digit() {
-            Wb::Digit
-        } else {
-            match b {
-                b'_' => Wb::Under,
-                b':' => Wb::MidLetter,
-                b'.' | b'\'' => Wb::MidNumLet,
-                b',' | b';' => Wb::MidNum,
-                _ => Wb::Other,
-            }
-        };
-        c += 1;
-    }
-    t
-}
-
-static WB: [Wb; 128] = wb_table();
-
-/// The UAX #29 words of an all-ASCII `text`, in order: what `unicode_words` returns, by a byte
-/// loop. Letters, digits and `_` always join (WB5, WB8 to WB10, WB13a/b); `:`, `.` and `'`
-/// join two letters (WB6/7); `.`, `'`, `,` and `;` join two digits (WB11/12). A segment of
-/// `_` alone is not a word.
+/// The words of an all-ASCII `text`: its maximal runs of ASCII letters and digits.
 pub(super) fn ascii_words<'a>(text: &'a str, mut f: impl FnMut(&'a str)) {
     debug_assert!(text.is_ascii());
     let b = text.as_bytes();
-    let class = |i: usize| WB[(b[i] & 0x7f) as usize];
-    let n = b.len();
     let mut i = 0;
-    while i < n {
-        let c = class(i);
-        if !matches!(c, Wb::Letter | Wb::Digit | Wb::Under) {
+    while i < b.len() {
+        if !b[i].is_ascii_alphanumeric() {
             i += 1;
             continue;
         }
         let start = i;
-        let mut alnum = c != Wb::Under;
-        let mut prev = c;
-        i += 1;
-        while i < n {
-            let c = class(i);
-            match c {
-                Wb::Letter | Wb::Digit | Wb::Under => {
-                    alnum |= c != Wb::Under;
-                    prev = c;
-                    i += 1;
-                }
-                Wb::MidLetter | Wb::MidNumLet | Wb::MidNum if i + 1 < n => {
-                    let next = class(i + 1);
-                    let joins = match (prev, next) {
-                        (Wb::Letter, Wb::Letter) => c != Wb::MidNum,
-                        (Wb::Digit, Wb::Digit) => c != Wb::MidLetter,
-                        _ => false,
-                    };
-                    if !joins {
-                        break;
-                    }
-                    prev = next;
-                    i += 2;
-                }
-                _ => break,
-            }
+        while i < b.len() && b[i].is_ascii_alphanumeric() {
+            i += 1;
         }
-        if alnum {
-            f(&text[start..i]);
-        }
+        f(&text[start..i]);
     }
 }
 
-/// The UAX #29 words of `text` as the tokenizer finds them (pieces, ASCII by the byte loop,
-/// the rest by `unicode-segmentation`), without normalization, lowercasing or CJK handling.
+/// Whether `c`, not a letter or digit, stays inside a word: a mark or a format character.
+fn joins_word(c: char) -> bool {
+    matches!(c.general_category_group(), GeneralCategoryGroup::Mark)
+        || c.general_category() == GeneralCategory::Format
+}
+
+/// The words of `text` as the tokenizer finds them (pieces; ASCII by the byte loop, the rest by
+/// `unicode-segmentation`, cut at punctuation), before normalization, lowercasing and CJK runs.
 pub fn uax29_words(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
+    let mut run = String::new();
     for_each_piece(text, |piece| {
         if piece.is_ascii() {
             ascii_words(piece, |w| out.push(w));
         } else {
-            out.extend(piece.unicode_words());
+            // Words are slices of `piece`: found again by their offset.
+            let mut spans = Vec::new();
+            for_each_unit(piece, false, &mut run, &mut |u| {
+                if let Unit::Word(w) = u {
+                    spans.push((w.as_ptr() as usize - piece.as_ptr() as usize, w.len()));
+                }
+            });
+            out.extend(spans.into_iter().map(|(at, len)| &piece[at..at + len]));
         }
     });
     out
@@ -172,20 +117,25 @@ pub(super) fn is_cjk_letter(c: char) -> bool {
 
 /// A word or a CJK run, before lowercasing.
 pub(super) enum Unit<'a> {
-    /// A UAX #29 word (or the non-CJK part of one), apostrophes included.
+    /// A word: letters, digits, marks and format characters.
     Word(&'a str),
-    /// A run of CJK letters, adjacent in the text (marks between them left out).
+    /// A run of CJK letters, adjacent in the text (marks after them left out).
     Cjk(&'a str),
 }
 
-/// Calls `f` with the words and CJK runs of `text` (normalized already), in order.
+/// Calls `f` with the words and (with `cjk`) the CJK runs of `text`, in order.
 ///
-/// A word segment is cut where CJK letters start or stop; the characters of a segment that are
-/// not letters or digits (marks, joiners like `'` or `_`) stay in the word they are in, and
-/// after a CJK letter are left out. A run goes on across segments (UAX #29 makes each Han
-/// character and each hiragana a segment of its own) until a segment with no letter or digit,
-/// or a non-CJK word, comes between.
-pub(super) fn for_each_unit(text: &str, run: &mut String, f: &mut dyn FnMut(Unit<'_>)) {
+/// Within a segment holding a letter or digit, a word runs over letters, digits, marks and
+/// format characters; any other character (punctuation) ends it. With `cjk`, CJK letters are
+/// not word characters but go to the current run, with the marks after them left out. A run
+/// goes on across segments (UAX #29 makes each Han character and each hiragana a segment) until
+/// a word, a punctuation character or a segment with no letter or digit comes between.
+pub(super) fn for_each_unit(
+    text: &str,
+    cjk: bool,
+    run: &mut String,
+    f: &mut dyn FnMut(Unit<'_>),
+) {
     run.clear();
     let flush = |run: &mut String, f: &mut dyn FnMut(Unit<'_>)| {
         if !run.is_empty() {
@@ -200,24 +150,32 @@ pub(super) fn for_each_unit(text: &str, run: &mut String, f: &mut dyn FnMut(Unit
         }
         let mut word: Option<usize> = None;
         let mut after_cjk = false;
-        for (i, c) in seg.char_indices() {
-            if is_cjk_letter(c) {
-                if let Some(s) = word.take() {
-                    f(Unit::Word(&seg[s..i]));
+        let end_word = |word: &mut Option<usize>, i: usize, f: &mut dyn FnMut(Unit<'_>)| {
+            if let Some(s) = word.take() {
+                let w = &seg[s..i];
+                if w.chars().any(char::is_alphanumeric) {
+                    f(Unit::Word(w));
                 }
+            }
+        };
+        for (i, c) in seg.char_indices() {
+            if cjk && is_cjk_letter(c) {
+                end_word(&mut word, i, f);
                 run.push(c);
                 after_cjk = true;
-            } else if word.is_some() || (after_cjk && !c.is_alphanumeric()) {
-                // Inside a word, or a mark after a CJK letter (left out).
+            } else if c.is_alphanumeric() || joins_word(c) {
+                if word.is_none() && !(after_cjk && !c.is_alphanumeric()) {
+                    flush(run, f);
+                    word = Some(i);
+                    after_cjk = false;
+                }
             } else {
+                end_word(&mut word, i, f);
                 flush(run, f);
-                word = Some(i);
                 after_cjk = false;
             }
         }
-        if let Some(s) = word {
-            f(Unit::Word(&seg[s..]));
-        }
+        end_word(&mut word, seg.len(), f);
     }
     flush(run, f);
 }
@@ -287,8 +245,16 @@ pub(super) fn fold_into(word: &str, out: &mut String) {
 mod tests {
     use super::*;
 
+    /// The crate's UAX #29 words cut at punctuation, written out plainly.
     fn crate_words(text: &str) -> Vec<&str> {
-        text.unicode_words().collect()
+        let mut out = Vec::new();
+        for w in text.unicode_words() {
+            out.extend(
+                w.split(|c: char| !(c.is_alphanumeric() || joins_word(c)))
+                    .filter(|p| p.chars().any(char::is_alphanumeric)),
+            );
+        }
+        out
     }
 
     #[test]
@@ -311,7 +277,7 @@ mod tests {
             assert_eq!(ours, crate_words(text), "{text:?}");
             assert_eq!(uax29_words(text), crate_words(text), "{text:?}");
         }
-        // Every two- and three-character string over a class-covering alphabet.
+        // Every four-character string over a Word_Break-class-covering alphabet.
         let alphabet = ['a', 'Z', '0', '_', ':', '.', '\'', ',', ';', ' ', '-', '\n'];
         let mut s = String::new();
         for a in alphabet {
@@ -330,16 +296,22 @@ mod tests {
     }
 
     #[test]
-    fn pieces_keep_the_crates_words() {
+    fn pieces_and_units_keep_the_crates_words() {
         for text in [
             "café au lait, naïve  résumé",
             "東京 タワー\tは 高い。",
             "a \u{301}b  \u{301}",
             "x\u{a0}y z\u{3000}w",
             "emoji 👍🏽 and 👨‍👩‍👧 family",
+            "हिन्दी می\u{200c}خواهم col·lecció l'été",
+            "Москва-Сити 3,5 км",
         ] {
             assert_eq!(uax29_words(text), crate_words(text), "{text:?}");
         }
+        // Marks and joiners stay in their word; punctuation cuts.
+        assert_eq!(uax29_words("हिन्दी"), ["हिन्दी"]);
+        assert_eq!(uax29_words("می\u{200c}خواهم"), ["می\u{200c}خواهم"]);
+        assert_eq!(uax29_words("col·lecció l'été"), ["col", "lecció", "l", "été"]);
     }
 
     #[test]
@@ -350,7 +322,7 @@ mod tests {
         let units = |text: &str| {
             let mut out = Vec::new();
             let mut run = String::new();
-            for_each_unit(text, &mut run, &mut |u| {
+            for_each_unit(text, true, &mut run, &mut |u| {
                 out.push(match u {
                     Unit::Word(w) => format!("w:{w}"),
                     Unit::Cjk(r) => format!("c:{r}"),
@@ -363,7 +335,9 @@ mod tests {
         assert_eq!(units("東京、タワー"), ["c:東京", "c:タワー"]);
         assert_eq!(units("abc東京def"), ["w:abc", "c:東京", "w:def"]);
         assert_eq!(units("한국어abc"), ["c:한국어", "w:abc"]);
-        assert_eq!(units("don't 3.14"), ["w:don't", "w:3.14"]);
+        assert_eq!(units("don't 3.14"), ["w:don", "w:t", "w:3", "w:14"]);
+        assert_eq!(units("カ_カ"), ["c:カ", "c:カ"]);
+        assert_eq!(units("が\u{3099}き"), ["c:がき"]);
     }
 
     #[test]
