@@ -277,7 +277,7 @@ impl WordFilter {
             unicode::fold_into(term, &mut self.folded);
             term = &self.folded;
         }
-        if self.stop.contains(term) {
+        if !self.stop.is_empty() && self.stop.contains(term) {
             return;
         }
         match &self.stemmer {
