@@ -1,4 +1,4 @@
-//! `jaccard`, `cosine`, `dice` and `overlap`: set similarity of two integer lists. The four
+//! `jaccard`, `cosine`, `dice` and `overlap`: set similarity of two lists of integers or strings. The four
 //! UDFs differ only in their [`Measure`]; one macro writes them, as DataFusion's `set_ops.rs`
 //! writes its set functions. The measures' arithmetic and the per-row engine are in
 //! [`crate::intersect::similarity`], shared with the similarity join so the two never disagree.
@@ -47,11 +47,11 @@ macro_rules! similarity_udf {
                     sql_example = $example,
                     argument(
                         name = "list1",
-                        description = "List of integers (List, LargeList or FixedSizeList)."
+                        description = "List of integers or strings (List, LargeList or FixedSizeList)."
                     ),
                     argument(
                         name = "list2",
-                        description = "List of integers; its element type is unified with list1's."
+                        description = "List of integers or strings; its element type is unified with list1's."
                     )
                 )]
         #[derive(Debug, PartialEq, Eq, Hash)]
@@ -110,7 +110,7 @@ similarity_udf!(
     "jaccard(list1, list2)",
     r#"Returns the Jaccard similarity of two sets, `|a ∩ b| / |a ∪ b|`, as Float64 in [0, 1].
 
-The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0.0 (also for two empty sets). Elements must be integers (any width); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'jaccard', t)` returns exactly the pairs with `jaccard(a, b) >= t`."#,
+The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0.0 (also for two empty sets). Elements are integers (any width) or strings (Utf8, LargeUtf8, Utf8View: equal strings, byte for byte, are equal elements); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'jaccard', t)` returns exactly the pairs with `jaccard(a, b) >= t`."#,
     r#"```sql
 > select jaccard([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]);
 +----------------------------------------------------------------------------------------+
@@ -129,7 +129,7 @@ similarity_udf!(
     "cosine(list1, list2)",
     r#"Returns the set cosine similarity (Ochiai coefficient) of two sets, `|a ∩ b| / sqrt(|a| * |b|)`, as Float64 in [0, 1]. Not to be confused with DataFusion's `cosine_distance` on numeric vectors.
 
-The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0.0. Elements must be integers (any width); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'cosine', t)` returns exactly the pairs with `cosine(a, b) >= t`."#,
+The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0.0. Elements are integers (any width) or strings (Utf8, LargeUtf8, Utf8View: equal strings, byte for byte, are equal elements); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'cosine', t)` returns exactly the pairs with `cosine(a, b) >= t`."#,
     r#"```sql
 > select cosine([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]);
 +----------------------------------------------------------------------------------------+
@@ -148,7 +148,7 @@ similarity_udf!(
     "dice(list1, list2)",
     r#"Returns the Dice (Sørensen) similarity of two sets, `2 * |a ∩ b| / (|a| + |b|)`, as Float64 in [0, 1].
 
-The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0.0 (also for two empty sets). Elements must be integers (any width); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'dice', t)` returns exactly the pairs with `dice(a, b) >= t`."#,
+The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0.0 (also for two empty sets). Elements are integers (any width) or strings (Utf8, LargeUtf8, Utf8View: equal strings, byte for byte, are equal elements); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'dice', t)` returns exactly the pairs with `dice(a, b) >= t`."#,
     r#"```sql
 > select dice([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]);
 +----------------------------------------------------------------------------------------+
@@ -167,7 +167,7 @@ similarity_udf!(
     "overlap(list1, list2)",
     r#"Returns the overlap of two sets, the number of distinct common elements `|a ∩ b|`, as UInt64. Unlike `list_intersect_count`, NULL elements are ignored rather than matched with each other.
 
-The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0. Elements must be integers (any width); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'overlap', t)` returns exactly the pairs with `overlap(a, b) >= t`."#,
+The lists are sets: duplicates are ignored, order does not matter, NULL elements are ignored. A NULL list gives NULL. If a set is empty the result is 0. Elements are integers (any width) or strings (Utf8, LargeUtf8, Utf8View: equal strings, byte for byte, are equal elements); List, LargeList and FixedSizeList arguments are accepted and unified as in `list_intersect`. `similarity_join(..., 'overlap', t)` returns exactly the pairs with `overlap(a, b) >= t`."#,
     r#"```sql
 > select overlap([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]);
 +----------------------------------------------------------------------------------------+

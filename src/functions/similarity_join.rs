@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Arguments: table names (resolved in the session's catalog, `schema.table` allowed), id
-//! and token column names (string literals), the function (`jaccard`, `cosine`, `dice`,
+//! and token column names (string literals; a token column is a list of integers of any
+//! width or of strings, and equal strings are equal tokens), the function (`jaccard`, `cosine`, `dice`,
 //! `overlap`, case-insensitive) and the threshold (a numeric literal: in `(0, 1]` for the
 //! normalized measures, `> 0` for `overlap`; `0` too with `'>'`). Result columns: `left_id`,
 //! `right_id` (the id columns' types) and `similarity` (`Float64`; `UInt64` for `overlap`),
@@ -30,6 +31,7 @@ use crate::config::SetsConfig;
 use crate::functions::args::{literal, string_arg};
 use crate::intersect::lists::list_element_type;
 use crate::intersect::similarity::Measure;
+use crate::intersect::strings::is_string_type;
 use crate::join::exec::{JoinInput, SimilarityJoinExec, output_schema};
 use crate::join::threshold::{Comparison, Threshold};
 
@@ -142,10 +144,10 @@ fn side(session: &dyn Session, exprs: &[Expr], at: usize) -> Result<Side> {
     let tokens = column(at + 2, "tokens column")?;
     let field = schema.field(tokens);
     match list_element_type(field.data_type()) {
-        Some(e) if e.is_integer() || e.is_null() => {}
+        Some(e) if e.is_integer() || e.is_null() || is_string_type(e) => {}
         _ => {
             return plan_err!(
-                "{SIMILARITY_JOIN}: argument {} (tokens column): column '{}' of '{table_name}' must be a list of integers (List, LargeList or FixedSizeList), got {}",
+                "{SIMILARITY_JOIN}: argument {} (tokens column): column '{}' of '{table_name}' must be a list of integers or strings (List, LargeList or FixedSizeList), got {}",
                 at + 3,
                 field.name(),
                 field.data_type()

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use super::lists::{IntLists, coerce_list_args, list_element_type};
 use super::rows::EngineOptions;
+use super::strings::{StringIds, is_string_list, is_string_type};
 use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::backend::cpu::CpuKernelChoice;
 use crate::intersect::lists::dispatch_integer;
@@ -114,7 +115,7 @@ impl Measure {
 }
 
 /// Coercion for `name(a, b)`: exactly two lists, unified as `list_intersect` does, whose
-/// elements must be integers (or NULL).
+/// elements must be integers or strings (`Utf8`, `LargeUtf8`, `Utf8View`), or NULL.
 pub fn coerce_pair(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> {
     if arg_types.len() != 2 {
         return plan_err!(
@@ -122,9 +123,27 @@ pub fn coerce_pair(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> 
             arg_types.len()
         );
     }
+    // DataFusion would unify strings with integers by casting the strings (and fail on the
+    // first one that is no number): refuse the mix by name instead.
+    let kinds: Vec<bool> = arg_types
+        .iter()
+        .filter_map(|t| match t {
+            DataType::ListView(f) | DataType::LargeListView(f) => Some(f.data_type()),
+            t => list_element_type(t),
+        })
+        .filter(|e| !e.is_null())
+        .map(is_string_type)
+        .collect();
+    if kinds.contains(&true) && kinds.contains(&false) {
+        return plan_err!(
+            "{name}: strings and integers are not comparable ({} and {}); cast one of them",
+            arg_types[0],
+            arg_types[1]
+        );
+    }
     let coerced = coerce_list_args(name, arg_types, 2)?;
     if let Some(element) = coerced.iter().find_map(list_element_type)
-        && !(element.is_integer() || element.is_null())
+        && !(element.is_integer() || element.is_null() || is_string_type(element))
     {
         let integer_list = |t: &DataType| match t {
             DataType::ListView(f) | DataType::LargeListView(f) => f.data_type().is_integer(),
@@ -139,7 +158,7 @@ pub fn coerce_pair(name: &str, arg_types: &[DataType]) -> Result<Vec<DataType>> 
                 arg_types[1]
             );
         }
-        return plan_err!("{name}: list elements must be integers, got {element}");
+        return plan_err!("{name}: list elements must be integers or strings, got {element}");
     }
     Ok(coerced)
 }
@@ -157,6 +176,13 @@ pub(crate) fn similarity_arrays(
     };
     if a.data_type().is_null() || b.data_type().is_null() {
         return Ok(new_null_array(&measure.return_type(), a.len()));
+    }
+    if is_string_list(a.data_type()) {
+        // Equal strings, equal ids: the measure of the id lists is the strings'.
+        let ids = StringIds::new(1);
+        let (a, _) = ids.map_list(a, measure.name())?;
+        let (b, _) = ids.map_list(b, measure.name())?;
+        return similarity_arrays(measure, &[a, b], opts);
     }
     let triples = match (a.data_type(), b.data_type()) {
         (DataType::List(_), DataType::List(_)) => triples_generic::<i32>(measure, a, b, opts)?,

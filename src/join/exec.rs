@@ -1,7 +1,8 @@
 //! `SimilarityJoinExec`: the exact set similarity join as a physical operator.
 //!
 //! Inputs: a left plan and, for an R-S join, a right plan, each with a token-list column
-//! (integer lists of any width; `List`, `LargeList` or `FixedSizeList`) and, where needed,
+//! (lists of integers of any width or of strings; `List`, `LargeList` or `FixedSizeList`;
+//! strings are given dense ids as they are read, `crate::intersect::strings`) and, where needed,
 //! an id column. The join finds every pair whose similarity passes the [`Threshold`]:
 //! - R-S join: every pair `(r, s)`, `r` from the left input, `s` from the right one;
 //! - self-join: every pair of distinct rows `x`, `y` of the one input with
@@ -61,6 +62,7 @@ use super::stream::{ProbeClaims, SimilarityJoinStream};
 use super::threshold::Threshold;
 use crate::config::BackendChoice;
 use crate::intersect::similarity::{Measure, coerce_pair};
+use crate::intersect::strings::{StringIds, is_string_list};
 use crate::io::parquet_split::split_scan;
 
 /// One input of the join: a plan, its token column and (optionally) its id column.
@@ -389,7 +391,7 @@ impl SimilarityJoinExec {
         )?;
         let token_type = coerced[0].clone();
         if token_type.is_null() {
-            return plan_err!("similarity_join: the token columns are NULL, not lists of integers");
+            return plan_err!("similarity_join: the token columns are NULL, not lists of integers or strings");
         }
         if right.is_none() {
             // Self-joins orient pairs by id: the ids must be orderable.
@@ -773,6 +775,11 @@ async fn build_collections(
                 .collect(),
         ),
         built: std::sync::Mutex::new(None),
+        // Token strings get their ids as the batches are read, from one map for both inputs.
+        strings: std::sync::Mutex::new(
+            is_string_list(&token_type).then(|| Arc::new(StringIds::new(4 * threads.max(1)))),
+        ),
+        string_bytes: std::sync::atomic::AtomicUsize::new(0),
         inputs,
         gathered,
         threshold,
@@ -807,12 +814,14 @@ async fn build_collections(
                 }
                 let mut release = Release(&shared.crew, false);
                 let input = &shared.inputs[side];
+                let strings = lock(&shared.strings).clone();
                 let read = read_partition(
                     stream,
                     Arc::clone(&shared.reservation),
                     shared.gathered[side].clone(),
                     input.tokens,
                     token_type,
+                    strings.map(|ids| (ids, &shared.string_bytes)),
                     prepare_sets,
                 );
                 let last = shared
@@ -852,6 +861,10 @@ struct Shared {
     /// Per input, per partition: the read's result once it is in.
     reads: std::sync::Mutex<Vec<Vec<Option<ReadResult>>>>,
     built: std::sync::Mutex<Option<Result<Arc<Built>>>>,
+    /// The ids of token strings (for lists of strings), dropped once every read is in.
+    strings: std::sync::Mutex<Option<Arc<StringIds>>>,
+    /// The bytes reserved for `strings`.
+    string_bytes: std::sync::atomic::AtomicUsize,
     inputs: Vec<JoinInput>,
     gathered: Vec<Vec<usize>>,
     threshold: Threshold,
@@ -865,6 +878,13 @@ impl Shared {
     /// build's parallel steps go to the crew).
     fn assemble(&self) -> Result<Arc<Built>> {
         let reads = std::mem::take(&mut *lock(&self.reads));
+        // Every token is an id now: the strings' map is no longer needed.
+        if lock(&self.strings).take().is_some() {
+            self.reservation.shrink(
+                self.string_bytes
+                    .swap(0, std::sync::atomic::Ordering::Relaxed),
+            );
+        }
         let self_join = self.inputs.len() == 1;
         let mut tokens = Vec::with_capacity(self.inputs.len());
         let mut columns = Vec::with_capacity(self.inputs.len());
@@ -947,7 +967,8 @@ impl Shared {
 }
 
 /// The batches of one input partition: the kept columns (`keep`'s order), the token column
-/// cast to `token_type`, and with `prepare_sets` the build's first step done on each batch as
+/// cast to `token_type` (lists of strings then mapped to lists of ids by `strings`, whose
+/// growth is reserved and added to its counter), and with `prepare_sets` the build's first step done on each batch as
 /// it comes (its sets sorted and deduplicated: work that runs here, on every reading core,
 /// instead of after the last read), each batch's memory reserved.
 async fn read_partition(
@@ -956,6 +977,7 @@ async fn read_partition(
     keep: Vec<usize>,
     tokens: usize,
     token_type: DataType,
+    strings: Option<(Arc<StringIds>, &std::sync::atomic::AtomicUsize)>,
     prepare_sets: bool,
 ) -> Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>, Option<Vec<Prepared>>)> {
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
@@ -974,7 +996,13 @@ async fn read_partition(
         for (k, &i) in keep.iter().enumerate() {
             columns[k].push(Arc::clone(batch.column(i)));
         }
-        let token_column = cast(batch.column(tokens), &token_type)?;
+        let mut token_column = cast(batch.column(tokens), &token_type)?;
+        if let Some((ids, bytes)) = &strings {
+            let (mapped, grown) = ids.map_list(&token_column, "SimilarityJoinExec")?;
+            reserve(&reservation, grown, "the token strings' ids")?;
+            bytes.fetch_add(grown, std::sync::atomic::Ordering::Relaxed);
+            token_column = mapped;
+        }
         if let Some(prepared) = &mut prepared {
             prepared.push(prepare(&token_column, &reservation)?);
         }

@@ -35,9 +35,10 @@
 //! versions of the same files (path, size, modification time, e-tag) scanned alike, with the
 //! same projection and pushed-down predicate and no limit, possibly under equal deterministic
 //! projections and filters (two scans that differ only in their columns are read as the one
-//! with every column of the other); the measure compares one column with itself; the id is
-//! an integer column (SQL's `<` is then the exec's order, and NULL or equal ids are paired by
-//! neither). Any other self-join is an R-S join with `a.id < b.id` as a filter, which is
+//! with every column of the other); the measure compares one column, or one deterministic
+//! expression of the columns (`jaccard(tokenize(a.title), tokenize(b.title))`, then computed
+//! once below the join), with itself; the id is an integer column (SQL's `<` is then the
+//! exec's order, and NULL or equal ids are paired by neither). Any other self-join is an R-S join with `a.id < b.id` as a filter, which is
 //! always correct.
 //!
 //! Left alone (the plan stays as DataFusion made it, which is always correct):
@@ -50,7 +51,7 @@
 //! - comparisons made in another type than the function's (decimals, `Float32`), volatile
 //!   arguments, arguments mixing both inputs;
 //! - unbounded (streaming) inputs: the join reads both inputs to the end first;
-//! - anything `SimilarityJoinExec` refuses to build (e.g. lists of non-integers).
+//! - anything `SimilarityJoinExec` refuses to build (e.g. lists of floats).
 //!
 //! The rule runs before `EnsureRequirements`, so distribution and ordering are enforced around
 //! the new operator as for any other; it reads `sets.similarity_join_rewrite` when the query
@@ -411,17 +412,9 @@ fn self_join(
     residual: &[Arc<dyn PhysicalExpr>],
     nl: usize,
 ) -> Option<SelfJoin> {
-    let l = similarity.args[0].downcast_ref::<Column>()?;
-    let r = similarity.args[1].downcast_ref::<Column>()?;
-    if l.index() >= nl || r.index() < nl {
-        return None;
-    }
-    let input = shared_input(left, right)?;
-    // The measure compares one column with itself.
-    let tokens = input.left[l.index()];
-    if input.right[r.index() - nl] != tokens {
-        return None;
-    }
+    let mut input = shared_input(left, right)?;
+    // The measure compares one column, or one expression, with itself.
+    let tokens = shared_tokens(&mut input, &similarity.args, nl)?;
     let schema = input.plan.schema();
     residual.iter().enumerate().find_map(|(k, conjunct)| {
         let b = conjunct.downcast_ref::<BinaryExpr>()?;
@@ -452,6 +445,54 @@ fn self_join(
             conjunct: k,
         })
     })
+}
+
+/// The column of `input.plan` that both of the measure's arguments are: the same column of
+/// the shared input, or the same deterministic expression over it (`jaccard(tokenize(a.t),
+/// tokenize(b.t))`), then appended to `input.plan` as a column, so it is computed once for
+/// both sides.
+fn shared_tokens(
+    input: &mut SharedInput,
+    args: &[Arc<dyn PhysicalExpr>; 2],
+    nl: usize,
+) -> Option<usize> {
+    let schema = input.plan.schema();
+    // An argument over one side's columns, rewritten over the shared input's.
+    let on_input = |arg: &Arc<dyn PhysicalExpr>, offset: usize, at: &[usize]| {
+        let mut foreign = false;
+        let expr = Arc::clone(arg)
+            .transform(|e| {
+                Ok(match e.downcast_ref::<Column>() {
+                    Some(c) => match c.index().checked_sub(offset).and_then(|i| at.get(i)) {
+                        Some(&i) => Transformed::yes(
+                            Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>
+                        ),
+                        None => {
+                            foreign = true;
+                            Transformed::no(e)
+                        }
+                    },
+                    None => Transformed::no(e),
+                })
+            })
+            .data()
+            .ok()?;
+        (!foreign).then_some(expr)
+    };
+    let l = on_input(&args[0], 0, &input.left)?;
+    let r = on_input(&args[1], nl, &input.right)?;
+    if !l.eq(&r) {
+        return None;
+    }
+    if let Some(c) = l.downcast_ref::<Column>() {
+        return Some(c.index());
+    }
+    if is_volatile(&l) {
+        return None;
+    }
+    let (plan, tokens) = with_column(&input.plan, l).ok()?;
+    input.plan = plan;
+    Some(tokens)
 }
 
 /// A self-join's one input: `plan` produces the rows of both join inputs and has the columns
@@ -579,6 +620,15 @@ fn side_input(
             })
         })
         .data()?;
+    let (plan, tokens) = with_column(plan, arg)?;
+    Ok(Some(JoinInput::without_id(plan, tokens)))
+}
+
+/// `plan` with `expr` appended as a column, and that column's index.
+fn with_column(
+    plan: &Arc<dyn ExecutionPlan>,
+    expr: Arc<dyn PhysicalExpr>,
+) -> Result<(Arc<dyn ExecutionPlan>, usize)> {
     let schema = plan.schema();
     let mut exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
         .fields()
@@ -591,10 +641,10 @@ fn side_input(
             )
         })
         .collect();
-    exprs.push((arg, TOKENS_COLUMN.to_string()));
+    exprs.push((expr, TOKENS_COLUMN.to_string()));
     let tokens = exprs.len() - 1;
     let projected = ProjectionExec::try_new(exprs, Arc::clone(plan))?;
-    Ok(Some(JoinInput::without_id(Arc::new(projected), tokens)))
+    Ok((Arc::new(projected), tokens))
 }
 
 /// `conjunct` as a similarity predicate the join computes exactly, if it is one.

@@ -164,7 +164,7 @@ pub(super) fn for_each_unit(
                 run.push(c);
                 after_cjk = true;
             } else if c.is_alphanumeric() || joins_word(c) {
-                if word.is_none() && !(after_cjk && !c.is_alphanumeric()) {
+                if word.is_none() && (!after_cjk || c.is_alphanumeric()) {
                     flush(run, f);
                     word = Some(i);
                     after_cjk = false;
