@@ -333,6 +333,10 @@ where
                 array.data_type()
             );
         };
+        // An empty result with no NULL in every list is final: no list can change it.
+        if !self.null_in_all && matches!(&self.result, Some(r) if r.is_empty()) {
+            return Ok(());
+        }
         let mut added = false;
         let offsets = list.value_offsets();
         for i in 0..list.len() {
@@ -347,7 +351,8 @@ where
         if added {
             self.held_bytes += array.get_array_memory_size();
         }
-        if self.pending_values >= FLUSH_VALUES {
+        // Rows count too: 20 million empty lists hold no value but 20 million entries.
+        if self.pending_values + self.pending.len() >= FLUSH_VALUES {
             self.flush()?;
         }
         Ok(())
@@ -488,5 +493,58 @@ where
             + (self.tmp.capacity() + self.row_buf.capacity()) * size_of::<P::Native>()
             + self.pending.capacity() * size_of::<(ArrayRef, usize, usize)>()
             + self.held_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::ListArray;
+    use datafusion::arrow::datatypes::Int32Type;
+
+    use super::*;
+
+    /// Empty lists hold no value but one entry each: what is held stays bounded by rows too,
+    /// and once the answer is `[]` (with no NULL in every list) later lists are not held.
+    #[test]
+    fn empty_lists_are_held_in_bounded_number() {
+        let ret = DataType::new_list(DataType::Int32, true);
+        let mut acc = IntersectAccumulator::<Int32Type>::new(ret.clone(), false, None);
+        let empties: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
+            (0..10_000).map(|_| Some(Vec::<Option<i32>>::new())),
+        ));
+        let mut peak = 0;
+        for _ in 0..3 * FLUSH_VALUES / 10_000 {
+            acc.update_batch(&[Arc::clone(&empties)]).unwrap();
+            peak = peak.max(acc.pending.len());
+        }
+        assert!(peak <= FLUSH_VALUES, "held {peak} rows");
+        let ScalarValue::List(out) = acc.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        assert_eq!(out.value(0).len(), 0);
+        assert!(!out.is_null(0));
+
+        // After an empty list, nothing more is held; with a NULL in every list it still is
+        // (the NULL element can stay in the answer).
+        let mut acc = IntersectAccumulator::<Int32Type>::new(ret.clone(), false, None);
+        let one: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>([Some(
+            vec![Some(1)],
+        )]));
+        acc.update_batch(&[Arc::clone(&empties)]).unwrap();
+        acc.flush().unwrap();
+        acc.update_batch(&[Arc::clone(&one)]).unwrap();
+        assert!(acc.pending.is_empty());
+        let mut acc = IntersectAccumulator::<Int32Type>::new(ret, false, None);
+        let null_only: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>([
+            Some(vec![None]),
+        ]));
+        acc.update_batch(&[Arc::clone(&null_only)]).unwrap();
+        acc.flush().unwrap();
+        acc.update_batch(&[Arc::clone(&null_only)]).unwrap();
+        assert_eq!(acc.pending.len(), 1);
+        let ScalarValue::List(out) = acc.evaluate().unwrap() else {
+            panic!("a list")
+        };
+        assert_eq!(out.value(0).len(), 1, "[NULL]");
     }
 }
