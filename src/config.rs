@@ -3,13 +3,17 @@
 //! measurement switches ([`TuningOptions`]).
 //!
 //! Every option is read at execution time from the session's `ConfigOptions`, so a `SET`
-//! takes effect on the next query. Bad values are rejected by the `SET` itself.
+//! takes effect on the next query. Bad values are rejected by the `SET` itself, or, behind
+//! datafusion-ffi (where the host stores foreign options unchecked), by the query that reads
+//! them.
 
 use std::any::Any;
 use std::fmt;
 use std::str::FromStr;
 
-use datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions};
+use datafusion::common::config::{
+    ConfigEntry, ConfigExtension, ConfigField, DATAFUSION_FFI_CONFIG_NAMESPACE, ExtensionOptions,
+};
 use datafusion::common::{DataFusionError, config_err, config_field};
 use datafusion::config::ConfigOptions;
 
@@ -150,8 +154,30 @@ macro_rules! options {
         impl $Name {
             /// The options in force for a query: the session's, or the defaults when the
             /// extension was not registered (a UDF used on its own).
-            pub fn from_options(options: &ConfigOptions) -> Self {
-                options.extensions.get::<Self>().cloned().unwrap_or_default()
+            ///
+            /// Behind datafusion-ffi (datafusion-python loading the `datafusion_sets`
+            /// wheel) the session holds no extension of this type: the host keeps every
+            /// foreign `SET` as text, under its full name, in one extension of prefix
+            /// `datafusion_ffi`, and checks none of them. They are parsed here, so a bad
+            /// value is this call's error, not a silent default.
+            pub fn from_options(options: &ConfigOptions) -> datafusion::common::Result<Self> {
+                if let Some(local) = options.extensions.get::<Self>() {
+                    return Ok(local.clone());
+                }
+                let mut found = Self::default();
+                let foreign = options
+                    .extensions
+                    .iter()
+                    .filter(|(prefix, _)| *prefix == DATAFUSION_FFI_CONFIG_NAMESPACE);
+                for (_, extension) in foreign {
+                    for entry in extension.entries() {
+                        let name = entry.key.strip_prefix(concat!($prefix, "."));
+                        if let (Some(name), Some(value)) = (name, entry.value.as_deref()) {
+                            found.set(name, value)?;
+                        }
+                    }
+                }
+                Ok(found)
             }
         }
     };
@@ -207,7 +233,9 @@ options! {
 /// feature).
 pub fn cpu_kernel(_options: &ConfigOptions) -> CpuKernelChoice {
     #[cfg(feature = "tuning")]
-    return TuningOptions::from_options(_options).cpu_kernel;
+    return TuningOptions::from_options(_options)
+        .unwrap_or_default()
+        .cpu_kernel;
     #[cfg(not(feature = "tuning"))]
     CpuKernelChoice::Auto
 }
@@ -216,7 +244,9 @@ pub fn cpu_kernel(_options: &ConfigOptions) -> CpuKernelChoice {
 /// (`tuning.similarity_join_split_scan`; always on without the `tuning` feature).
 pub fn similarity_join_split_scan(_options: &ConfigOptions) -> bool {
     #[cfg(feature = "tuning")]
-    return TuningOptions::from_options(_options).similarity_join_split_scan;
+    return TuningOptions::from_options(_options)
+        .unwrap_or_default()
+        .similarity_join_split_scan;
     #[cfg(not(feature = "tuning"))]
     true
 }
@@ -261,5 +291,84 @@ fn set_f64(
             Ok(())
         }
         _ => config_err!("{key}: expected a number in [{lo}, {hi}], got '{value}'"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a datafusion-ffi host (datafusion-python) keeps for every foreign option: one
+    /// extension of prefix `datafusion_ffi`, full names to unchecked text.
+    #[derive(Debug, Clone, Default)]
+    struct ForeignOptions(Vec<(String, String)>);
+
+    impl ExtensionOptions for ForeignOptions {
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+        fn cloned(&self) -> Box<dyn ExtensionOptions> {
+            Box::new(self.clone())
+        }
+        fn set(&mut self, key: &str, value: &str) -> datafusion::common::Result<()> {
+            self.0.push((key.to_string(), value.to_string()));
+            Ok(())
+        }
+        fn entries(&self) -> Vec<ConfigEntry> {
+            let entry = |(k, v): &(String, String)| ConfigEntry {
+                key: k.clone(),
+                value: Some(v.clone()),
+                description: "",
+            };
+            self.0.iter().map(entry).collect()
+        }
+    }
+
+    impl ConfigExtension for ForeignOptions {
+        const PREFIX: &'static str = DATAFUSION_FFI_CONFIG_NAMESPACE;
+    }
+
+    fn foreign(pairs: &[(&str, &str)]) -> ConfigOptions {
+        let mut options = ConfigOptions::new();
+        let pairs = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        options.extensions.insert(ForeignOptions(pairs.collect()));
+        options
+    }
+
+    #[test]
+    fn foreign_options_are_parsed_and_checked() {
+        let options = foreign(&[
+            ("sets.backend", "cpu"),
+            ("sets.bm25_k1", "2.5"),
+            ("other.thing", "x"),
+        ]);
+        let sets = SetsConfig::from_options(&options).unwrap();
+        assert_eq!(sets.backend, BackendChoice::Cpu);
+        assert_eq!(sets.bm25_k1, 2.5);
+        assert_eq!(sets.bm25_b, SetsConfig::default().bm25_b);
+
+        let bad = SetsConfig::from_options(&foreign(&[("sets.backend", "gpx")])).unwrap_err();
+        assert!(bad.to_string().contains("sets.backend"), "{bad}");
+        let unknown = SetsConfig::from_options(&foreign(&[("sets.bakend", "cpu")])).unwrap_err();
+        assert!(unknown.to_string().contains("sets.bakend"), "{unknown}");
+    }
+
+    #[test]
+    fn the_local_extension_comes_first_and_none_gives_defaults() {
+        assert_eq!(
+            SetsConfig::from_options(&ConfigOptions::new()).unwrap(),
+            SetsConfig::default()
+        );
+        let mut options = foreign(&[("sets.backend", "gpx")]);
+        let mut local = SetsConfig::default();
+        local.backend = BackendChoice::Gpu;
+        options.extensions.insert(local);
+        assert_eq!(
+            SetsConfig::from_options(&options).unwrap().backend,
+            BackendChoice::Gpu
+        );
     }
 }

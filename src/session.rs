@@ -22,8 +22,9 @@ use crate::optimizer::async_calls::{AsyncCallPlaces, AsyncCallRewrite, SETS_ASYN
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
 use crate::search::catalog_watch::watch_catalogs;
 
-/// The crate's table functions, by SQL name.
-fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
+/// The crate's table functions, by SQL name (for hosts that register them one by one, such
+/// as the Python package).
+pub fn table_functions() -> Vec<(&'static str, Arc<dyn TableFunctionImpl>)> {
     vec![
         (SIMILARITY_JOIN, Arc::new(SimilarityJoinFunction)),
         (BM25_INDEX, Arc::new(Bm25IndexFunction)),

@@ -128,7 +128,7 @@ fn invoke(args: ScalarFunctionArgs, plan: Option<&Arc<BackendPlan>>) -> Result<C
     if !element.is_integer() {
         return delegate_to_builtin(args);
     }
-    let opts = engine_options(&args.config_options, plan);
+    let opts = engine_options(&args.config_options, plan)?;
     apply_to_columns(&args.args, |arrays| intersect_arrays(arrays, &ret, &opts))
 }
 
@@ -137,15 +137,15 @@ fn invoke(args: ScalarFunctionArgs, plan: Option<&Arc<BackendPlan>>) -> Result<C
 pub(crate) fn engine_options(
     config: &ConfigOptions,
     plan: Option<&Arc<BackendPlan>>,
-) -> EngineOptions {
-    let cfg = SetsConfig::from_options(config);
-    EngineOptions {
+) -> Result<EngineOptions> {
+    let cfg = SetsConfig::from_options(config)?;
+    Ok(EngineOptions {
         kernel: crate::config::cpu_kernel(config),
         parallel_min_values: cfg.parallel_min_values,
         backend: plan.map_or(cfg.backend, |p| p.backend),
         plan: plan.cloned(),
         gpu_columns: cfg.gpu_resident_columns.then_some(cfg.gpu_column_budget),
-    }
+    })
 }
 
 /// Non-integer elements: the built-in `array_intersect`, folded left for k > 2 arguments.

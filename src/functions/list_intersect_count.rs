@@ -129,7 +129,7 @@ fn invoke(args: ScalarFunctionArgs, plan: Option<&Arc<BackendPlan>>) -> Result<C
     if !element.is_integer() {
         return count_via_list_intersect(args, list_type);
     }
-    let opts = engine_options(&args.config_options, plan);
+    let opts = engine_options(&args.config_options, plan)?;
     apply_to_columns(&args.args, |arrays| count_arrays(arrays, &list_type, &opts))
 }
 

@@ -19,7 +19,7 @@ use crate::intersect::similarity::{Measure, coerce_pair, similarity_arrays};
 
 /// `invoke_with_args` of every measure's UDF.
 fn invoke(measure: Measure, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-    let opts = engine_options(&args.config_options, None);
+    let opts = engine_options(&args.config_options, None)?;
     apply_to_columns(&args.args, |arrays| {
         similarity_arrays(measure, arrays, &opts)
     })

@@ -212,7 +212,7 @@ impl TableProvider for SimilarityJoinTable {
             None => None,
         };
         let partitions = state.config().target_partitions();
-        let backend = SetsConfig::from_options(state.config_options()).backend;
+        let backend = SetsConfig::from_options(state.config_options())?.backend;
         Ok(Arc::new(
             SimilarityJoinExec::try_new(
                 left,

@@ -127,13 +127,13 @@ impl ScalarUDFImpl for Tokenize {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let options = match args.args.get(1) {
+        let options = match args.args.get(1).map(one_value).transpose()? {
             None => Some(TokenizerOptions::UNICODE),
             Some(ColumnarValue::Scalar(
                 ScalarValue::Utf8(Some(s))
                 | ScalarValue::LargeUtf8(Some(s))
                 | ScalarValue::Utf8View(Some(s)),
-            )) => Some(TokenizerOptions::parse_options(s, TOKENIZE)?),
+            )) => Some(TokenizerOptions::parse_options(&s, TOKENIZE)?),
             // NULL options: NULL, as NULL text gives.
             Some(ColumnarValue::Scalar(s)) if s.is_null() => None,
             Some(_) => {
@@ -170,4 +170,26 @@ fn tokenize_array(text: &ArrayRef, options: TokenizerOptions) -> Result<ArrayRef
         t => return exec_err!("{TOKENIZE}: argument 1 (text) must be a string, got {t}"),
     }
     Ok(Arc::new(out.finish()))
+}
+
+/// An argument meant to be a constant, as one value: a scalar, or an array whose rows all
+/// hold the same value (behind datafusion-ffi, as in datafusion-python, every argument
+/// arrives as an array: the host expands literals to the batch's rows; natively, a column of
+/// equal options). An array of several values stays an array, which the caller refuses; an
+/// empty one (no rows) is NULL.
+fn one_value(arg: &ColumnarValue) -> Result<ColumnarValue> {
+    let ColumnarValue::Array(a) = arg else {
+        return Ok(arg.clone());
+    };
+    if a.is_empty() {
+        // No rows: nothing to tokenize, and no value to check.
+        return Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)));
+    }
+    let first = ScalarValue::try_from_array(a, 0)?;
+    for i in 1..a.len() {
+        if ScalarValue::try_from_array(a, i)? != first {
+            return Ok(arg.clone());
+        }
+    }
+    Ok(ColumnarValue::Scalar(first))
 }

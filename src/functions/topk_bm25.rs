@@ -317,7 +317,7 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         // whose consumer emits nothing can still be cancelled between batches.
         tokio::task::yield_now().await;
         let loaded = load_index(&state, &table, TOPK_BM25, 1).await?;
-        let scored = loaded.scored(params_of(&options))?;
+        let scored = loaded.scored(params_of(&options)?)?;
         let (texts, scalar) = match &args.args[1] {
             ColumnarValue::Array(a) => (Arc::clone(a), false),
             ColumnarValue::Scalar(s) => (s.to_array_of_size(1)?, true),
@@ -326,7 +326,7 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         let texts = texts.as_string::<i32>();
         // CPU work inline, as any scalar function does; rayon spreads the queries (or the
         // GPU ranks them, with `sets.backend`).
-        let config = crate::config::SetsConfig::from_options(&options);
+        let config = crate::config::SetsConfig::from_options(&options)?;
         let budget = (config.gpu_index_budget > 0).then_some(config.gpu_index_budget);
         let backend = self.plan().map_or(config.backend, |p| p.backend);
         let started = Instant::now();

@@ -61,7 +61,7 @@ impl PhysicalOptimizerRule for SetsBackendRule {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let cfg = SetsConfig::from_options(config);
+        let cfg = SetsConfig::from_options(config)?;
         plan.transform_up(|node| {
             if let (Some(a), Some(session)) = (node.downcast_ref::<AsyncFuncExec>(), &self.session)
             {

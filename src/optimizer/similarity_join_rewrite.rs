@@ -111,11 +111,12 @@ impl PhysicalOptimizerRule for SimilarityJoinRewrite {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !SetsConfig::from_options(config).similarity_join_rewrite {
+        let sets = SetsConfig::from_options(config)?;
+        if !sets.similarity_join_rewrite {
             return Ok(plan);
         }
         let partitions = config.execution.target_partitions;
-        let backend = SetsConfig::from_options(config).backend;
+        let backend = sets.backend;
         plan.transform_up(|node| {
             Ok(match rewrite(&node, partitions, backend) {
                 Some(new) => Transformed::yes(new),

@@ -62,13 +62,13 @@ pub fn check_mode(mode: &str, arg: usize) -> Result<Mode> {
 }
 
 /// BM25 parameters from the session's `sets.bm25_*` options.
-pub fn params_of(options: &datafusion::config::ConfigOptions) -> Bm25Params {
-    let c = SetsConfig::from_options(options);
-    Bm25Params {
+pub fn params_of(options: &datafusion::config::ConfigOptions) -> Result<Bm25Params> {
+    let c = SetsConfig::from_options(options)?;
+    Ok(Bm25Params {
         k1: c.bm25_k1,
         b: c.bm25_b,
         alpha: c.bm25_alpha,
-    }
+    })
 }
 
 /// The `topk_bm25` table function.
@@ -234,7 +234,7 @@ impl ExecutionPlan for TopkOneExec {
         let fut = async move {
             let loaded = index.open(Arc::clone(&context), TOPK_BM25).await?;
             let _t = baseline.elapsed_compute().timer();
-            let scored = loaded.scored(params_of(context.session_config().options()))?;
+            let scored = loaded.scored(params_of(context.session_config().options())?)?;
             let mut tok = Tokenizer::new(loaded.index.tokenizer());
             let hits = rank_one(&loaded, &scored, &mut tok, &query, k, mode);
             let columns: Vec<ArrayRef> = vec![
