@@ -14,10 +14,10 @@ rm -rf "$out" && mkdir -p "$out/upstream/array"
 # The library's unit tests only with WITH_LIB_TESTS=1 (the carry limit is 64 MiB).
 lib=""
 [ "${WITH_LIB_TESTS:-0}" = 1 ] && lib="--lib"
-# TESTS picks the test binaries (default: all six).
+# TESTS picks the test binaries (default: all eight).
 features="--no-default-features --features cuda,tuning"
 [ "${FEATURES:-}" = all ] && features="--all-features"
-tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin gpu_faults}
+tests=${TESTS:-gpu_props gpu_sql backend_rule gpu_bm25 gpu_simjoin gpu_faults cancellation concurrency}
 args=""
 for t in $tests; do args="$args --test $t"; done
 # XZ_LEVEL=-6 compresses faster (default -9e: smallest, minutes per binary on 2 cores).
@@ -30,7 +30,7 @@ import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25", "gpu_simjoin", "gpu_faults"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_props", "gpu_sql", "backend_rule", "gpu_bm25", "gpu_simjoin", "gpu_faults", "cancellation", "concurrency"):
         print(m["target"]["name"], m["executable"])
     elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "datafusion_sets" and m["profile"]["test"]:
         print("lib_tests", m["executable"])

@@ -38,6 +38,16 @@ if have gpu_faults; then
     echo "== injected faults (no driver / NVRTC / device, compile error, out of memory, kernel fault): CPU answers"
     /tmp/gpubin/gpu_faults --nocapture 2>&1 | tee "$out/gpu_faults.log" || status=1
 fi
+if have cancellation; then
+    echo "== cancellation with sets.backend = 'gpu', then 'cpu', on this host's cores: control back within 1 s"
+    for b in gpu cpu; do
+        SETS_TEST_BACKEND=$b SETS_CANCEL_BACK_MS=1000 /tmp/gpubin/cancellation --nocapture 2>&1 | tee "$out/cancellation_$b.log" || status=1
+    done
+fi
+if have concurrency; then
+    echo "== concurrent queries with sets.backend = 'gpu' == serial CPU answers"
+    SETS_TEST_BACKEND=gpu /tmp/gpubin/concurrency --nocapture 2>&1 | tee "$out/concurrency_gpu.log" || status=1
+fi
 if have gpu_props; then
     echo "== property tests (GPU == CPU)"
     /tmp/gpubin/gpu_props --test-threads=1 2>&1 | tee "$out/gpu_props.log" || status=1

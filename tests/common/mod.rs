@@ -85,6 +85,18 @@ pub fn gpu_or_skip(test: &str) -> bool {
     }
 }
 
+/// The backend the backend-generic suites (cancellation, concurrency) run their queries on:
+/// `$SETS_TEST_BACKEND` ('auto', 'cpu' or 'gpu'; default 'auto'). The device script runs them
+/// with 'gpu', where [`gpu_or_skip`]'s rule holds: no GPU is a skip, or a failure under
+/// `DFSETS_REQUIRE_GPU=1`.
+pub fn test_backend(test: &str) -> Option<String> {
+    let backend = std::env::var("SETS_TEST_BACKEND").unwrap_or_else(|_| "auto".into());
+    if backend == "gpu" && !gpu_or_skip(test) {
+        return None;
+    }
+    Some(backend)
+}
+
 /// Where the real data sets are: `$SETS_BENCH_DATA`, else `bench-data/` at the repository
 /// root (built by `benches/data/build.sh`).
 pub fn bench_data() -> PathBuf {
