@@ -1,0 +1,52 @@
+"""datafusion-sets from Python: list intersection, a similarity join and BM25 search over the
+764 Debian packages of examples/data/ (the same data as examples/quickstart.sql).
+
+    pip install datafusion==55.* pyarrow maturin
+    (cd python && maturin develop --release)        # or: pip install the built wheel
+    python examples/python_quickstart.py
+"""
+
+from pathlib import Path
+
+import pyarrow as pa
+from datafusion import col, lit
+
+import datafusion_sets as dfs
+
+data = Path(__file__).parent / "data"
+ctx = dfs.session_context()
+# The table functions read tables held in memory (docs/python.md says why): load the file.
+ctx.sql(f"CREATE EXTERNAL TABLE file STORED AS JSON LOCATION '{data}/debian-packages.json'").collect()
+ctx.sql("CREATE TABLE packages AS SELECT * FROM file").collect()
+
+# 1. Intersection and similarity as DataFrame expressions.
+pkgs = ctx.table("packages")
+[postfix] = pkgs.filter(col("package") == lit("postfix")).select(col("depends")).to_pydict()["depends"]
+postfix = lit(pa.scalar(postfix, pa.list_(pa.string())))
+closest = (
+    pkgs.select(
+        col("package"),
+        dfs.list_intersect_count(col("depends"), postfix).alias("common"),
+        dfs.jaccard(col("depends"), postfix).alias("jaccard"),
+    )
+    .filter(col("package") != lit("postfix"))
+    .sort(col("jaccard").sort(ascending=False), col("package").sort())
+    .limit(3)
+)
+closest.show()
+
+# 2. An exact similarity join over the dependency names (lists of strings), in SQL: the
+#    pairs of packages whose dependencies are near duplicates.
+ctx.sql(
+    "SELECT count(*) AS pairs FROM similarity_join('packages', 'id', 'depends', 'jaccard', 0.8)"
+).show()
+
+# 3. BM25 search over the package descriptions.
+ctx.sql(
+    "CREATE TABLE idx AS SELECT * FROM bm25_index('packages', 'id', 'description',"
+    " 'stopwords=english, stem=english')"
+).collect()
+ctx.sql(
+    "SELECT r.rank, p.package, round(r.score, 3) AS score FROM topk_bm25('idx', 'IMAP server', 3) r"
+    " JOIN packages p ON p.id = r.doc_id ORDER BY r.rank"
+).show()

@@ -1,0 +1,106 @@
+"""datafusion-sets for DataFusion in Python: fast set operations on list columns, exact
+similarity joins and BM25 search.
+
+    >>> import datafusion_sets as dfs
+    >>> ctx = dfs.session_context()          # or dfs.register(an_existing_context)
+    >>> ctx.sql("SELECT jaccard([1, 2, 3], [2, 3, 4]) AS j").to_pandas()
+         j
+    0  0.5
+
+``session_context()`` also installs the ``sets.*`` options (``SET sets.backend = 'gpu'``);
+``register(ctx)`` installs the functions into a context built elsewhere, whose options it
+cannot change: build its config with ``with_sets_options(SessionConfig())`` first.
+
+The module's functions build DataFrame expressions:
+``df.select(dfs.jaccard(col("a"), col("b")))``.
+"""
+
+from __future__ import annotations
+
+from datafusion import (
+    AggregateUDF,
+    Expr,
+    ScalarUDF,
+    SessionConfig,
+    SessionContext,
+    TableFunction,
+)
+
+from . import _internal
+
+__all__ = [
+    "register",
+    "session_context",
+    "with_sets_options",
+    "gpu_available",
+    "list_intersect",
+    "list_intersect_count",
+    "list_intersect_agg",
+    "jaccard",
+    "cosine",
+    "dice",
+    "overlap",
+    "tokenize",
+]
+
+_SCALARS = {f.name: ScalarUDF.from_pycapsule(f) for f in _internal.scalar_functions()}
+_AGGREGATES = {
+    f.name: AggregateUDF.from_pycapsule(f) for f in _internal.aggregate_functions()
+}
+
+
+def with_sets_options(config: SessionConfig | None = None) -> SessionConfig:
+    """``config`` (a new one when None) with the ``sets.*`` options installed, so that
+    ``SET sets.<name> = ...`` works in a context built from it."""
+    config = SessionConfig() if config is None else config
+    return config.with_extension(_internal.SetsOptions())
+
+
+def register(ctx: SessionContext) -> SessionContext:
+    """Install every function of datafusion-sets into ``ctx`` and return it: the scalar
+    functions (``list_intersect`` replacing DataFusion's alias of ``array_intersect``),
+    ``list_intersect_agg``, and the table functions ``similarity_join``, ``bm25_index``
+    and ``topk_bm25``."""
+    for udf in _SCALARS.values():
+        ctx.register_udf(udf)
+    for udaf in _AGGREGATES.values():
+        ctx.register_udaf(udaf)
+    for f in _internal.table_functions():
+        ctx.register_udtf(TableFunction(f.name, f, ctx))
+    return ctx
+
+
+def session_context(config: SessionConfig | None = None, runtime=None) -> SessionContext:
+    """A new ``SessionContext`` on ``config`` (DataFusion's defaults when None), with the
+    ``sets.*`` options and every function of datafusion-sets."""
+    return register(SessionContext(with_sets_options(config), runtime))
+
+
+def gpu_available() -> bool:
+    """Whether the GPU backend found a usable NVIDIA GPU (CUDA is loaded at run time)."""
+    return _internal.gpu_available()
+
+
+def _scalar(name: str):
+    udf = _SCALARS[name]
+
+    def call(*args: Expr) -> Expr:
+        return udf(*args)
+
+    call.__name__ = name
+    call.__doc__ = f"The SQL function ``{name}`` as a DataFrame expression."
+    return call
+
+
+list_intersect = _scalar("list_intersect")
+list_intersect_count = _scalar("list_intersect_count")
+jaccard = _scalar("jaccard")
+cosine = _scalar("cosine")
+dice = _scalar("dice")
+overlap = _scalar("overlap")
+tokenize = _scalar("tokenize")
+
+
+def list_intersect_agg(arg: Expr) -> Expr:
+    """The aggregate ``list_intersect_agg`` as a DataFrame expression."""
+    return _AGGREGATES["list_intersect_agg"](arg)

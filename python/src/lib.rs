@@ -1,0 +1,221 @@
+//! `datafusion_sets._internal`: the crate's functions for datafusion-python, each handed over
+//! as a datafusion-ffi capsule (`__datafusion_scalar_udf__`, `__datafusion_aggregate_udf__`,
+//! `__datafusion_table_function__`, `__datafusion_extension_options__`). The Python package
+//! (`datafusion_sets/__init__.py`) registers them into a `SessionContext`.
+//!
+//! Across FFI the host (datafusion-python) keeps its own session: our functions see its
+//! options as text (read by `SetsConfig::from_options`), its tables through a foreign catalog,
+//! and run with a task context of their own (datafusion-ffi builds it with an unbounded
+//! memory pool: see `docs/python.md`).
+
+use std::ffi::CStr;
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
+
+use datafusion::catalog::TableFunctionImpl;
+use datafusion::config::ExtensionOptions;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
+use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::udaf::FFI_AggregateUDF;
+use datafusion_ffi::udf::FFI_ScalarUDF;
+use datafusion_ffi::udtf::FFI_TableFunction;
+use datafusion_sets::SetsConfig;
+use pyo3::exceptions::{PyImportError, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+/// The tokio runtime our side of FFI runs its async work on (table functions resolving
+/// tables, scans): the host's runtime lives in another library and is not reachable.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name("datafusion-sets")
+            .enable_all()
+            .build()
+            .expect("datafusion-sets: cannot start its tokio runtime")
+    })
+}
+
+/// A scalar function of the crate (`list_intersect`, `jaccard`, `tokenize`, ...).
+#[pyclass(frozen, module = "datafusion_sets._internal")]
+struct ScalarFunction(Arc<ScalarUDF>);
+
+#[pymethods]
+impl ScalarFunction {
+    /// The function's SQL name.
+    #[getter]
+    fn name(&self) -> String {
+        self.0.name().to_string()
+    }
+
+    fn __datafusion_scalar_udf__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let ffi = FFI_ScalarUDF::from(Arc::clone(&self.0));
+        PyCapsule::new_with_value(py, ffi, c"datafusion_scalar_udf")
+    }
+}
+
+/// An aggregate function of the crate (`list_intersect_agg`).
+#[pyclass(frozen, module = "datafusion_sets._internal")]
+struct AggregateFunction(Arc<AggregateUDF>);
+
+#[pymethods]
+impl AggregateFunction {
+    #[getter]
+    fn name(&self) -> String {
+        self.0.name().to_string()
+    }
+
+    fn __datafusion_aggregate_udf__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let ffi = FFI_AggregateUDF::from(Arc::clone(&self.0));
+        PyCapsule::new_with_value(py, ffi, c"datafusion_aggregate_udf")
+    }
+}
+
+/// A table function of the crate (`similarity_join`, `bm25_index`, `topk_bm25`).
+#[pyclass(frozen, module = "datafusion_sets._internal")]
+struct TableFunction {
+    name: &'static str,
+    function: Arc<dyn TableFunctionImpl>,
+}
+
+#[pymethods]
+impl TableFunction {
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The capsule for `session` (a `datafusion.SessionContext`): the function's argument
+    /// expressions are decoded, and its tables found, through that session.
+    fn __datafusion_table_function__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = host_logical_codec(&session)?;
+        // Our operators spawn on this runtime. datafusion-ffi also passes the handle on to
+        // the host's table providers, whose streams enter it with the host's build of tokio:
+        // harmless for in-memory tables, fatal for the host's file scans, which spawn (see
+        // docs/python.md: read a file into a memory table first).
+        let handle = Some(runtime().handle().clone());
+        let ffi = FFI_TableFunction::new_with_ffi_codec(Arc::clone(&self.function), handle, codec);
+        PyCapsule::new_with_value(py, ffi, c"datafusion_table_function")
+    }
+}
+
+const CODEC_CAPSULE: &CStr = c"datafusion_logical_extension_codec";
+
+/// The logical extension codec of a datafusion-python session (its wrapper class or the
+/// internal one), through which a table function's arguments cross.
+fn host_logical_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCodec> {
+    let getter = "__datafusion_logical_extension_codec__";
+    let owner = match session.hasattr(getter)? {
+        true => session.clone(),
+        false => session.getattr("ctx")?,
+    };
+    let capsule = owner.call_method0(getter)?;
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let pointer: NonNull<FFI_LogicalExtensionCodec> =
+        capsule.pointer_checked(Some(CODEC_CAPSULE))?.cast();
+    // SAFETY: the capsule is named `datafusion_logical_extension_codec`, which datafusion-ffi
+    // hosts give only to a boxed `FFI_LogicalExtensionCodec`; it lives as long as the capsule,
+    // which `capsule` holds while the reference is used (cloned out below).
+    let codec = unsafe { pointer.as_ref() };
+    // SAFETY: `version` is a plain function of the host's datafusion-ffi, taking nothing.
+    let host = unsafe { (codec.version)() };
+    if host != datafusion_ffi::version() {
+        return Err(PyImportError::new_err(format!(
+            "datafusion_sets: built for DataFusion {} but the datafusion package is DataFusion {host}; install datafusion=={}.*",
+            datafusion_ffi::version(),
+            datafusion_ffi::version()
+        )));
+    }
+    Ok(codec.clone())
+}
+
+/// The `sets.*` options, for `SessionConfig().with_extension(SetsConfig())`: then `SET
+/// sets.backend = 'gpu'` and the rest work in that session.
+#[pyclass(frozen, module = "datafusion_sets._internal")]
+struct SetsOptions;
+
+#[pymethods]
+impl SetsOptions {
+    #[new]
+    fn new() -> Self {
+        SetsOptions
+    }
+
+    fn __datafusion_extension_options__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        // Our entries carry their full names (`sets.backend`), which is how the host stores
+        // them (`FFI_ExtensionOptions::add_config` would prefix them a second time).
+        let mut options = FFI_ExtensionOptions::default();
+        for entry in SetsConfig::default().entries() {
+            if let Some(value) = entry.value {
+                options
+                    .set(&entry.key, &value)
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            }
+        }
+        PyCapsule::new_with_value(py, options, c"datafusion_extension_options")
+    }
+}
+
+/// Every scalar function of the crate but `topk_bm25` (which reads index tables through a
+/// session that FFI does not give a function).
+#[pyfunction]
+fn scalar_functions() -> Vec<ScalarFunction> {
+    datafusion_sets::all_scalar_functions()
+        .into_iter()
+        .map(ScalarFunction)
+        .collect()
+}
+
+#[pyfunction]
+fn aggregate_functions() -> Vec<AggregateFunction> {
+    datafusion_sets::all_aggregate_functions()
+        .into_iter()
+        .map(AggregateFunction)
+        .collect()
+}
+
+#[pyfunction]
+fn table_functions() -> Vec<TableFunction> {
+    datafusion_sets::table_functions()
+        .into_iter()
+        .map(|(name, function)| TableFunction { name, function })
+        .collect()
+}
+
+/// The DataFusion major version the package was built for.
+#[pyfunction]
+fn datafusion_major() -> u64 {
+    datafusion_ffi::version()
+}
+
+/// Whether a usable GPU was found (the CUDA driver is loaded at run time).
+#[pyfunction]
+fn gpu_available() -> bool {
+    datafusion_sets::gpu::is_available()
+}
+
+#[pymodule]
+fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ScalarFunction>()?;
+    m.add_class::<AggregateFunction>()?;
+    m.add_class::<TableFunction>()?;
+    m.add_class::<SetsOptions>()?;
+    m.add_function(wrap_pyfunction!(scalar_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(aggregate_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(table_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(datafusion_major, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,182 @@
+"""datafusion_sets in datafusion-python: each function's answers on cases of the SQL suites
+(sql-tests/*.slt), NULLs, errors, options, and the DataFrame API."""
+
+import pyarrow as pa
+import pytest
+from datafusion import SessionContext, col, lit
+
+import datafusion_sets as dfs
+
+
+@pytest.fixture
+def ctx():
+    return dfs.session_context()
+
+
+def rows(ctx, sql):
+    """The query's rows as tuples."""
+    table = ctx.sql(sql).to_arrow_table()
+    return list(zip(*(c.to_pylist() for c in table.columns)))
+
+
+def one(ctx, sql):
+    [row] = rows(ctx, sql)
+    return row
+
+
+def test_similarity_functions(ctx):
+    j, c, d, o, t = one(
+        ctx,
+        "SELECT jaccard([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]), cosine([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]),"
+        " dice([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]), overlap([1, 2, 3, 4, 5], [1, 2, 3, 4, 9]),"
+        " arrow_typeof(overlap([1], [1]))",
+    )
+    assert (round(j, 12), c, d, o, t) == (0.666666666667, 0.8, 0.8, 4, "UInt64")
+    # Empty sets are 0; a NULL list is NULL; NULL elements are not members.
+    assert one(ctx, "SELECT jaccard([], []), cosine([], [1]), dice([], []), overlap([], [])") == (0, 0, 0, 0)
+    assert one(
+        ctx, "SELECT jaccard(NULL, [1, 2]), cosine([1], NULL), dice(NULL, NULL), overlap(NULL, [1])"
+    ) == (None, None, None, None)
+    assert one(
+        ctx,
+        "SELECT jaccard([NULL], [NULL]), overlap([1, NULL], [NULL, 1]),"
+        " list_intersect_count([1, NULL], [NULL, 1]), jaccard([1, NULL, 2], [2, 1])",
+    ) == (0, 1, 2, 1)
+
+
+def test_integer_widths_and_list_types(ctx):
+    got = one(
+        ctx,
+        "SELECT jaccard(arrow_cast([1, 2, 3], 'List(Int8)'), arrow_cast([3, 2], 'List(Int8)')),"
+        " cosine(arrow_cast([1, 2, 3], 'LargeList(UInt32)'), arrow_cast([3, 2, 1], 'List(UInt32)')),"
+        " dice(arrow_cast([1, 2, 3], 'FixedSizeList(3, Int16)'), arrow_cast([3, 7, 1], 'FixedSizeList(3, Int16)')),"
+        " overlap(arrow_cast([1, 2, 3], 'List(UInt64)'), arrow_cast([3, 4], 'LargeList(UInt64)'))",
+    )
+    assert [round(v, 12) for v in got] == [0.666666666667, 1, 0.666666666667, 1]
+
+
+def test_string_sets(ctx):
+    assert one(ctx, "SELECT jaccard(['a', 'b', 'c'], ['b', 'c', 'd']), overlap(['x'], ['x', 'y'])") == (0.5, 1)
+
+
+def test_list_intersect_and_count(ctx):
+    assert one(ctx, "SELECT list_intersect([5, 1, 3, 9], [9, 3, 4])") == ([3, 9],)
+    assert one(ctx, "SELECT list_intersect(NULL, [1]), list_intersect_count([1, 2], NULL)") == (None, None)
+    assert one(ctx, "SELECT list_intersect_count([1, 2, 3, 4], [2, 4, 6])") == (2,)
+
+
+def test_list_intersect_agg(ctx):
+    ctx.sql(
+        "CREATE TABLE g(k INT, l INT[]) AS VALUES"
+        " (1, [1, 2, 3]), (1, [2, 3, 4]), (1, [3, 2]), (2, [7, 8]), (2, NULL), (3, [])"
+    ).collect()
+    got = rows(ctx, "SELECT k, list_intersect_agg(l) FROM g GROUP BY k ORDER BY k")
+    assert [(k, sorted(v) if v is not None else None) for k, v in got] == [(1, [2, 3]), (2, [7, 8]), (3, [])]
+
+
+def test_tokenize(ctx):
+    assert one(ctx, "SELECT tokenize('Le café est très bon', 'fold=ascii')") == (["le", "cafe", "est", "tres", "bon"],)
+    assert one(ctx, "SELECT tokenize('東京タワー')") == (["東京", "京タ", "タワ", "ワー"],)
+
+
+def test_errors_name_the_function_and_argument(ctx):
+    with pytest.raises(Exception, match="jaccard"):
+        ctx.sql("SELECT jaccard([1.5], [2.5])").collect()
+    with pytest.raises(Exception, match="tokenize"):
+        ctx.sql("SELECT tokenize('a b', 'stem=klingon')").collect()
+    with pytest.raises(Exception, match="similarity_join"):
+        ctx.sql("SELECT * FROM similarity_join('nope', 'id', 'tokens', 'jaccard', 0.5)").collect()
+
+
+def similarity_join_by_hand(sets, t):
+    """Every pair (i < j) of `sets` with Jaccard >= t, by a nested loop."""
+    ids = sorted(sets)
+    out = set()
+    for x, i in enumerate(ids):
+        for j in ids[x + 1 :]:
+            a, b = set(sets[i]), set(sets[j])
+            if a | b and len(a & b) / len(a | b) >= t:
+                out.add((i, j))
+    return out
+
+
+def test_similarity_join_table_function(ctx):
+    sets = {i: sorted({i % 7, i % 11, 20 + i % 3, 30 + i % 5}) for i in range(1, 301)}
+    ctx.register_record_batches(
+        "s", [[pa.record_batch({"id": list(sets), "tokens": list(sets.values())})]]
+    )
+    got = rows(ctx, "SELECT left_id, right_id FROM similarity_join('s', 'id', 'tokens', 'jaccard', 0.6)")
+    assert {tuple(sorted(p)) for p in got} == similarity_join_by_hand(sets, 0.6)
+    assert len(got) == len(set(got)) > 0
+
+
+def test_bm25_index_and_topk_table_function(ctx):
+    ctx.sql(
+        "CREATE TABLE docs(doc_id BIGINT, body VARCHAR) AS VALUES"
+        " (10, 'The quick brown fox jumps'), (20, 'the lazy dog sleeps'), (30, 'quick quick dog'),"
+        " (40, 'a fox and a dog'), (50, 'nothing here at all'), (60, NULL)"
+    ).collect()
+    ctx.sql("CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')").collect()
+    got = rows(ctx, "SELECT rank, doc_id FROM topk_bm25('idx', 'quick dog', 10, 'and')")
+    assert got == [(1, 30)]
+    got = rows(ctx, "SELECT rank, doc_id FROM topk_bm25('idx', 'fox', 10)")
+    assert sorted(d for _, d in got) == [10, 40]
+
+
+def test_set_options_take_effect():
+    ctx = dfs.session_context()
+    ctx.sql("CREATE TABLE docs(doc_id BIGINT, body VARCHAR) AS VALUES (1, 'a a a b'), (2, 'a b b c d e f')").collect()
+    ctx.sql("CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')").collect()
+    query = "SELECT doc_id, score FROM topk_bm25('idx', 'a b', 2) ORDER BY doc_id"
+    default = rows(ctx, query)
+    ctx.sql("SET sets.bm25_b = 0").collect()
+    without_length = rows(ctx, query)
+    assert [d for d, _ in default] == [d for d, _ in without_length] == [1, 2]
+    assert default != without_length
+    ctx.sql("SET sets.backend = 'cpu'").collect()
+    assert rows(ctx, query) == without_length
+    # The host stores foreign options unchecked; the query that reads a bad one fails.
+    ctx.sql("SET sets.backend = 'gpx'").collect()
+    with pytest.raises(Exception, match="sets.backend"):
+        ctx.sql("SELECT jaccard([1], [1])").collect()
+
+
+def test_register_into_an_existing_context():
+    ctx = dfs.register(SessionContext())
+    assert one(ctx, "SELECT jaccard([1, 2], [2, 3])") == (1 / 3,)
+    # Without the options installed in its config, SET sets.* is refused, not ignored.
+    with pytest.raises(Exception, match="sets"):
+        ctx.sql("SET sets.backend = 'cpu'").collect()
+
+
+def test_dataframe_api(ctx):
+    batch = pa.record_batch(
+        {
+            "a": pa.array([[1, 2, 3], [4, 5], None], pa.list_(pa.int64())),
+            "b": pa.array([[2, 3, 4], [6], [1]], pa.list_(pa.int64())),
+            "g": [1, 1, 2],
+        }
+    )
+    df = ctx.from_arrow(batch)
+    out = df.select(
+        dfs.jaccard(col("a"), col("b")).alias("j"),
+        dfs.list_intersect(col("a"), col("b")).alias("i"),
+        dfs.list_intersect_count(col("a"), col("b")).alias("n"),
+        dfs.overlap(col("a"), lit(pa.scalar([1, 4], pa.list_(pa.int64())))).alias("o"),
+    ).to_pydict()
+    assert out == {"j": [0.5, 0.0, None], "i": [[2, 3], [], None], "n": [2, 0, None], "o": [1, 1, None]}
+    agg = df.aggregate([col("g")], [dfs.list_intersect_agg(col("a")).alias("x")]).sort(col("g")).to_pydict()
+    assert agg == {"g": [1, 2], "x": [[], None]}
+    words = ctx.from_pydict({"t": ["Straße und Müller"]}).select(dfs.tokenize(col("t")).alias("w"))
+    assert words.to_pydict() == {"w": [["straße", "und", "müller"]]}
+
+
+def test_pandas_round_trip(ctx):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"id": [1, 2, 3], "tags": [["a", "b"], ["b", "c"], ["a", "b", "c"]]})
+    ctx.from_pandas(frame, name="tagged")
+    got = ctx.sql(
+        "SELECT l.id AS l, r.id AS r, jaccard(l.tags, r.tags) AS j FROM tagged l JOIN tagged r"
+        " ON l.id < r.id ORDER BY l, r"
+    ).to_pandas()
+    assert got["j"].round(6).tolist() == [round(1 / 3, 6), round(2 / 3, 6), round(2 / 3, 6)]
