@@ -363,9 +363,10 @@ mod tests {
             SetsConfig::default()
         );
         let mut options = foreign(&[("sets.backend", "gpx")]);
-        let mut local = SetsConfig::default();
-        local.backend = BackendChoice::Gpu;
-        options.extensions.insert(local);
+        options.extensions.insert(SetsConfig {
+            backend: BackendChoice::Gpu,
+            ..SetsConfig::default()
+        });
         assert_eq!(
             SetsConfig::from_options(&options).unwrap().backend,
             BackendChoice::Gpu
