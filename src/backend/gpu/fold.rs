@@ -1,13 +1,14 @@
-//! Many groups' sets intersected on the GPU, each group shortest first: the batched
-//! conjunctive queries of the Wu and Wang papers (`list_intersect_agg` with `GROUP BY`).
+//! Many groups' sets intersected on the GPU (`list_intersect_agg` with `GROUP BY`; the
+//! batched conjunctive queries of the Wu and Wang papers).
 //!
-//! A group is a chain of 2-list intersections that must run in order, but the groups are
-//! independent, so the chains advance together: round `r` intersects, for every group that
-//! still has a set left and a non-empty result, its running result with its `r`-th set, all
-//! of them as one batched [`intersect`] call (one row per group). A group's sets come
-//! shortest first, so its running result only shrinks and the first rounds, where most rows
-//! are, read the shortest lists. Rounds stop when no group has work left; a group whose
-//! result empties drops out.
+//! Intersection is associative and commutative, so a group's sets reduce as a tree: round
+//! `r` pairs each group's operands (its sets in round 1, the previous round's results
+//! after) two by two, shortest with next shortest, and intersects every pair of every group
+//! as one batched [`intersect`] call (one row per pair). A group of `n` sets takes
+//! `ceil(log2 n)` rounds, so a fold of groups with hundreds of short lists makes a handful of
+//! device calls, not hundreds (a chain, one set a round, paid a device round trip per set
+//! and held its caller for seconds). A group drops out once it is down to one operand or a
+//! pair's result is empty (the intersection is then empty).
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -32,8 +33,8 @@ pub struct FoldOutput<T> {
 }
 
 /// Intersects each group's sets on the GPU: group `g`'s sets are
-/// `sets[groups[g].clone()]`, each strictly increasing, in the order they are folded
-/// (shortest first is the caller's choice and the efficient one). A group with no set gets an
+/// `sets[groups[g].clone()]`, each strictly increasing, reduced as a tree in `ceil(log2 n)`
+/// batched device calls (pairs of similar length first). A group with no set gets an
 /// empty result; with one set, that set. The result is the same as folding the sets with
 /// the CPU's kernels (a row the device flags is recomputed on the CPU).
 ///
@@ -60,21 +61,24 @@ pub(crate) fn fold_groups_with<T: SetElem>(
     hold: &mut dyn FnMut(usize) -> bool,
     mut run: impl FnMut(&[HostList<'_, T>]) -> Result<GpuOutput<T>, GpuError>,
 ) -> Result<FoldOutput<T>, GpuError> {
-    // Every group's running result stays where it was made, never copied: its first set, a
-    // row of a round's output (the outputs are kept to the end), or the CPU's redo of a
-    // flagged row in `redone`.
-    let mut cur: Vec<Cur> = groups
+    // Every operand stays where it was made, never copied: a set, a row of a round's output
+    // (the outputs are kept to the end), or the CPU's redo of a flagged row in `redone`.
+    // `ops[g]` are group `g`'s operands, shortest first; an empty one empties the group.
+    let mut ops: Vec<Vec<Cur>> = groups
         .iter()
-        .map(|g| match g.is_empty() {
-            true => Cur::Empty,
-            false => Cur::Set(g.start),
+        .map(|g| {
+            if g.clone().any(|i| sets[i].is_empty()) {
+                vec![Cur::Empty]
+            } else {
+                g.clone().map(Cur::Set).collect()
+            }
         })
         .collect();
     let mut outputs: Vec<GpuOutput<T>> = Vec::new();
     let mut redone: Vec<T> = Vec::new();
     let mut out = FoldOutput::default();
-    // One round's batch: A = the active groups' running results, B = their next sets (64-bit
-    // offsets, so no batch is limited to 2^31 values).
+    // One round's batch: row k intersects A's row k with B's (64-bit offsets, so no batch is
+    // limited to 2^31 values).
     let (mut a_off, mut a_val, mut b_off, mut b_val) = (
         Vec::<i64>::new(),
         Vec::<T>::new(),
@@ -96,21 +100,21 @@ pub(crate) fn fold_groups_with<T: SetElem>(
     let started = std::time::Instant::now();
     for round in 1.. {
         let t0 = std::time::Instant::now();
-        let active: Vec<usize> = (0..groups.len())
-            .filter(|&g| {
-                groups[g].len() > round && !slice_of(&cur[g], sets, &outputs, &redone).is_empty()
-            })
+        // The round's rows: (group, its pair's first operand).
+        let pairs: Vec<(usize, usize)> = (0..groups.len())
+            .filter(|&g| ops[g].len() > 1)
+            .flat_map(|g| (0..ops[g].len() / 2).map(move |j| (g, 2 * j)))
             .collect();
-        if active.is_empty() {
+        if pairs.is_empty() {
             break;
         }
-        let a_rows: Vec<&[T]> = active
+        let a_rows: Vec<&[T]> = pairs
             .iter()
-            .map(|&g| slice_of(&cur[g], sets, &outputs, &redone))
+            .map(|&(g, j)| slice_of(&ops[g][j], sets, &outputs, &redone))
             .collect();
-        let b_rows: Vec<&[T]> = active
+        let b_rows: Vec<&[T]> = pairs
             .iter()
-            .map(|&g| sets[groups[g].start + round])
+            .map(|&(g, j)| slice_of(&ops[g][j + 1], sets, &outputs, &redone))
             .collect();
         gather_rows(&a_rows, &mut a_off, &mut a_val);
         gather_rows(&b_rows, &mut b_off, &mut b_val);
@@ -139,24 +143,44 @@ pub(crate) fn fold_groups_with<T: SetElem>(
         add_timings(&mut out.timings, &res.timings);
         let range = |o: &[i64], k: usize| o[k] as usize..o[k + 1] as usize;
         let index = outputs.len();
-        for (k, &g) in active.iter().enumerate() {
-            if res.flagged.get(k).copied().unwrap_or(false) {
+        // Each group's next operands: its pairs' results, then an odd one out carried over.
+        let mut next: Vec<Option<Vec<Cur>>> = vec![None; groups.len()];
+        for (k, &(g, _)) in pairs.iter().enumerate() {
+            let made = if res.flagged.get(k).copied().unwrap_or(false) {
                 // Not reached with strictly increasing sets; kept exact all the same.
                 tmp.clear();
                 cpu::intersect_auto(&a_val[range(&a_off, k)], &b_val[range(&b_off, k)], &mut tmp);
                 let start = redone.len();
                 redone.extend_from_slice(&tmp);
-                cur[g] = Cur::Redone(start..redone.len());
                 out.redone += 1;
+                Cur::Redone(start..redone.len())
             } else {
-                cur[g] = Cur::Out(index, res.offsets[k] as usize..res.offsets[k + 1] as usize);
-            }
+                Cur::Out(index, res.offsets[k] as usize..res.offsets[k + 1] as usize)
+            };
+            next[g].get_or_insert_with(Vec::new).push(made);
         }
         kept +=
             std::mem::size_of_val(res.values_slice()) + res.offsets.len() * 8 + res.flagged.len();
         outputs.push(res);
+        for (g, made) in next.into_iter().enumerate() {
+            let Some(mut made) = made else { continue };
+            if ops[g].len() % 2 == 1 {
+                made.push(ops[g].pop().expect("an odd operand"));
+            }
+            let len = |c: &Cur| slice_of(c, sets, &outputs, &redone).len();
+            ops[g] = if made.iter().any(|c| len(c) == 0) {
+                vec![Cur::Empty]
+            } else {
+                made.sort_by_key(len);
+                made
+            };
+        }
         store += t1.elapsed();
     }
+    let cur: Vec<Cur> = ops
+        .into_iter()
+        .map(|o| o.into_iter().next().unwrap_or(Cur::Empty))
+        .collect();
     let t2 = std::time::Instant::now();
     let rows: Vec<&[T]> = cur
         .iter()
@@ -194,12 +218,12 @@ pub(crate) fn fold_groups_with<T: SetElem>(
     Ok(out)
 }
 
-/// Where a group's running result is (see [`fold_groups_with`]).
+/// Where an operand of a group is (see [`fold_groups_with`]).
 #[derive(Clone, Debug)]
 enum Cur {
-    /// No set: an empty result.
+    /// An empty set (a group with no set, or one whose intersection emptied).
     Empty,
-    /// The group's first set, `sets[i]`.
+    /// One of the group's sets, `sets[i]`.
     Set(usize),
     /// Row values `range` of round output `i`.
     Out(usize, Range<usize>),
@@ -328,12 +352,13 @@ mod tests {
 
     proptest! {
         /// Every group's result equals the fold of its sets, whatever the number of sets per
-        /// group (0, 1 or many), their lengths and the rows the emulated device flags.
+        /// group (0, 1 or many), their lengths and the rows the emulated device flags, in at
+        /// most `ceil(log2 n)` device calls.
         #[test]
         fn rounds_fold_every_group(
             groups in proptest::collection::vec(
                 proptest::collection::vec(
-                    proptest::collection::btree_set(-20i64..40, 0..30), 0..6),
+                    proptest::collection::btree_set(-20i64..40, 0..30), 0..12),
                 0..20),
         ) {
             let mut sets: Vec<Vec<i64>> = Vec::new();
@@ -351,7 +376,9 @@ mod tests {
                 prop_assert_eq!(&out.values[out.offsets[g]..out.offsets[g + 1]], want.as_slice());
             }
             let max = groups.iter().map(Vec::len).max().unwrap_or(0);
-            prop_assert!(out.calls as usize <= max.saturating_sub(1));
+            // A tree: ceil(log2 n) rounds for the largest group, not one round per set.
+            let rounds = (usize::BITS - max.saturating_sub(1).leading_zeros()) as usize;
+            prop_assert!(out.calls as usize <= rounds, "{} calls for {} sets", out.calls, max);
         }
     }
 
@@ -370,13 +397,14 @@ mod tests {
             true
         })
         .unwrap();
-        // Three rounds (four sets per group), then the output.
+        // Two rounds (four sets per group, reduced as a tree), then the output.
+        assert_eq!(out.calls, 2);
         assert_eq!(asked.len(), out.calls as usize + 1);
-        // Each round's request covers at least its two operands (A and B) as gathered and as
-        // staged; the output's covers the output.
+        // Each round's request covers at least its operands (A and B: every set in round 1)
+        // as gathered and as staged; the output's covers the output.
         let first_round: usize = ranges
             .iter()
-            .map(|r| (sets[r.start].len() + sets[r.start + 1].len()) * 4)
+            .map(|r| r.clone().map(|i| sets[i].len()).sum::<usize>() * 4)
             .sum();
         assert!(asked[0] >= 2 * first_round, "{asked:?} vs {first_round}");
         assert!(*asked.last().unwrap() >= out.values.len() * 4 + out.offsets.len() * 8);
