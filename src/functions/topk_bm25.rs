@@ -25,7 +25,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::catalog::CatalogProviderList;
 use datafusion::common::types::{NativeType, logical_int64, logical_string};
-use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
+use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err, plan_err};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::runtime_env::RuntimeEnv;
@@ -40,7 +40,7 @@ use datafusion_macros::user_doc;
 
 use crate::placement::plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 use crate::search::loaded::load_index;
-use crate::search::rank::{RankStats, rank_batch};
+use crate::search::rank::{RankStats, rank_batch, wants_gpu};
 use crate::search::topk::Mode;
 use table::{TOPK_BM25, check_k, check_mode, params_of};
 
@@ -313,9 +313,6 @@ impl AsyncScalarUDFImpl for TopkBm25 {
             .with_runtime_env(Arc::clone(&self.handle.runtime))
             .with_catalog_list(Arc::clone(&self.handle.catalogs))
             .build();
-        // Ranking a batch is CPU work without an await: yield once per batch, so a query
-        // whose consumer emits nothing can still be cancelled between batches.
-        tokio::task::yield_now().await;
         let loaded = load_index(&state, &table, TOPK_BM25, 1).await?;
         let scored = loaded.scored(params_of(&options)?)?;
         let (texts, scalar) = match &args.args[1] {
@@ -323,31 +320,54 @@ impl AsyncScalarUDFImpl for TopkBm25 {
             ColumnarValue::Scalar(s) => (s.to_array_of_size(1)?, true),
         };
         let texts: ArrayRef = cast(&texts, &DataType::Utf8)?;
-        let texts = texts.as_string::<i32>();
-        // CPU work inline, as any scalar function does; rayon spreads the queries (or the
-        // GPU ranks them, with `sets.backend`).
+        let (rows, nulls) = (texts.len(), texts.nulls().cloned());
+        // Rayon spreads the queries (or the GPU ranks them, with `sets.backend`).
         let config = crate::config::SetsConfig::from_options(&options)?;
         let budget = (config.gpu_index_budget > 0).then_some(config.gpu_index_budget);
         let backend = self.plan().map_or(config.backend, |p| p.backend);
+        let on_gpu = wants_gpu(backend, mode, rows - texts.null_count());
         let started = Instant::now();
-        // The GPU's host staging reserved in the session's pool while the batch runs.
-        let reservation = Some(
-            MemoryConsumer::new(format!("{TOPK_BM25}[gpu]"))
-                .register(&self.handle.runtime.memory_pool),
-        );
-        let (ranked, stats) = rank_batch(
-            &loaded,
-            &scored,
-            texts,
-            k,
-            mode,
-            backend,
-            budget,
-            &mut holder(&reservation),
-        );
-        drop(reservation);
+        let pool = Arc::clone(&self.handle.runtime.memory_pool);
+        let rank = move || {
+            // The GPU's host staging reserved in the session's pool while the batch runs.
+            let reservation = Some(MemoryConsumer::new(format!("{TOPK_BM25}[gpu]")).register(&pool));
+            rank_batch(
+                &loaded,
+                &scored,
+                texts.as_string::<i32>(),
+                k,
+                mode,
+                backend,
+                budget,
+                &mut holder(&reservation),
+            )
+        };
+        // The batch is ranked off the runtime's workers, which stay free to poll: a query
+        // dropped meanwhile returns at once (the batch finishes in the background and its
+        // result is dropped). On the CPU the batch is rayon's work anyway; a GPU batch waits
+        // on the device, and the process's first one compiles the kernels (seconds), so it
+        // waits on tokio's blocking pool.
+        let (ranked, stats) = match (on_gpu, tokio::runtime::Handle::try_current()) {
+            (true, Ok(runtime)) => runtime
+                .spawn_blocking(rank)
+                .await
+                .map_err(|e| DataFusionError::Execution(format!("{TOPK_BM25}: {e}")))?,
+            (true, Err(_)) => rank(),
+            (false, _) => {
+                let (done, result) = tokio::sync::oneshot::channel();
+                rayon::spawn(move || {
+                    let ranked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(rank));
+                    let _ = done.send(ranked);
+                });
+                match result.await {
+                    Ok(Ok(ranked)) => ranked,
+                    Ok(Err(panic)) => std::panic::resume_unwind(panic),
+                    Err(_) => return exec_err!("{TOPK_BM25}: the ranking task ended without a result"),
+                }
+            }
+        };
         if let Some(p) = self.plan() {
-            record(&p.metrics, texts.len(), &stats, started);
+            record(&p.metrics, rows, &stats, started);
         }
         // The flat result is the list's layout: offsets, then the struct's two columns. The
         // offsets rise from 0, so below 2^31 they are the list's i32 offsets as they lie.
@@ -372,7 +392,7 @@ impl AsyncScalarUDFImpl for TopkBm25 {
             Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
             OffsetBuffer::new(offsets),
             Arc::new(values),
-            texts.nulls().cloned(),
+            nulls,
         )?;
         let out: ArrayRef = Arc::new(list);
         Ok(if scalar {
