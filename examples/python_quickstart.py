@@ -50,3 +50,9 @@ ctx.sql(
     "SELECT r.rank, p.package, round(r.score, 3) AS score FROM topk_bm25('idx', 'IMAP server', 3) r"
     " JOIN packages p ON p.id = r.doc_id ORDER BY r.rank"
 ).show()
+
+# 4. The same index over a column of queries: register_index makes the scalar topk_bm25
+#    work (SQL as in Rust) and returns its DataFrame form.
+search = dfs.register_index(ctx, "idx")
+queries = ctx.from_pydict({"q": ["IMAP server", "mail transport agent", "web browser"]})
+queries.select(col("q"), search(col("q"), 2).alias("hits")).show()

@@ -62,6 +62,11 @@ pub mod udf {
     pub use crate::functions::list_intersect_count::list_intersect_count_udf;
     pub use crate::functions::similarity::{cosine_udf, dice_udf, jaccard_udf, overlap_udf};
     pub use crate::functions::tokenize::tokenize_udf;
+    pub use crate::functions::topk_bm25::{SessionHandle, TopkBm25, hit_fields};
+
+    /// For hosts that pass every argument as an array (datafusion-ffi): an argument meant
+    /// to be a constant as one value, when its rows all hold the same one.
+    pub use crate::functions::common::one_value;
 }
 
 /// The GPU as the crate sees it: whether one is usable (and which), or why not.
@@ -73,6 +78,7 @@ pub mod gpu {
 /// run, without SQL).
 pub mod bm25 {
     pub use crate::search::index::{IndexBuilder, IndexedDoc, InvertedIndex};
+    pub use crate::search::loaded::index_loads;
     pub use crate::search::queries::{Queries, QueryTerms};
     pub use crate::search::rank::{RankStats, Ranked, rank_terms};
     pub use crate::search::scoring::{Bm25Params, Scored};

@@ -24,12 +24,14 @@ from datafusion import (
     SessionConfig,
     SessionContext,
     TableFunction,
+    lit,
 )
 
 from . import _internal
 
 __all__ = [
     "register",
+    "register_index",
     "session_context",
     "with_sets_options",
     "gpu_available",
@@ -74,6 +76,38 @@ def session_context(config: SessionConfig | None = None, runtime=None) -> Sessio
     """A new ``SessionContext`` on ``config`` (DataFusion's defaults when None), with the
     ``sets.*`` options and every function of datafusion-sets."""
     return register(SessionContext(with_sets_options(config), runtime))
+
+
+def register_index(ctx: SessionContext, name: str, table=None):
+    """Make the scalar ``topk_bm25(name, query, k [, mode])`` (BM25 top-k of a column of
+    queries, as in Rust) work in ``ctx`` over index table ``name``, and return its
+    DataFrame form: ``search(query_expr, k, mode=None)``.
+
+        >>> search = dfs.register_index(ctx, "idx")
+        >>> ctx.sql("SELECT q, topk_bm25('idx', q, 3) FROM queries")       # SQL
+        >>> ctx.table("queries").select(search(col("q"), 3))               # DataFrame
+
+    FFI gives a scalar function no session to find tables in, so this copies the rows of
+    ``table`` (default: ``ctx.table(name)``; anything with ``__arrow_c_stream__``) into
+    datafusion-sets, where the index is loaded once and cached. The searches see the index
+    as it was when this was called: after changing the index table, call it again (which
+    replaces the copy). The table form ``SELECT * FROM topk_bm25('idx', 'text', k)`` reads
+    the table at every query and needs no registration."""
+    indexes = getattr(ctx, "_datafusion_sets_indexes", None)
+    if indexes is None:
+        indexes = _internal.Bm25Indexes()
+        ctx.register_udf(ScalarUDF.from_pycapsule(indexes))
+        ctx._datafusion_sets_indexes = indexes
+    indexes.add(name, ctx.table(name) if table is None else table)
+    udf = ScalarUDF.from_pycapsule(indexes)
+
+    def search(query: Expr, k: int, mode: str | None = None) -> Expr:
+        args = [lit(name), query, lit(k)] + ([] if mode is None else [lit(mode)])
+        return udf(*args)
+
+    search.__name__ = f"topk_bm25_{name}"
+    search.__doc__ = f"``topk_bm25('{name}', query, k [, mode])`` as a DataFrame expression."
+    return search
 
 
 def gpu_available() -> bool:

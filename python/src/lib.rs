@@ -12,16 +12,28 @@ use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
-use datafusion::catalog::TableFunctionImpl;
+use datafusion::arrow::array::{RecordBatchReader, new_empty_array};
+use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
+use datafusion::catalog::{
+    CatalogProvider, MemTable, MemoryCatalogProvider, MemoryCatalogProviderList,
+    MemorySchemaProvider, SchemaProvider, TableFunctionImpl,
+};
+use datafusion::common::Result;
 use datafusion::config::ExtensionOptions;
-use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::async_udf::AsyncScalarUDFImpl;
+use datafusion::logical_expr::{
+    AggregateUDF, ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature,
+};
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 use datafusion_ffi::udtf::FFI_TableFunction;
 use datafusion_sets::SetsConfig;
-use pyo3::exceptions::{PyImportError, PyRuntimeError};
+use datafusion_sets::udf::{SessionHandle, TopkBm25, one_value};
+use pyo3::exceptions::{PyImportError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
@@ -168,6 +180,126 @@ impl SetsOptions {
     }
 }
 
+/// `topk_bm25(index, query, k [, mode])` over a column of queries, for a Python host. FFI
+/// gives a scalar function no session to find index tables in, so the function reads them
+/// from a catalog of its own, which [`Bm25Indexes::add`] fills with copies of the host's
+/// index tables (`datafusion_sets.register_index`). The index is loaded once per copy and
+/// cached as in Rust.
+#[pyclass(frozen, module = "datafusion_sets._internal")]
+struct Bm25Indexes {
+    schema: Arc<MemorySchemaProvider>,
+    udf: Arc<ScalarUDF>,
+}
+
+#[pymethods]
+impl Bm25Indexes {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let schema = Arc::new(MemorySchemaProvider::new());
+        let catalog = MemoryCatalogProvider::new();
+        let catalogs = MemoryCatalogProviderList::new();
+        // The names an unqualified table resolves to under DataFusion's default options.
+        catalog
+            .register_schema("public", Arc::clone(&schema) as _)
+            .map_err(py_err)?;
+        datafusion::catalog::CatalogProviderList::register_catalog(
+            &catalogs,
+            "datafusion".to_string(),
+            Arc::new(catalog),
+        );
+        let handle = SessionHandle {
+            catalogs: Arc::new(catalogs),
+            runtime: Arc::new(RuntimeEnv::default()),
+        };
+        let topk = BlockingTopk(Arc::new(TopkBm25::new(handle)));
+        Ok(Self {
+            schema,
+            udf: Arc::new(ScalarUDF::new_from_impl(topk)),
+        })
+    }
+
+    /// Make `rows` (anything with `__arrow_c_stream__`: a DataFrame, a pyarrow table) the
+    /// index table `name`, replacing an earlier copy of that name.
+    fn add(&self, name: &str, rows: &Bound<'_, PyAny>) -> PyResult<()> {
+        let capsule = rows.call_method0("__arrow_c_stream__")?;
+        let capsule = capsule.cast::<PyCapsule>()?;
+        let pointer: NonNull<FFI_ArrowArrayStream> =
+            capsule.pointer_checked(Some(c"arrow_array_stream"))?.cast();
+        // SAFETY: a capsule named `arrow_array_stream` holds an `FFI_ArrowArrayStream` (the
+        // Arrow PyCapsule interface), alive while `capsule` is. `from_raw` moves the stream
+        // out and leaves a released one in its place, which the capsule's destructor skips.
+        let reader = unsafe { ArrowArrayStreamReader::from_raw(pointer.as_ptr()) }
+            .map_err(|e| PyValueError::new_err(format!("register_index('{name}'): {e}")))?;
+        let schema = reader.schema();
+        let batches = reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| PyValueError::new_err(format!("register_index('{name}'): {e}")))?;
+        let table = MemTable::try_new(schema, vec![batches]).map_err(py_err)?;
+        self.schema.deregister_table(name).map_err(py_err)?;
+        self.schema
+            .register_table(name.to_string(), Arc::new(table))
+            .map_err(py_err)?;
+        Ok(())
+    }
+
+    /// The index tables copied so far.
+    fn names(&self) -> Vec<String> {
+        self.schema.table_names()
+    }
+
+    fn __datafusion_scalar_udf__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let ffi = FFI_ScalarUDF::from(Arc::clone(&self.udf));
+        PyCapsule::new_with_value(py, ffi, c"datafusion_scalar_udf")
+    }
+}
+
+fn py_err(e: datafusion::error::DataFusionError) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// The async `topk_bm25` as a plain scalar function (FFI has no async ones): each batch is
+/// ranked on our runtime while the host's thread waits. Behind FFI every argument arrives as
+/// an array, so the constant ones (index, k, mode) are taken back to one value first.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct BlockingTopk(Arc<TopkBm25>);
+
+impl ScalarUDFImpl for BlockingTopk {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn signature(&self) -> &Signature {
+        self.0.signature()
+    }
+    fn return_type(
+        &self,
+        arg_types: &[datafusion::arrow::datatypes::DataType],
+    ) -> Result<datafusion::arrow::datatypes::DataType> {
+        self.0.return_type(arg_types)
+    }
+    fn return_field_from_args(
+        &self,
+        args: ReturnFieldArgs,
+    ) -> Result<datafusion::arrow::datatypes::FieldRef> {
+        self.0.return_field_from_args(args)
+    }
+    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        if args.number_rows == 0 {
+            return Ok(ColumnarValue::Array(new_empty_array(
+                args.return_field.data_type(),
+            )));
+        }
+        for i in [0, 2, 3] {
+            if let Some(arg) = args.args.get_mut(i) {
+                *arg = one_value(arg)?;
+            }
+        }
+        runtime().block_on(self.0.invoke_async_with_args(args))
+    }
+    fn documentation(&self) -> Option<&Documentation> {
+        self.0.documentation()
+    }
+}
+
 /// Every scalar function of the crate but `topk_bm25` (which reads index tables through a
 /// session that FFI does not give a function).
 #[pyfunction]
@@ -200,6 +332,12 @@ fn datafusion_major() -> u64 {
     datafusion_ffi::version()
 }
 
+/// Index tables `topk_bm25` has read and built in this process (cached searches add none).
+#[pyfunction]
+fn index_loads() -> u64 {
+    datafusion_sets::bm25::index_loads()
+}
+
 /// Whether a usable GPU was found (the CUDA driver is loaded at run time).
 #[pyfunction]
 fn gpu_available() -> bool {
@@ -212,10 +350,12 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<AggregateFunction>()?;
     m.add_class::<TableFunction>()?;
     m.add_class::<SetsOptions>()?;
+    m.add_class::<Bm25Indexes>()?;
     m.add_function(wrap_pyfunction!(scalar_functions, m)?)?;
     m.add_function(wrap_pyfunction!(aggregate_functions, m)?)?;
     m.add_function(wrap_pyfunction!(table_functions, m)?)?;
     m.add_function(wrap_pyfunction!(datafusion_major, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
+    m.add_function(wrap_pyfunction!(index_loads, m)?)?;
     Ok(())
 }

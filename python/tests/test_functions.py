@@ -123,6 +123,53 @@ def test_bm25_index_and_topk_table_function(ctx):
     assert sorted(d for _, d in got) == [10, 40]
 
 
+def test_topk_bm25_over_a_column_of_queries(ctx):
+    ctx.sql(
+        "CREATE TABLE docs(doc_id BIGINT, body VARCHAR) AS VALUES"
+        " (10, 'The quick brown fox jumps'), (20, 'the lazy dog sleeps'), (30, 'quick quick dog'),"
+        " (40, 'a fox and a dog'), (50, 'nothing here at all')"
+    ).collect()
+    ctx.sql("CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')").collect()
+    ctx.sql(
+        "CREATE TABLE queries(q VARCHAR) AS VALUES ('quick dog'), ('fox'), (NULL), ('zebra')"
+    ).collect()
+    search = dfs.register_index(ctx, "idx")
+    # The copy is loaded once, at its first search, then served from the cache.
+    before = dfs._internal.index_loads()
+    for _ in range(3):
+        rows(ctx, "SELECT topk_bm25('idx', q, 2) FROM queries")
+    assert dfs._internal.index_loads() == before + 1
+    # Each row's hits equal the table form's for the same text, best first.
+    for mode in ("or", "and"):
+        got = rows(ctx, f"SELECT q, topk_bm25('idx', q, 10, '{mode}') FROM queries")
+        assert len(got) == 4
+        for q, hits in got:
+            if q is None:
+                assert hits is None
+                continue
+            want = rows(ctx, f"SELECT doc_id, score FROM topk_bm25('idx', '{q}', 10, '{mode}') ORDER BY rank")
+            assert [(h["doc_id"], h["score"]) for h in hits] == want
+    assert rows(ctx, "SELECT topk_bm25('idx', q, 1) FROM queries WHERE q = 'fox'")[0][0][0]["doc_id"] in (10, 40)
+    # The DataFrame form.
+    out = ctx.table("queries").filter(col("q") == lit("quick dog")).select(search(col("q"), 10, "and").alias("h"))
+    assert [h["doc_id"] for h in out.to_pydict()["h"][0]] == [30]
+    # Re-registering after a change sees the new rows; until then the copy is searched.
+    ctx.sql("INSERT INTO docs VALUES (60, 'zebra crossing')").collect()
+    ctx.sql("CREATE OR REPLACE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')").collect()
+    zebra = "SELECT topk_bm25('idx', 'zebra', 3) FROM queries LIMIT 1"
+    assert rows(ctx, zebra) == [([],)]
+    dfs.register_index(ctx, "idx")
+    assert [h["doc_id"] for h in rows(ctx, zebra)[0][0]] == [60]
+    # Errors name the function and the argument.
+    with pytest.raises(Exception, match="nope"):
+        ctx.sql("SELECT topk_bm25('nope', q, 3) FROM queries").collect()
+    with pytest.raises(Exception, match="topk_bm25.*argument 3"):
+        ctx.sql("SELECT topk_bm25('idx', q, 0) FROM queries").collect()
+    with pytest.raises(Exception, match="not a BM25 index"):
+        dfs.register_index(ctx, "queries")
+        ctx.sql("SELECT topk_bm25('queries', q, 3) FROM queries").collect()
+
+
 def test_set_options_take_effect():
     ctx = dfs.session_context()
     ctx.sql("CREATE TABLE docs(doc_id BIGINT, body VARCHAR) AS VALUES (1, 'a a a b'), (2, 'a b b c d e f')").collect()

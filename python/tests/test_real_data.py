@@ -105,3 +105,17 @@ def test_bm25_search_on_gcide_equals_the_cli(tmp_path):
         want = sorted(cli_rows(setup, query, tmp_path))
         assert got == want
         assert len(got) > (200 if mode == "or" else 10)
+    # The scalar form over a column of 2,000 queries: the same (query, doc, score) hits as
+    # the CLI's.
+    dfs.register_index(ctx, "idx")
+    for mode in ("or", "and"):
+        query = (
+            "SELECT CAST(qid AS VARCHAR), CAST(get_field(h, 'doc_id') AS VARCHAR),"
+            " CAST(round(get_field(h, 'score'), 9) AS VARCHAR) FROM (SELECT qid, unnest(hits) AS h"
+            f" FROM (SELECT qid, topk_bm25('idx', text, 10, '{mode}') AS hits"
+            " FROM (SELECT * FROM queries ORDER BY qid LIMIT 2000)))"
+        )
+        got = py_rows(ctx, query)
+        want = cli_rows(setup, query, tmp_path)
+        assert sorted(got) == sorted(want)
+        assert len(got) > (2000 if mode == "or" else 100)

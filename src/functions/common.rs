@@ -73,6 +73,28 @@ pub fn apply_to_columns(
     }
 }
 
+/// An argument meant to be a constant, as one value: a scalar, or an array whose rows all
+/// hold the same value (behind datafusion-ffi, as in datafusion-python, every argument
+/// arrives as an array: the host expands literals to the batch's rows; natively, a column of
+/// equal options). An array of several values stays an array, which the caller refuses; an
+/// empty one (no rows) is NULL.
+pub fn one_value(arg: &ColumnarValue) -> Result<ColumnarValue> {
+    let ColumnarValue::Array(a) = arg else {
+        return Ok(arg.clone());
+    };
+    if a.is_empty() {
+        // No rows: nothing to compute, and no value to check.
+        return Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)));
+    }
+    let first = ScalarValue::try_from_array(a, 0)?;
+    for i in 1..a.len() {
+        if ScalarValue::try_from_array(a, i)? != first {
+            return Ok(arg.clone());
+        }
+    }
+    Ok(ColumnarValue::Scalar(first))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use datafusion::logical_expr::{
 };
 use datafusion_macros::user_doc;
 
-use super::common::apply_to_columns;
+use super::common::{apply_to_columns, one_value};
 use crate::search::tokenize::{Tokenizer, TokenizerOptions};
 
 /// The function's SQL name.
@@ -172,24 +172,3 @@ fn tokenize_array(text: &ArrayRef, options: TokenizerOptions) -> Result<ArrayRef
     Ok(Arc::new(out.finish()))
 }
 
-/// An argument meant to be a constant, as one value: a scalar, or an array whose rows all
-/// hold the same value (behind datafusion-ffi, as in datafusion-python, every argument
-/// arrives as an array: the host expands literals to the batch's rows; natively, a column of
-/// equal options). An array of several values stays an array, which the caller refuses; an
-/// empty one (no rows) is NULL.
-fn one_value(arg: &ColumnarValue) -> Result<ColumnarValue> {
-    let ColumnarValue::Array(a) = arg else {
-        return Ok(arg.clone());
-    };
-    if a.is_empty() {
-        // No rows: nothing to tokenize, and no value to check.
-        return Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)));
-    }
-    let first = ScalarValue::try_from_array(a, 0)?;
-    for i in 1..a.len() {
-        if ScalarValue::try_from_array(a, i)? != first {
-            return Ok(arg.clone());
-        }
-    }
-    Ok(ColumnarValue::Scalar(first))
-}

@@ -89,6 +89,14 @@ struct Entry {
 
 static CACHE: LazyLock<Mutex<Vec<Entry>>> = LazyLock::new(Default::default);
 
+static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Index tables read and built in this process so far (a search served from the cache adds
+/// nothing): how a host, a test or a Python user sees that an index is loaded once.
+pub fn index_loads() -> u64 {
+    LOADS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn same_table(w: &Weak<dyn TableProvider>, table: &Arc<dyn TableProvider>) -> bool {
     std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(table))
 }
@@ -228,6 +236,7 @@ async fn load(
     drop(stream);
     reservation.try_grow(InvertedIndex::load_bytes(&batches))?;
     let index = InvertedIndex::from_batches(&schema, &batches, who, name)?;
+    LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     drop(batches);
     reservation.shrink(rows_bytes);
     reservation.resize(index.size_bytes());
