@@ -13,10 +13,11 @@ use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{RecordBatchReader, new_empty_array};
+use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
 use datafusion::catalog::{
-    CatalogProvider, MemTable, MemoryCatalogProvider, MemoryCatalogProviderList,
-    MemorySchemaProvider, SchemaProvider, TableFunctionImpl,
+    CatalogProvider, CatalogProviderList, MemTable, MemoryCatalogProvider,
+    MemoryCatalogProviderList, MemorySchemaProvider, SchemaProvider, TableFunctionImpl,
 };
 use datafusion::common::Result;
 use datafusion::config::ExtensionOptions;
@@ -202,11 +203,7 @@ impl Bm25Indexes {
         catalog
             .register_schema("public", Arc::clone(&schema) as _)
             .map_err(py_err)?;
-        datafusion::catalog::CatalogProviderList::register_catalog(
-            &catalogs,
-            "datafusion".to_string(),
-            Arc::new(catalog),
-        );
+        catalogs.register_catalog("datafusion".to_string(), Arc::new(catalog));
         let handle = SessionHandle {
             catalogs: Arc::new(catalogs),
             runtime: Arc::new(RuntimeEnv::default()),
@@ -270,16 +267,10 @@ impl ScalarUDFImpl for BlockingTopk {
     fn signature(&self) -> &Signature {
         self.0.signature()
     }
-    fn return_type(
-        &self,
-        arg_types: &[datafusion::arrow::datatypes::DataType],
-    ) -> Result<datafusion::arrow::datatypes::DataType> {
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         self.0.return_type(arg_types)
     }
-    fn return_field_from_args(
-        &self,
-        args: ReturnFieldArgs,
-    ) -> Result<datafusion::arrow::datatypes::FieldRef> {
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         self.0.return_field_from_args(args)
     }
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
