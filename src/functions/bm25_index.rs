@@ -293,17 +293,24 @@ impl ExecutionPlan for Bm25IndexExec {
             let mut builder = IndexBuilder::new(tokenizer, with_static);
             let mut tok = Tokenizer::new(tokenizer);
             let mut seen = std::collections::HashSet::new();
+            // A batch of long texts is a second of tokenizing in a test build: it is
+            // indexed in slices, each enough for every core, with a yield after each, so a
+            // cancel (or another query's task) gets in even when the input never runs out
+            // of tokio's budget.
+            let slice = (256 * rayon::current_num_threads()).max(1024);
             while let Some(batch) = stream.next().await {
                 let batch = batch?;
-                let _t = timer.timer();
-                add_batch(&mut builder, &mut tok, &mut seen, &batch)?;
-                let want = builder.size_bytes() + seen.len() * 8;
-                reservation.try_resize(want)?;
-                drop(_t);
-                // A batch is milliseconds of tokenizing: yield after each, so a cancel (or
-                // another query's task) gets in even when the input never runs out of
-                // tokio's budget.
-                tokio::task::yield_now().await;
+                let mut at = 0;
+                while at < batch.num_rows() {
+                    let len = slice.min(batch.num_rows() - at);
+                    let _t = timer.timer();
+                    add_batch(&mut builder, &mut tok, &mut seen, &batch.slice(at, len))?;
+                    let want = builder.size_bytes() + seen.len() * 8;
+                    reservation.try_resize(want)?;
+                    drop(_t);
+                    at += len;
+                    tokio::task::yield_now().await;
+                }
             }
             let _t = timer.timer();
             // The index is built beside the builder (which it empties as it goes), then

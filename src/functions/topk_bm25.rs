@@ -14,6 +14,7 @@ pub mod table;
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -328,6 +329,10 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         let on_gpu = wants_gpu(backend, mode, rows - texts.null_count());
         let started = Instant::now();
         let pool = Arc::clone(&self.handle.runtime.memory_pool);
+        // Set when this call is dropped (its query cancelled) or done: a batch still on
+        // rayon then skips its remaining rows instead of holding the cores for nobody.
+        let abandoned = AbandonOnDrop(Arc::new(AtomicBool::new(false)));
+        let stop = Arc::clone(&abandoned.0);
         let rank = move || {
             // The GPU's host staging reserved in the session's pool while the batch runs.
             let reservation = Some(MemoryConsumer::new(format!("{TOPK_BM25}[gpu]")).register(&pool));
@@ -340,6 +345,7 @@ impl AsyncScalarUDFImpl for TopkBm25 {
                 backend,
                 budget,
                 &mut holder(&reservation),
+                &stop,
             )
         };
         // The batch is ranked off the runtime's workers, which stay free to poll: a query
@@ -400,5 +406,14 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         } else {
             ColumnarValue::Array(out)
         })
+    }
+}
+
+/// Sets its flag when dropped: the ranking of a batch whose call is gone stops early.
+struct AbandonOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }

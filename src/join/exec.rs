@@ -64,6 +64,7 @@ use crate::config::BackendChoice;
 use crate::intersect::similarity::{Measure, coerce_pair};
 use crate::intersect::strings::{StringIds, is_string_list};
 use crate::io::parquet_split::split_scan;
+use crate::io::time_slice::time_sliced;
 
 /// One input of the join: a plan, its token column and (optionally) its id column.
 #[derive(Clone, Debug)]
@@ -723,9 +724,11 @@ impl ExecutionPlan for SimilarityJoinExec {
             context,
             &self.metrics,
         )
-        // Ready batches consume tokio's task budget, so a parent that consumes quietly
-        // (`count(*)`, a filter that drops every row) still yields, and a cancel lands.
-        .map(|s| Box::pin(cooperative(s)) as SendableRecordBatchStream)
+        // Ready batches consume tokio's task budget, and the stream yields by time as well
+        // (a slow parent, a GROUP BY in a test build, spends seconds on 128 batches), so a
+        // parent that consumes quietly (`count(*)`, a filter that drops every row) still
+        // yields, and a cancel lands.
+        .map(|s| time_sliced(Box::pin(cooperative(s))))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -1,8 +1,9 @@
 //! The rule that binds, at planning time, every `list_intersect`, `list_intersect_count`,
 //! `list_intersect_agg` and `topk_bm25` call to the device the placement policy
-//! ([`crate::placement`]) chooses for it, and wraps the projection, aggregate or
+//! ([`crate::placement`]) chooses for it, and wraps the projection, filter, aggregate or
 //! `AsyncFuncExec` computing it in a [`SetsBackendExec`] so `EXPLAIN` shows the choice and
-//! why. `topk_bm25` calls need the session's catalog handle (a call is rebuilt around it),
+//! why; the node reads its input through a [`TimeSliceExec`], so the query stays
+//! cancellable however much each batch costs. `topk_bm25` calls need the session's catalog handle (a call is rebuilt around it),
 //! which the rule gets when the crate is installed (`with_sets`, `register`).
 
 use std::sync::Arc;
@@ -19,13 +20,15 @@ use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::{ExecutionPlan, replace_children_if_necessary};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::async_func::AsyncFuncExec;
+use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use super::backend_exec::{BoundCall, SetsBackendExec};
+use crate::io::time_slice::TimeSliceExec;
 use crate::config::SetsConfig;
 use crate::functions::list_intersect::ListIntersect;
 use crate::functions::list_intersect_agg::ListIntersectAgg;
@@ -71,9 +74,17 @@ impl PhysicalOptimizerRule for SetsBackendRule {
                 });
             }
             if let Some(a) = node.downcast_ref::<AggregateExec>() {
-                return bind_agg(a, &cfg).map(|bound| match bound {
+                return bind_agg(a, &cfg, config.execution.batch_size.into()).map(|bound| match bound {
                     Some(b) => Transformed::yes(b),
                     None => Transformed::no(node),
+                });
+            }
+            if let Some(f) = node.downcast_ref::<FilterExec>() {
+                return bind_filter(f, &cfg, config.execution.batch_size.into()).map(|bound| {
+                    match bound {
+                        Some(b) => Transformed::yes(b),
+                        None => Transformed::no(node),
+                    }
                 });
             }
             let Some(p) = node.downcast_ref::<ProjectionExec>() else {
@@ -94,7 +105,7 @@ impl PhysicalOptimizerRule for SetsBackendRule {
             if calls.is_empty() {
                 return Ok(Transformed::no(node));
             }
-            let proj = Arc::new(ProjectionExec::try_new(exprs, Arc::clone(input))?);
+            let proj = Arc::new(ProjectionExec::try_new(exprs, sliced(input))?);
             Ok(Transformed::yes(
                 Arc::new(SetsBackendExec::new(proj, calls)) as Arc<dyn ExecutionPlan>,
             ))
@@ -174,31 +185,81 @@ fn bind_topk(
     if calls.is_empty() {
         return Ok(None);
     }
-    let exec = Arc::new(AsyncFuncExec::try_new(exprs, Arc::clone(input))?);
+    let exec = Arc::new(AsyncFuncExec::try_new(exprs, sliced(input))?);
     Ok(Some(Arc::new(SetsBackendExec::new(exec, calls))))
 }
 
-/// `node` with every unbound `list_intersect_agg` bound to a backend ([`choose_agg`]),
-/// wrapped in a [`SetsBackendExec`]; `None` when it has none.
-fn bind_agg(node: &AggregateExec, cfg: &SetsConfig) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+/// `node` with every unbound call in its predicate bound as in a projection, wrapped in a
+/// [`SetsBackendExec`]; `None` when it has none.
+fn bind_filter(
+    node: &FilterExec,
+    cfg: &SetsConfig,
+    batch_rows: usize,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let input = node.input();
+    let size = input_size(input, batch_rows);
+    let mut calls = Vec::new();
+    let predicate = bind(node.predicate(), &input.schema(), cfg, size, &mut calls)?;
+    if calls.is_empty() {
+        return Ok(None);
+    }
+    let filter = FilterExecBuilder::from(node)
+        .with_predicate(predicate)
+        .with_input(sliced(input))
+        .build()?;
+    Ok(Some(Arc::new(SetsBackendExec::new(Arc::new(filter), calls))))
+}
+
+/// `node` with every unbound `list_intersect_agg` bound to a backend ([`choose_agg`]), and
+/// every unbound scalar call in the arguments it evaluates (`sum(cardinality(list_intersect(a,
+/// b)))`, the common analytic form) bound as in a projection, wrapped in a
+/// [`SetsBackendExec`]; `None` when it has none.
+fn bind_agg(
+    node: &AggregateExec,
+    cfg: &SetsConfig,
+    batch_rows: usize,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let grouped = !node.group_expr().expr().is_empty();
+    // A final aggregate merges states: its arguments are not evaluated there.
+    let evaluates_args = !matches!(
+        node.mode(),
+        AggregateMode::Final | AggregateMode::FinalPartitioned
+    );
+    let schema = node.input_schema();
+    let size = input_size(node.input(), batch_rows);
     let mut calls = Vec::new();
     let mut exprs = Vec::with_capacity(node.aggr_expr().len());
     for e in node.aggr_expr() {
-        let unbound = e
+        let before = calls.len();
+        let mut args = e.expressions();
+        if evaluates_args {
+            for a in &mut args {
+                *a = bind(a, &schema, cfg, size, &mut calls)?;
+            }
+        }
+        let unbound_agg = e
             .fun()
             .inner()
             .downcast_ref::<ListIntersectAgg>()
             .is_some_and(|f| f.plan().is_none());
-        if !unbound {
+        let fun = if unbound_agg {
+            let element = list_element_type(e.field().data_type()).cloned();
+            let plan = Arc::new(choose_agg(cfg, element.as_ref(), grouped));
+            calls.push(BoundCall {
+                function: e.fun().name().to_string(),
+                plan: Arc::clone(&plan),
+            });
+            Arc::new(AggregateUDF::new_from_impl(ListIntersectAgg::with_plan(
+                plan,
+            )))
+        } else if calls.len() > before {
+            Arc::new(e.fun().clone())
+        } else {
             exprs.push(Arc::clone(e));
             continue;
-        }
-        let element = list_element_type(e.field().data_type()).cloned();
-        let plan = Arc::new(choose_agg(cfg, element.as_ref(), grouped));
-        let udaf = AggregateUDF::new_from_impl(ListIntersectAgg::with_plan(Arc::clone(&plan)));
-        let mut b = AggregateExprBuilder::new(Arc::new(udaf), e.expressions())
-            .schema(node.input_schema())
+        };
+        let mut b = AggregateExprBuilder::new(fun, args)
+            .schema(Arc::clone(&schema))
             .alias(e.name())
             .order_by(e.order_bys().to_vec())
             .with_ignore_nulls(e.ignore_nulls())
@@ -211,16 +272,19 @@ fn bind_agg(node: &AggregateExec, cfg: &SetsConfig) -> Result<Option<Arc<dyn Exe
             b = b.human_display_alias(a);
         }
         exprs.push(Arc::new(b.build()?));
-        calls.push(BoundCall {
-            function: e.fun().name().to_string(),
-            plan,
-        });
     }
     if calls.is_empty() {
         return Ok(None);
     }
-    let agg = Arc::new(node.with_new_aggr_exprs(exprs));
+    let agg: Arc<dyn ExecutionPlan> = Arc::new(node.with_new_aggr_exprs(exprs));
+    let agg = replace_children_if_necessary(agg, vec![sliced(node.input())])?;
     Ok(Some(Arc::new(SetsBackendExec::new(agg, calls))))
+}
+
+/// `input` read through a [`TimeSliceExec`]: the node the rule binds reads it so, and a
+/// dropped query returns promptly whatever its calls cost per batch.
+fn sliced(input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    Arc::new(TimeSliceExec::new(Arc::clone(input)))
 }
 
 /// The input's size from its statistics, as far as they know it (exactly or estimated).

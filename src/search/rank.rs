@@ -11,6 +11,7 @@
 //! ([`Ranked`]), which is the Arrow list's.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use datafusion::arrow::array::{Array, StringArray};
 use datafusion::arrow::buffer::ScalarBuffer;
@@ -229,7 +230,8 @@ pub fn rank_terms(
 
 /// The top-k of every row of `texts`, on the backend chosen (see the module doc;
 /// tokenization always on the CPU, in parallel). A NULL row gets an empty entry (the
-/// caller takes the nulls from `texts`). `hold` as for [`rank_terms`].
+/// caller takes the nulls from `texts`). `hold` as for [`rank_terms`]. Once `abandoned` is
+/// set, the CPU skips the rows it has not ranked yet (the caller drops the result).
 #[allow(clippy::too_many_arguments)]
 pub fn rank_batch(
     loaded: &LoadedIndex,
@@ -240,6 +242,7 @@ pub fn rank_batch(
     backend: BackendChoice,
     gpu_budget: Option<usize>,
     hold: &mut dyn FnMut(usize) -> bool,
+    abandoned: &AtomicBool,
 ) -> (Ranked, RankStats) {
     let options = loaded.index.tokenizer();
     let rows = texts.len() - texts.null_count();
@@ -250,7 +253,8 @@ pub fn rank_batch(
             .map_init(
                 || Tokenizer::new(options),
                 |tok, r| {
-                    if texts.is_valid(r) {
+                    // Nobody waits for an abandoned batch: its remaining rows are skipped.
+                    if texts.is_valid(r) && !abandoned.load(Ordering::Relaxed) {
                         rank_one(loaded, scored, tok, texts.value(r), k, mode)
                     } else {
                         Vec::new()
