@@ -105,7 +105,9 @@ async fn all_cancel(partitions: usize, backend: &str) {
         if back > bound {
             // Once more before failing: on 2 noisy vCPUs a neighbour can stretch one run
             // past the bound, where an operator that never yields misses it by seconds.
-            back = back.min(cancel_after_run(&ctx, sql, bound).await);
+            let again = cancel_after_run(&ctx, sql, bound).await;
+            eprintln!("{backend}, {partitions} partitions: {sql}: once more: {again:?}");
+            back = back.min(again);
         }
         // Spawned partitions end at their next yield.
         let dropped = Instant::now();
@@ -131,6 +133,8 @@ async fn all_cancel(partitions: usize, backend: &str) {
 /// one after the other so the two runs do not share the 2 cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operator_yields_and_every_task_ends() {
+    // RUST_LOG=datafusion_sets=debug shows what a slow shape was doing (device runs).
+    let _ = env_logger::builder().is_test(true).try_init();
     let Some(backend) = common::test_backend("cancellation") else {
         return;
     };

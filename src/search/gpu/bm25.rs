@@ -186,6 +186,10 @@ pub(super) fn topk(
             timings: Bm25Timings::default(),
         });
     }
+    // The process's first batch compiles the kernel (NVRTC, seconds): before taking the
+    // device's workspace, which every other GPU call (a fold, an intersection) waits for.
+    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+    let f = kernel(g)?;
     let mut resident = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
     let mut ws = match g.workspace.lock() {
         Ok(ws) => ws,
@@ -195,8 +199,6 @@ pub(super) fn topk(
             ws
         }
     };
-    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
-    let f = kernel(g)?;
     let mut timings = Bm25Timings::default();
     let res = catch_unwind(AssertUnwindSafe(|| {
         run(
