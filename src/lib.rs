@@ -43,6 +43,8 @@ lab_module!(
 );
 mod catalog;
 mod config;
+#[cfg(feature = "proto")]
+pub mod distributed;
 mod session;
 
 #[cfg(feature = "tuning")]

@@ -45,61 +45,67 @@ pub trait SessionStateBuilderExt {
 }
 
 impl SessionStateBuilderExt for SessionStateBuilder {
-    fn with_sets(mut self) -> Self {
-        let config = self.config().get_or_insert_with(SessionConfig::new);
-        crate::config::install(config.options_mut());
-        // Functions are registered after the defaults, so our `list_intersect` replaces the
-        // built-in alias of `array_intersect`.
-        if let Some(scalars) = self.scalar_functions() {
-            scalars.extend(all_scalar_functions());
-        } else {
-            self = self.with_scalar_functions(all_scalar_functions());
-        }
-        if let Some(aggregates) = self.aggregate_functions() {
-            aggregates.extend(all_aggregate_functions());
-        } else {
-            self = self.with_aggregate_functions(all_aggregate_functions());
-        }
-        for (name, f) in table_functions() {
-            self.table_functions()
-                .get_or_insert_with(Default::default)
-                .insert(name.into(), Arc::new(TableFunction::new(name.into(), f)));
-        }
-        // `topk_bm25` reads index tables through the catalog and runtime the state will be
-        // built with: fix them now (the defaults `build()` would create otherwise).
-        // Watched, so a dropped or replaced index table releases its loaded index at once.
-        let catalogs = watch_catalogs(
-            self.catalog_list()
-                .take()
-                .unwrap_or_else(|| Arc::new(MemoryCatalogProviderList::new())),
-        );
-        *self.catalog_list() = Some(Arc::clone(&catalogs));
-        let runtime = self
-            .runtime_env()
-            .get_or_insert_with(|| Arc::new(RuntimeEnv::default()))
-            .clone();
-        let session = SessionHandle { catalogs, runtime };
-        let topk = topk_bm25_udf(session.clone());
-        if let Some(scalars) = self.scalar_functions() {
-            scalars.push(topk);
-        } else {
-            self = self.with_scalar_functions(vec![topk]);
-        }
-        let analyzer = self.analyzer().get_or_insert_with(Analyzer::new);
-        if !has_async_calls(analyzer) {
-            analyzer.add_function_rewrite(Arc::new(AsyncCallRewrite));
-            analyzer.rules.push(Arc::new(AsyncCallPlaces));
-        }
-        let rules = match self.physical_optimizers().take() {
-            Some(optimizer) => optimizer.rules,
-            None => PhysicalOptimizer::new().rules,
-        };
-        let rules = match with_sets_rules(&rules, &session) {
-            Some(with_rules) => with_rules,
-            None => rules,
-        };
-        self.with_physical_optimizer_rules(rules)
+    fn with_sets(self) -> Self {
+        install(self).0
     }
+}
+
+/// [`SessionStateBuilderExt::with_sets`], and the handle of the catalog and runtime the
+/// session will be built with (the codecs of plans that cross processes need it).
+pub(crate) fn install(mut builder: SessionStateBuilder) -> (SessionStateBuilder, SessionHandle) {
+    let config = builder.config().get_or_insert_with(SessionConfig::new);
+    crate::config::install(config.options_mut());
+    // Functions are registered after the defaults, so our `list_intersect` replaces the
+    // built-in alias of `array_intersect`.
+    if let Some(scalars) = builder.scalar_functions() {
+        scalars.extend(all_scalar_functions());
+    } else {
+        builder = builder.with_scalar_functions(all_scalar_functions());
+    }
+    if let Some(aggregates) = builder.aggregate_functions() {
+        aggregates.extend(all_aggregate_functions());
+    } else {
+        builder = builder.with_aggregate_functions(all_aggregate_functions());
+    }
+    for (name, f) in table_functions() {
+        builder.table_functions()
+            .get_or_insert_with(Default::default)
+            .insert(name.into(), Arc::new(TableFunction::new(name.into(), f)));
+    }
+    // `topk_bm25` reads index tables through the catalog and runtime the state will be
+    // built with: fix them now (the defaults `build()` would create otherwise).
+    // Watched, so a dropped or replaced index table releases its loaded index at once.
+    let catalogs = watch_catalogs(
+        builder.catalog_list()
+            .take()
+            .unwrap_or_else(|| Arc::new(MemoryCatalogProviderList::new())),
+    );
+    *builder.catalog_list() = Some(Arc::clone(&catalogs));
+    let runtime = builder
+        .runtime_env()
+        .get_or_insert_with(|| Arc::new(RuntimeEnv::default()))
+        .clone();
+    let session = SessionHandle { catalogs, runtime };
+    let topk = topk_bm25_udf(session.clone());
+    if let Some(scalars) = builder.scalar_functions() {
+        scalars.push(topk);
+    } else {
+        builder = builder.with_scalar_functions(vec![topk]);
+    }
+    let analyzer = builder.analyzer().get_or_insert_with(Analyzer::new);
+    if !has_async_calls(analyzer) {
+        analyzer.add_function_rewrite(Arc::new(AsyncCallRewrite));
+        analyzer.rules.push(Arc::new(AsyncCallPlaces));
+    }
+    let rules = match builder.physical_optimizers().take() {
+        Some(optimizer) => optimizer.rules,
+        None => PhysicalOptimizer::new().rules,
+    };
+    let rules = match with_sets_rules(&rules, &session) {
+        Some(with_rules) => with_rules,
+        None => rules,
+    };
+    (builder.with_physical_optimizer_rules(rules), session)
 }
 
 type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;

@@ -37,7 +37,7 @@ use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSe
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -198,8 +198,8 @@ impl TableProvider for Bm25IndexTable {
 #[derive(Debug)]
 pub struct Bm25IndexExec {
     input: Arc<dyn ExecutionPlan>,
-    tokenizer: TokenizerOptions,
-    with_static: bool,
+    pub(crate) tokenizer: TokenizerOptions,
+    pub(crate) with_static: bool,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -256,6 +256,11 @@ impl ExecutionPlan for Bm25IndexExec {
     }
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.input]
+    }
+    /// One index of every document: the whole input in one partition, which an engine that
+    /// runs a plan per task (datafusion-distributed) gathers from all its tasks first.
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::SinglePartition]
     }
     fn with_new_children(
         self: Arc<Self>,

@@ -254,7 +254,7 @@ impl Built {
 
 /// How the output was asked for (only affects `EXPLAIN`).
 #[derive(Clone, Debug, PartialEq)]
-enum OutputKind {
+pub(crate) enum OutputKind {
     /// `(left_id, right_id, similarity)`, projected.
     Ids { projection: Option<Vec<usize>> },
     /// Columns of the inputs' rows.
@@ -264,17 +264,17 @@ enum OutputKind {
 /// The exact set similarity join (see the module docs).
 #[derive(Debug)]
 pub struct SimilarityJoinExec {
-    left: JoinInput,
-    right: Option<JoinInput>,
-    threshold: Threshold,
+    pub(crate) left: JoinInput,
+    pub(crate) right: Option<JoinInput>,
+    pub(crate) threshold: Threshold,
     /// The list type both token columns are cast to.
     token_type: DataType,
-    columns: Vec<JoinColumn>,
-    kind: OutputKind,
-    schema: SchemaRef,
-    partitions: usize,
+    pub(crate) columns: Vec<JoinColumn>,
+    pub(crate) kind: OutputKind,
+    pub(crate) schema: SchemaRef,
+    pub(crate) partitions: usize,
     /// Where candidates are verified (`sets.backend` when the plan was made).
-    backend: BackendChoice,
+    pub(crate) backend: BackendChoice,
     build: Arc<OnceCell<Arc<Built>>>,
     /// The partitions' claims of probe sets (shared, as the build is).
     claims: Arc<ProbeClaims>,
@@ -718,7 +718,6 @@ impl ExecutionPlan for SimilarityJoinExec {
             self.threshold,
             self.columns.clone(),
             partition,
-            self.partitions,
             Arc::clone(&self.claims),
             self.backend,
             context,

@@ -1,11 +1,12 @@
 //! The output stream of one partition of [`super::exec::SimilarityJoinExec`]: waits for the
-//! shared build, then probes ranges of the sets claimed from a counter the partitions share
-//! ([`ProbeClaims`]), a chunk at a time, yielding between chunks (so a dropped or cancelled
+//! shared build, then probes ranges of the sets claimed from its home range and, when that is
+//! done, from the homes of the partitions its plan instance started ([`ProbeClaims`]), a
+//! chunk at a time, yielding between chunks (so a dropped or cancelled
 //! query stops promptly) and emitting `batch_size` rows per batch.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -89,7 +90,7 @@ enum State {
     /// is done, and the partition is done when none is left.
     Probing {
         built: Arc<Built>,
-        claims: Arc<AtomicUsize>,
+        claims: Claims,
         next: usize,
         end: usize,
     },
@@ -100,56 +101,111 @@ enum State {
 const MIN_CLAIM: usize = 16;
 const MAX_CLAIM: usize = 4096;
 
-/// The probe sets' claims of one plan's executions. The partitions of an execution share one
-/// counter of the next unclaimed probe set, and each partition claims a share of what is left
-/// when its range is done (a fraction of it, so the last claims are small and the partitions
-/// finish together): a core that the machine takes away for a while, or a range of costlier
-/// sets, no longer holds up the whole join, as a fixed split (every `partitions`-th set) did.
-/// The `k`-th execution of each partition uses counter `k`, so a plan executed again probes
-/// every set again.
+/// The probe sets' claims of one plan's executions. The `len` probe sets are cut into one
+/// contiguous home range per output partition, and a partition probes its own home first, a
+/// share of what is left of it at a time (a fraction, so the last claims are small and the
+/// partitions finish together). When its home is done it takes work from the homes of the
+/// partitions this plan instance has started, never from the others': an engine that runs
+/// each output partition in its own copy of the plan (Ballista, or a retried task) probes
+/// every set exactly once across the copies, and within one instance a core the machine takes
+/// away for a while, or a home of costlier sets, no longer holds up the whole join.
+/// The `k`-th execution of each partition joins execution `k`, so a plan executed again
+/// probes every set again.
 #[derive(Debug)]
 pub(crate) struct ProbeClaims {
     runs: Vec<AtomicUsize>,
-    counters: Mutex<Vec<Arc<AtomicUsize>>>,
+    executions: Mutex<Vec<Arc<Execution>>>,
+}
+
+/// One execution of the plan's partitions: per partition, whether it started and how many
+/// sets of its home were claimed.
+#[derive(Debug)]
+pub(crate) struct Execution {
+    started: Vec<AtomicBool>,
+    taken: Vec<AtomicUsize>,
 }
 
 impl ProbeClaims {
     pub(crate) fn new(partitions: usize) -> Self {
         Self {
-            runs: (0..partitions).map(|_| AtomicUsize::new(0)).collect(),
-            counters: Mutex::new(Vec::new()),
+            runs: (0..partitions.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            executions: Mutex::new(Vec::new()),
         }
     }
 
-    /// The counter of `partition`'s next execution.
-    fn counter(&self, partition: usize) -> Arc<AtomicUsize> {
+    /// `partition`'s claims in its next execution; the partition counts as started from now.
+    pub(crate) fn start(&self, partition: usize) -> Claims {
+        let partitions = self.runs.len();
+        let partition = partition.min(partitions - 1);
         let run = self.runs[partition].fetch_add(1, Ordering::Relaxed);
-        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        while counters.len() <= run {
-            counters.push(Arc::new(AtomicUsize::new(0)));
+        let mut executions = self.executions.lock().unwrap_or_else(|e| e.into_inner());
+        while executions.len() <= run {
+            executions.push(Arc::new(Execution {
+                started: (0..partitions).map(|_| AtomicBool::new(false)).collect(),
+                taken: (0..partitions).map(|_| AtomicUsize::new(0)).collect(),
+            }));
         }
-        Arc::clone(&counters[run])
+        let execution = Arc::clone(&executions[run]);
+        execution.started[partition].store(true, Ordering::Release);
+        Claims {
+            execution,
+            partition,
+        }
     }
 }
 
-/// Claim the next range of the `len` probe sets from `counter` for one of `partitions`
-/// partitions: a `4 * partitions`-th of what is left, within [`MIN_CLAIM`, `MAX_CLAIM`]
-/// (everything for one partition); an empty range at `len` when none is left.
-fn claim(counter: &AtomicUsize, len: usize, partitions: usize) -> (usize, usize) {
-    let mut start = counter.load(Ordering::Relaxed);
-    loop {
-        if start >= len {
-            return (len, len);
+/// One partition's claims of probe sets in one execution (see [`ProbeClaims`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Claims {
+    execution: Arc<Execution>,
+    partition: usize,
+}
+
+impl Claims {
+    /// The next range of the `len` probe sets for this partition: from its home while any is
+    /// left, then from the homes of the started partitions; an empty range at `len` when
+    /// none is left.
+    pub(crate) fn next(&self, len: usize) -> (usize, usize) {
+        let e = &self.execution;
+        let partitions = e.taken.len();
+        let home = |q: usize| (len * q / partitions, len * (q + 1) / partitions);
+        let (lo, hi) = home(self.partition);
+        if let Some(r) = claim(&e.taken[self.partition], lo, hi, partitions) {
+            return r;
         }
-        let size = if partitions <= 1 {
-            len - start
+        for step in 1..partitions {
+            let q = (self.partition + step) % partitions;
+            if !e.started[q].load(Ordering::Acquire) {
+                continue;
+            }
+            let (lo, hi) = home(q);
+            if let Some(r) = claim(&e.taken[q], lo, hi, partitions) {
+                return r;
+            }
+        }
+        (len, len)
+    }
+}
+
+/// Claim the next range of the home `lo..hi` whose first `taken` sets are claimed: a
+/// quarter of what is left, within [`MIN_CLAIM`, `MAX_CLAIM`] (everything for one
+/// partition); `None` when none is left.
+fn claim(taken: &AtomicUsize, lo: usize, hi: usize, partitions: usize) -> Option<(usize, usize)> {
+    let size = hi - lo;
+    let mut done = taken.load(Ordering::Relaxed);
+    loop {
+        if done >= size {
+            return None;
+        }
+        let left = size - done;
+        let n = if partitions <= 1 {
+            left
         } else {
-            ((len - start) / (4 * partitions)).clamp(MIN_CLAIM, MAX_CLAIM)
+            (left / 4).clamp(MIN_CLAIM, MAX_CLAIM).min(left)
         };
-        let end = start.saturating_add(size).min(len);
-        match counter.compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return (start, end),
-            Err(now) => start = now,
+        match taken.compare_exchange_weak(done, done + n, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return Some((lo + done, lo + done + n)),
+            Err(now) => done = now,
         }
     }
 }
@@ -172,7 +228,6 @@ pub(crate) struct SimilarityJoinStream {
     /// Whether the output holds the similarity (else verification may stop early).
     exact: bool,
     partition: usize,
-    partitions: usize,
     /// The plan's claims of probe sets, shared by its partitions.
     claims: Arc<ProbeClaims>,
     batch_size: usize,
@@ -261,7 +316,6 @@ impl SimilarityJoinStream {
         threshold: Threshold,
         columns: Vec<JoinColumn>,
         partition: usize,
-        partitions: usize,
         claims: Arc<ProbeClaims>,
         backend: BackendChoice,
         context: Arc<TaskContext>,
@@ -277,7 +331,6 @@ impl SimilarityJoinStream {
             exact: columns.contains(&JoinColumn::Similarity),
             columns,
             partition,
-            partitions,
             claims,
             batch_size: context.session_config().batch_size().max(1),
             context,
@@ -323,8 +376,8 @@ impl SimilarityJoinStream {
         self.scratch = Scratch::new(sets);
         self.scratch_reservation = Some(reservation);
         self.verifier = self.choose_verifier(&built);
-        let claims = self.claims.counter(self.partition);
-        let (next, end) = claim(&claims, built.collections.len(), self.partitions);
+        let claims = self.claims.start(self.partition);
+        let (next, end) = claims.next(built.collections.len());
         self.state = State::Probing {
             built,
             claims,
@@ -709,7 +762,7 @@ impl SimilarityJoinStream {
                 next,
                 end,
             } => {
-                let (built, claims) = (Arc::clone(built), Arc::clone(claims));
+                let (built, claims) = (Arc::clone(built), claims.clone());
                 let (mut p, mut end) = (*next, *end);
                 let elapsed = self.baseline.elapsed_compute().clone();
                 let timer = elapsed.timer();
@@ -728,7 +781,7 @@ impl SimilarityJoinStream {
                     work += self.probe(&built, p);
                     p += 1;
                     if p == end {
-                        (p, end) = claim(&claims, len, self.partitions);
+                        (p, end) = claims.next(len);
                     }
                 }
                 if let State::Probing { next, end: e, .. } = &mut self.state {
@@ -784,57 +837,88 @@ impl RecordBatchStream for SimilarityJoinStream {
 mod tests {
     use super::*;
 
-    /// Partitions claiming at once from one counter get disjoint ranges that cover every
+    /// Every range a partition claims until it gets none, on its own thread.
+    fn drain(claims: Claims, len: usize) -> Vec<(usize, usize)> {
+        let mut mine = Vec::new();
+        loop {
+            let (a, b) = claims.next(len);
+            if a == b {
+                assert_eq!(a, len);
+                return mine;
+            }
+            mine.push((a, b));
+        }
+    }
+
+    /// The ranges cover `0..len` once, each within the claim sizes.
+    fn assert_cover(mut ranges: Vec<(usize, usize)>, len: usize, what: &str) {
+        ranges.sort_unstable();
+        let mut at = 0;
+        for &(a, b) in &ranges {
+            assert_eq!(a, at, "{what}: {ranges:?}");
+            assert!(b - a <= MAX_CLAIM, "{what}");
+            at = b;
+        }
+        assert_eq!(at, len, "{what}");
+    }
+
+    /// Partitions of one instance claiming at once get disjoint ranges that cover every
     /// probe set, within the claim sizes; one partition claims all at once.
     #[test]
     fn claims_cover_every_probe_set_once() {
         for (len, partitions) in [(0, 2), (1, 2), (15, 2), (100_000, 2), (58_048, 3), (999, 8)] {
-            let counter = AtomicUsize::new(0);
-            let mut ranges: Vec<(usize, usize)> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..partitions)
-                    .map(|_| {
-                        s.spawn(|| {
-                            let mut mine = Vec::new();
-                            loop {
-                                let (a, b) = claim(&counter, len, partitions);
-                                if a == b {
-                                    assert_eq!(a, len);
-                                    return mine;
-                                }
-                                mine.push((a, b));
-                            }
-                        })
-                    })
+            let claims = ProbeClaims::new(partitions);
+            let all: Vec<Claims> = (0..partitions).map(|p| claims.start(p)).collect();
+            let ranges: Vec<(usize, usize)> = std::thread::scope(|s| {
+                let handles: Vec<_> = all
+                    .into_iter()
+                    .map(|c| s.spawn(move || drain(c, len)))
                     .collect();
                 handles
                     .into_iter()
                     .flat_map(|h| h.join().unwrap())
                     .collect()
             });
-            ranges.sort_unstable();
-            let mut at = 0;
-            for &(a, b) in &ranges {
-                assert_eq!(a, at, "{len} sets, {partitions} partitions: {ranges:?}");
-                assert!(b - a <= MAX_CLAIM);
-                assert!(b - a >= MIN_CLAIM || b == len, "{a}..{b} of {len}");
-                at = b;
-            }
-            assert_eq!(at, len);
+            assert_cover(ranges, len, &format!("{len} sets, {partitions} partitions"));
         }
-        let counter = AtomicUsize::new(0);
-        assert_eq!(claim(&counter, 100_000, 1), (0, 100_000));
-        assert_eq!(claim(&counter, 100_000, 1), (100_000, 100_000));
+        let claims = ProbeClaims::new(1).start(0);
+        assert_eq!(claims.next(100_000), (0, 100_000));
+        assert_eq!(claims.next(100_000), (100_000, 100_000));
     }
 
-    /// Each partition's `k`-th execution shares counter `k` with the others' `k`-th.
+    /// A partition that finishes its home takes work only from partitions this instance
+    /// started: run each partition in its own instance (an engine's copy per task) and
+    /// every set is probed once across the copies; in one instance the first partition to
+    /// start, draining before the others start, takes nothing of theirs.
     #[test]
-    fn each_execution_of_the_partitions_shares_its_own_counter() {
+    fn copies_per_partition_probe_each_set_once() {
+        for (len, partitions) in [(10, 3), (100_000, 4), (58_048, 3)] {
+            let ranges: Vec<(usize, usize)> = (0..partitions)
+                .flat_map(|p| drain(ProbeClaims::new(partitions).start(p), len))
+                .collect();
+            assert_cover(ranges, len, &format!("copies: {len} sets, {partitions}"));
+            let one = ProbeClaims::new(partitions);
+            let first = drain(one.start(1), len);
+            assert!(first.iter().all(|&(a, b)| a >= len / partitions && b <= 2 * len / partitions));
+            let mut rest = first;
+            for p in (0..partitions).filter(|&p| p != 1) {
+                rest.extend(drain(one.start(p), len));
+            }
+            assert_cover(rest, len, &format!("late starts: {len} sets, {partitions}"));
+        }
+    }
+
+    /// Each partition's `k`-th execution joins execution `k` with the others' `k`-th.
+    #[test]
+    fn each_execution_of_the_partitions_is_its_own() {
         let claims = ProbeClaims::new(2);
-        let (a0, b0) = (claims.counter(0), claims.counter(1));
-        assert!(Arc::ptr_eq(&a0, &b0));
-        let (b1, a1) = (claims.counter(1), claims.counter(0));
-        assert!(Arc::ptr_eq(&a1, &b1));
-        assert!(!Arc::ptr_eq(&a0, &a1));
+        let (a0, b0) = (claims.start(0), claims.start(1));
+        assert!(Arc::ptr_eq(&a0.execution, &b0.execution));
+        let (b1, a1) = (claims.start(1), claims.start(0));
+        assert!(Arc::ptr_eq(&a1.execution, &b1.execution));
+        assert!(!Arc::ptr_eq(&a0.execution, &a1.execution));
+        // Each execution probes everything again.
+        assert_cover(drain(a1, 1000).into_iter().chain(drain(b1, 1000)).collect(), 1000, "run 1");
     }
 
     /// The probe loop's wall time is split in the ratio of the ticks, the shares adding up

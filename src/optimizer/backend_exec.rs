@@ -34,6 +34,11 @@ impl SetsBackendExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, calls: Vec<BoundCall>) -> Self {
         Self { input, calls }
     }
+
+    /// The calls bound under this node.
+    pub fn calls(&self) -> &[BoundCall] {
+        &self.calls
+    }
 }
 
 impl DisplayAs for SetsBackendExec {

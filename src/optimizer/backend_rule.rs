@@ -284,6 +284,10 @@ fn bind_agg(
 /// `input` read through a [`TimeSliceExec`]: the node the rule binds reads it so, and a
 /// dropped query returns promptly whatever its calls cost per batch.
 fn sliced(input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    // A plan bound again (decoded on a worker) reads its input through one slicer still.
+    if input.is::<TimeSliceExec>() {
+        return Arc::clone(input);
+    }
     Arc::new(TimeSliceExec::new(Arc::clone(input)))
 }
 

@@ -129,7 +129,9 @@ pub fn evict_table(table: &Arc<dyn TableProvider>) {
 /// An index table's scan, planned (the table resolved in the catalog), not yet read.
 #[derive(Debug, Clone)]
 pub struct IndexScan {
-    table: Arc<dyn TableProvider>,
+    /// The table (`None` for a scan decoded from another process's plan: then the index is
+    /// not cached, as nothing tells when the table is dropped).
+    table: Option<Arc<dyn TableProvider>>,
     scan: Arc<dyn ExecutionPlan>,
     name: String,
 }
@@ -141,10 +143,25 @@ impl IndexScan {
         let table = resolve_table_async(who, session, name, arg).await?;
         let scan = table.scan(session, None, &[], None).await?;
         Ok(Self {
-            table,
+            table: Some(table),
             scan,
             name: name.to_string(),
         })
+    }
+
+    /// The scan `scan` of the index table `name`, planned elsewhere (decoded from a plan
+    /// another process sent).
+    pub fn from_scan(name: &str, scan: Arc<dyn ExecutionPlan>) -> Self {
+        Self {
+            table: None,
+            scan,
+            name: name.to_string(),
+        }
+    }
+
+    /// The planned scan of the index table.
+    pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.scan
     }
 
     /// The table's name as the query gave it.
@@ -155,8 +172,10 @@ impl IndexScan {
     /// The index, loaded in `ctx` (or from the cache when its data are unchanged).
     pub async fn open(&self, ctx: Arc<TaskContext>, who: &str) -> Result<Arc<LoadedIndex>> {
         let Self { table, scan, name } = self;
-        let cacheable = has_identity(scan);
-        if cacheable {
+        let Some(table) = table.as_ref().filter(|_| has_identity(scan)) else {
+            return Ok(Arc::new(load(ctx, Arc::clone(scan), who, name).await?));
+        };
+        {
             let mut cache = lock(&CACHE);
             let mut gone = sweep(&mut cache, None);
             if let Some(i) = cache.iter().position(|e| same_version(&e.scan, scan)) {
@@ -175,9 +194,6 @@ impl IndexScan {
             drop(gone);
         }
         let loaded = Arc::new(load(ctx, Arc::clone(scan), who, name).await?);
-        if !cacheable {
-            return Ok(loaded);
-        }
         let mut cache = lock(&CACHE);
         if let Some(e) = cache.iter_mut().find(|e| same_version(&e.scan, scan)) {
             // Loaded meanwhile by another query: keep one copy.

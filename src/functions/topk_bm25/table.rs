@@ -96,13 +96,18 @@ impl TableFunctionImpl for TopkBm25Function {
             query,
             k,
             mode,
-            schema: Arc::new(Schema::new(vec![
-                Field::new("rank", DataType::UInt32, false),
-                Field::new("doc_id", DataType::UInt32, false),
-                Field::new("score", DataType::Float64, false),
-            ])),
+            schema: result_schema(),
         }))
     }
+}
+
+/// `(rank, doc_id, score)`.
+fn result_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("rank", DataType::UInt32, false),
+        Field::new("doc_id", DataType::UInt32, false),
+        Field::new("score", DataType::Float64, false),
+    ]))
 }
 
 #[derive(Debug)]
@@ -132,25 +137,13 @@ impl TableProvider for TopkTable {
         // Planning resolves the table and plans its scan; the index is read and the query
         // ranked when the plan runs (so EXPLAIN ranks nothing, and a cancel stops the load).
         let index = IndexScan::plan(state, &self.table, TOPK_BM25, 1).await?;
-        let schema = match projection {
-            Some(p) => Arc::new(self.schema.project(p)?),
-            None => Arc::clone(&self.schema),
-        };
-        Ok(Arc::new(TopkOneExec {
+        Ok(Arc::new(TopkOneExec::try_new(
             index,
-            query: self.query.clone(),
-            k: self.k,
-            mode: self.mode,
-            projection: projection.cloned(),
-            properties: Arc::new(PlanProperties::new(
-                rank_ordered(&schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
-            schema,
-            metrics: ExecutionPlanMetricsSet::new(),
-        }))
+            self.query.clone(),
+            self.k,
+            self.mode,
+            projection.cloned(),
+        )?))
     }
 }
 
@@ -166,15 +159,47 @@ fn rank_ordered(schema: &SchemaRef) -> EquivalenceProperties {
 
 /// One ad hoc query ranked when the plan runs.
 #[derive(Debug)]
-struct TopkOneExec {
-    index: IndexScan,
-    query: String,
-    k: usize,
-    mode: Mode,
-    projection: Option<Vec<usize>>,
+pub(crate) struct TopkOneExec {
+    pub(crate) index: IndexScan,
+    pub(crate) query: String,
+    pub(crate) k: usize,
+    pub(crate) mode: Mode,
+    pub(crate) projection: Option<Vec<usize>>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+}
+
+impl TopkOneExec {
+    /// The query `query`'s `k` best documents in `index`, columns `projection` of `(rank,
+    /// doc_id, score)`.
+    pub(crate) fn try_new(
+        index: IndexScan,
+        query: String,
+        k: usize,
+        mode: Mode,
+        projection: Option<Vec<usize>>,
+    ) -> Result<Self> {
+        let schema = match &projection {
+            Some(p) => Arc::new(result_schema().project(p)?),
+            None => result_schema(),
+        };
+        Ok(Self {
+            index,
+            query,
+            k,
+            mode,
+            projection,
+            properties: Arc::new(PlanProperties::new(
+                rank_ordered(&schema),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )),
+            schema,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
 }
 
 impl DisplayAs for TopkOneExec {

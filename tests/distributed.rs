@@ -1,0 +1,458 @@
+//! datafusion-sets across processes and tasks.
+//!
+//! 1. Codec: every query shape that uses a node or a stateful function of the crate is
+//!    planned in one session, encoded with its `SetsCodec`, decoded in another session (a
+//!    stand-in for another process: nothing is shared but the bytes and, for the scalar
+//!    `topk_bm25`, the index table registered under its name), run there, and must answer
+//!    what the first session answers.
+//! 2. Per-task copies: the similarity join's plan is decoded once per output partition and
+//!    each copy runs only its partition (as Ballista runs a stage); the copies together must
+//!    give every pair exactly once, on real data.
+//! 3. datafusion-distributed: three workers on 127.0.0.1 in this process, the coordinator
+//!    planning with `with_sets_distributed`, every function on real data equal to one
+//!    process, the plans really spread over stages and tasks; and the bad cases (a worker
+//!    without the crate, an index table missing on a worker) give clear errors.
+//!
+//! Real data: `bench-data/` (or `$SETS_BENCH_DATA`), built by `benches/data/build.sh`;
+//! without it the real-data parts print why and pass, unless `SETS_REQUIRE_DATA=1`.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::common::Result;
+use datafusion::execution::{SessionState, SessionStateBuilder};
+use datafusion::physical_plan::{ExecutionPlanProperties, collect, displayable};
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_sets::distributed::{
+    SetsCodec, SetsDistributedExt, sets_worker_session, with_sets_codec,
+};
+use datafusion_distributed::SessionStateBuilderExt as _;
+use datafusion_distributed::{
+    DistributedExt, Worker, WorkerQueryContext, WorkerResolver, display_plan_ascii,
+};
+use futures::StreamExt;
+
+/// A session with the crate and its codec, `partitions` target partitions.
+fn session(partitions: usize) -> (SessionContext, SetsCodec) {
+    let config = SessionConfig::new().with_target_partitions(partitions);
+    let (builder, codec) =
+        with_sets_codec(SessionStateBuilder::new().with_default_features().with_config(config));
+    (SessionContext::from(builder.build()), codec)
+}
+
+async fn run_all(ctx: &SessionContext, statements: &[&str]) -> Result<()> {
+    for s in statements {
+        ctx.sql(s).await?.collect().await?;
+    }
+    Ok(())
+}
+
+/// The rows of `batches`, formatted, sorted: equal for equal multisets of rows.
+fn rows(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(1)
+        .map(str::to_string)
+        .collect();
+    lines.sort_unstable();
+    lines
+}
+
+/// The small tables of the round trips, in memory (their data travel inside the plan).
+const SETUP: &[&str] = &[
+    "CREATE TABLE t (id INT, g INT, a INT[], b BIGINT[], s VARCHAR[]) AS VALUES \
+     (1, 0, [1, 2, 3, 4], [2, 3, 9], ['x', 'y']), \
+     (2, 0, [2, 3, 5], [3, 5, 7, 2], ['y', 'z']), \
+     (3, 1, [1, 5, 9], [9], ['x', 'y', 'z']), \
+     (4, 1, NULL, [1], ['x']), \
+     (5, 2, [7, 8], [], NULL), \
+     (6, 2, [2, 3, 4], [2, 3, 4, 5], ['y'])",
+    "CREATE TABLE docs (id INT, body VARCHAR) AS VALUES \
+     (1, 'the quick brown fox'), (2, 'the lazy dog sleeps'), (3, 'quick quick fox jumps'), \
+     (4, 'a dog and a fox'), (5, 'Zürich straße café')",
+    "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'id', 'body')",
+    "CREATE TABLE queries (qid INT, q VARCHAR) AS VALUES (1, 'quick fox'), (2, 'dog'), \
+     (3, 'café'), (4, 'nothing here')",
+];
+
+/// Every query shape the codec must carry: bound calls in a projection, a filter, an
+/// aggregate's arguments and the aggregate itself; the similarity join (table function, R-S,
+/// the SQL join rewrite); `bm25_index`; `topk_bm25` as a table and as the async scalar.
+const SHAPES: &[(&str, &str)] = &[
+    (
+        "SELECT id, list_intersect(a, b), list_intersect_count(a, b), jaccard(a, b) FROM t",
+        "SetsBackendExec",
+    ),
+    (
+        "SELECT id FROM t WHERE list_intersect_count(a, b) >= 2",
+        "SetsBackendExec",
+    ),
+    (
+        "SELECT g, list_intersect_agg(b), sum(cardinality(list_intersect(a, b))) FROM t GROUP BY g",
+        "SetsBackendExec",
+    ),
+    (
+        "SELECT * FROM similarity_join('t', 'id', 'b', 'jaccard', 0.3)",
+        "SimilarityJoinExec",
+    ),
+    (
+        "SELECT * FROM similarity_join('t', 'id', 'a', 't', 'id', 'b', 'overlap', 2, '>')",
+        "SimilarityJoinExec",
+    ),
+    (
+        "SELECT l.id, r.id, dice(l.s, r.s) FROM t l JOIN t r ON dice(l.s, r.s) >= 0.5 AND l.id < r.id",
+        "SimilarityJoinExec",
+    ),
+    (
+        "SELECT term, doc_ids, tfs FROM bm25_index('docs', 'id', 'body', 'stem=english')",
+        "Bm25IndexExec",
+    ),
+    (
+        "SELECT rank, doc_id, score FROM topk_bm25('idx', 'quick fox', 3)",
+        "TopkBm25Exec",
+    ),
+    (
+        "SELECT doc_id, score FROM topk_bm25('idx', 'dog fox', 5, 'and')",
+        "TopkBm25Exec",
+    ),
+    (
+        "SELECT qid, topk_bm25('idx', q, 2) FROM queries",
+        "SetsBackendExec",
+    ),
+];
+
+/// Each shape planned in one session and run in another from the codec's bytes equals the
+/// first session's answer, and the decoded plan has the crate's node (bound again: EXPLAIN
+/// shows the receiver's choice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shape_survives_the_codec() -> Result<()> {
+    let (home, home_codec) = session(2);
+    run_all(&home, SETUP).await?;
+    let (away, away_codec) = session(3);
+    // The scalar `topk_bm25` reads its index by name where it runs.
+    run_all(&away, &SETUP[1..3]).await?;
+    for (sql, node) in SHAPES {
+        let plan = home.sql(sql).await?.create_physical_plan().await?;
+        let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
+        let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
+        let decoded =
+            physical_plan_from_bytes_with_extension_codec(&bytes, &away.task_ctx(), &away_codec)?;
+        let shown = displayable(decoded.as_ref()).indent(true).to_string();
+        assert!(shown.contains(node), "{sql}: no {node} in\n{shown}");
+        let got = collect(decoded, away.task_ctx()).await?;
+        assert_eq!(rows(&got), rows(&expected), "{sql}");
+        assert!(!expected.is_empty(), "{sql}: nothing to compare");
+    }
+    Ok(())
+}
+
+/// A session without the crate cannot decode its nodes: a clear error, not a panic.
+#[tokio::test]
+async fn a_session_without_the_codec_fails_clearly() -> Result<()> {
+    let (home, home_codec) = session(2);
+    run_all(&home, SETUP).await?;
+    let plan = home
+        .sql("SELECT * FROM similarity_join('t', 'id', 'b', 'jaccard', 0.3)")
+        .await?
+        .create_physical_plan()
+        .await?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
+    let plain = SessionContext::new();
+    let err = datafusion_proto::bytes::physical_plan_from_bytes(&bytes, &plain.task_ctx())
+        .expect_err("decoded without the codec");
+    assert!(err.to_string().contains("PhysicalExtensionCodec"), "{err}");
+    // With the codec but without the crate's functions, a bound call cannot be bound again.
+    let plan = home
+        .sql("SELECT list_intersect(a, b) FROM t")
+        .await?
+        .create_physical_plan()
+        .await?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
+    let (_, codec) = session(1);
+    let err = physical_plan_from_bytes_with_extension_codec(&bytes, &plain.task_ctx(), &codec)
+        .expect_err("bound without the crate's functions");
+    assert!(err.to_string().contains("list_intersect"), "{err}");
+    Ok(())
+}
+
+fn real_data(test: &str, files: &[&str]) -> Option<std::path::PathBuf> {
+    let dir = common::bench_data();
+    let paths: Vec<_> = files.iter().map(|f| dir.join(f)).collect();
+    let refs: Vec<&Path> = paths.iter().map(|p| p.as_path()).collect();
+    common::data_present(test, &refs).then_some(dir)
+}
+
+/// The join's plan decoded once per output partition, each copy running only its partition
+/// (an engine's task per partition): together every pair exactly once, as in one plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_per_partition_gives_every_pair_once() -> Result<()> {
+    let Some(dir) = real_data("copies per partition", &["debian_deps/sets.parquet"]) else {
+        return Ok(());
+    };
+    let (ctx, codec) = session(4);
+    let path = dir.join("debian_deps/sets.parquet");
+    ctx.register_parquet("file", path.to_str().unwrap(), ParquetReadOptions::default())
+        .await?;
+    // In memory: the copies decode the rows from the plan instead of the file again.
+    run_all(
+        &ctx,
+        &["CREATE TABLE deps AS SELECT id, tokens FROM file WHERE id % 2 = 0"],
+    )
+    .await?;
+    for sql in [
+        "SELECT * FROM similarity_join('deps', 'id', 'tokens', 'jaccard', 0.6)",
+        "SELECT l.id, r.id FROM deps l JOIN deps r ON cosine(l.tokens, r.tokens) >= 0.9 AND l.id < r.id",
+    ] {
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        let partitions = plan.output_partitioning().partition_count();
+        assert!(partitions > 1, "{sql}: {partitions} partition");
+        let expected = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        let bytes = physical_plan_to_bytes_with_extension_codec(plan, &codec)?;
+        let mut got = Vec::new();
+        for p in 0..partitions {
+            let copy = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec)?;
+            let mut stream = copy.execute(p, ctx.task_ctx())?;
+            while let Some(b) = stream.next().await {
+                got.push(b?);
+            }
+        }
+        let (got, expected) = (rows(&got), rows(&expected));
+        assert!(expected.len() > 100, "{sql}: {} pairs", expected.len());
+        assert_eq!(got.len(), expected.len(), "{sql}");
+        assert_eq!(got, expected, "{sql}");
+    }
+    Ok(())
+}
+
+/// The workers' addresses.
+#[derive(Clone)]
+struct Localhost(Vec<u16>);
+
+impl WorkerResolver for Localhost {
+    fn get_urls(&self) -> Result<Vec<url::Url>> {
+        self.0
+            .iter()
+            .map(|p| {
+                url::Url::parse(&format!("http://127.0.0.1:{p}"))
+                    .map_err(|e| datafusion::common::DataFusionError::External(Box::new(e)))
+            })
+            .collect()
+    }
+}
+
+/// `n` workers on 127.0.0.1, each building its sessions with `build`.
+async fn start_workers<B>(n: usize, build: B) -> Vec<u16>
+where
+    B: datafusion_distributed::WorkerSessionBuilder + Clone + Send + Sync + 'static,
+{
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        ports.push(listener.local_addr().unwrap().port());
+        let worker = Worker::from_session_builder(build.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(worker.into_worker_server())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+        });
+    }
+    ports
+}
+
+/// The coordinating session: the distributed planner over `ports`, scans cut as finely as
+/// the workers allow (so even one-row-group files spread over tasks), datafusion-sets.
+fn coordinator(ports: Vec<u16>) -> Result<SessionContext> {
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(SessionConfig::new().with_target_partitions(2))
+        .with_distributed_worker_resolver(Localhost(ports))
+        .with_distributed_planner()
+        .with_distributed_file_scan_config_bytes_per_partition(1)?
+        .with_sets_distributed()
+        .build();
+    Ok(SessionContext::from(state))
+}
+
+/// A worker's session: the crate, and the index table `idx` (the scalar `topk_bm25` reads
+/// it by name) from `index` when given.
+async fn worker_session(ctx: WorkerQueryContext, index: Option<String>) -> Result<SessionState> {
+    let state = sets_worker_session(ctx).await?;
+    let Some(index) = index else {
+        return Ok(state);
+    };
+    let ctx = SessionContext::from(state);
+    ctx.register_parquet("idx", &index, ParquetReadOptions::default())
+        .await?;
+    Ok(ctx.state())
+}
+
+/// Run `sql` on the cluster and in one process; the answers must be equal. With `spread`,
+/// the cluster's plan must have several stages, one of them on several tasks; without, the
+/// plan must keep the similarity join in one task.
+async fn same_answer(
+    cluster: &SessionContext,
+    local: &SessionContext,
+    sql: &str,
+    spread: bool,
+) -> Result<usize> {
+    let df = cluster.sql(sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let shown = display_plan_ascii(plan.as_ref(), false);
+    let several = shown
+        .lines()
+        .any(|l| l.contains("Stage") && l.contains("tasks=") && !l.contains("tasks=1 "));
+    if spread {
+        assert!(shown.contains("Stage 1"), "{sql}: not distributed\n{shown}");
+        assert!(several, "{sql}: no stage on several tasks\n{shown}");
+    } else {
+        assert!(shown.contains("SimilarityJoinExec") && !several, "{sql}:\n{shown}");
+    }
+    let t0 = std::time::Instant::now();
+    let got = collect(plan, cluster.task_ctx()).await?;
+    let expected = local.sql(sql).await?.collect().await?;
+    let (got, expected) = (rows(&got), rows(&expected));
+    eprintln!("{} rows in {:?}: {sql}", got.len(), t0.elapsed());
+    assert_eq!(got.len(), expected.len(), "{sql}");
+    assert_eq!(got, expected, "{sql}");
+    Ok(expected.len())
+}
+
+/// Every function on three workers equals one process on real data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_answer_as_one_process() -> Result<()> {
+    let files = [
+        "gcide_words/sets.parquet",
+        "debian_deps/sets.parquet",
+        "gcide/docs.parquet",
+        "queries/queries.parquet",
+    ];
+    let Some(dir) = real_data("distributed", &files) else {
+        return Ok(());
+    };
+    let path = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    // The index, built once and written as Parquet: the coordinator and the workers read it.
+    let tmp = tempfile::tempdir().unwrap();
+    let index = tmp.path().join("idx.parquet").to_str().unwrap().to_string();
+    let (local, _) = session(4);
+    local
+        .register_parquet("docs", &path("gcide/docs.parquet"), ParquetReadOptions::default())
+        .await?;
+    local
+        .sql(&format!(
+            "COPY (SELECT * FROM bm25_index('docs', 'doc_id', 'text')) TO '{index}' STORED AS PARQUET"
+        ))
+        .await?
+        .collect()
+        .await?;
+    let with_index = Some(index.clone());
+    let ports = start_workers(3, move |ctx: WorkerQueryContext| {
+        let index = with_index.clone();
+        async move { worker_session(ctx, index).await }
+    })
+    .await;
+    let cluster = coordinator(ports)?;
+    for ctx in [&cluster, &local] {
+        for (name, file) in [
+            ("words", "gcide_words/sets.parquet"),
+            ("deps", "debian_deps/sets.parquet"),
+            ("queries", "queries/queries.parquet"),
+        ] {
+            if ctx.table_exist(name)? {
+                continue;
+            }
+            ctx.register_parquet(name, &path(file), ParquetReadOptions::default())
+                .await?;
+        }
+        if !ctx.table_exist("docs")? {
+            ctx.register_parquet("docs", &path("gcide/docs.parquet"), ParquetReadOptions::default())
+                .await?;
+        }
+        ctx.register_parquet("idx", &index, ParquetReadOptions::default())
+            .await?;
+    }
+    let queries = [
+        // Scalars per row on every task.
+        "SELECT id, list_intersect(tokens, [1, 2, 3, 5, 8, 13, 21, 34, 55, 89]) AS common, \
+         list_intersect_count(tokens, [2, 3, 5, 7, 11, 13]) AS n, jaccard(tokens, [1, 2, 3]) AS j \
+         FROM deps WHERE cardinality(tokens) > 3",
+        // The aggregate: partial states on the tasks, merged after a shuffle.
+        "SELECT id % 97 AS g, list_intersect_agg(tokens) AS common, count(*) AS n FROM deps \
+         GROUP BY id % 97",
+        "SELECT cardinality(tokens) AS len, sum(list_intersect_count(tokens, [1, 2, 3, 4])) AS s \
+         FROM words GROUP BY cardinality(tokens)",
+        // Search: the scalar over a column of queries (the index read on the workers).
+        "SELECT qid, topk_bm25('idx', text, 10) AS hits FROM queries WHERE source = 'terabyte05-eff' \
+         AND CAST(qid AS BIGINT) % 20 = 0",
+    ];
+    for sql in queries {
+        let n = same_answer(&cluster, &local, sql, true).await?;
+        assert!(n > 0, "{sql}: no rows");
+    }
+    // The join, as a table function and as a SQL join: exact, in a stage of one task (the
+    // distributed join is not built yet).
+    for sql in [
+        "SELECT * FROM similarity_join('words', 'id', 'tokens', 'jaccard', 0.5)",
+        "SELECT l.id, r.id FROM words l JOIN words r ON jaccard(l.tokens, r.tokens) >= 0.8 \
+         AND l.id < r.id",
+    ] {
+        let n = same_answer(&cluster, &local, sql, false).await?;
+        assert!(n > 0, "{sql}: no rows");
+    }
+    // The index build: its input gathered from every task into one index.
+    let build = "SELECT term, doc_ids, tfs, n_docs, total_len FROM bm25_index('docs', 'doc_id', 'text') \
+                 WHERE term LIKE 'qu%'";
+    same_answer(&cluster, &local, build, true).await?;
+    Ok(())
+}
+
+/// A worker without the crate, and a worker without the index table, fail the query with
+/// errors that say what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_pieces_on_a_worker_fail_clearly() -> Result<()> {
+    let Some(dir) = real_data("distributed errors", &["debian_deps/sets.parquet"]) else {
+        return Ok(());
+    };
+    let path = dir.join("debian_deps/sets.parquet");
+    let sql = "SELECT id, list_intersect_count(tokens, [1, 2, 3]) FROM deps";
+    // Workers of plain DataFusion.
+    let ports = start_workers(2, |ctx: WorkerQueryContext| async move { Ok(ctx.builder.build()) })
+        .await;
+    let cluster = coordinator(ports)?;
+    cluster
+        .register_parquet("deps", path.to_str().unwrap(), ParquetReadOptions::default())
+        .await?;
+    let err = cluster.sql(sql).await?.collect().await.expect_err("ran without the crate");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("PhysicalExtensionCodec") || msg.contains("list_intersect"),
+        "{msg}"
+    );
+    // Workers with the crate, without the index table the scalar `topk_bm25` names.
+    let ports = start_workers(2, sets_worker_session).await;
+    let cluster = coordinator(ports)?;
+    run_all(&cluster, SETUP).await?;
+    cluster
+        .register_parquet("deps", path.to_str().unwrap(), ParquetReadOptions::default())
+        .await?;
+    let err = cluster
+        .sql(
+            "SELECT id, topk_bm25('idx', CAST(id AS VARCHAR), 3) FROM deps",
+        )
+        .await?
+        .collect()
+        .await
+        .expect_err("ran without the index table");
+    let msg = err.to_string();
+    assert!(msg.contains("topk_bm25") && msg.contains("idx"), "{msg}");
+    Ok(())
+}
