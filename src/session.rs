@@ -68,7 +68,8 @@ pub(crate) fn install(mut builder: SessionStateBuilder) -> (SessionStateBuilder,
         builder = builder.with_aggregate_functions(all_aggregate_functions());
     }
     for (name, f) in table_functions() {
-        builder.table_functions()
+        builder
+            .table_functions()
             .get_or_insert_with(Default::default)
             .insert(name.into(), Arc::new(TableFunction::new(name.into(), f)));
     }
@@ -76,7 +77,8 @@ pub(crate) fn install(mut builder: SessionStateBuilder) -> (SessionStateBuilder,
     // built with: fix them now (the defaults `build()` would create otherwise).
     // Watched, so a dropped or replaced index table releases its loaded index at once.
     let catalogs = watch_catalogs(
-        builder.catalog_list()
+        builder
+            .catalog_list()
             .take()
             .unwrap_or_else(|| Arc::new(MemoryCatalogProviderList::new())),
     );

@@ -27,23 +27,26 @@ use datafusion::common::Result;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::physical_plan::{ExecutionPlanProperties, collect, displayable};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion_distributed::SessionStateBuilderExt as _;
+use datafusion_distributed::{
+    DistributedExt, Worker, WorkerQueryContext, WorkerResolver, display_plan_ascii,
+};
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
 };
 use datafusion_sets::distributed::{
     SetsCodec, SetsDistributedExt, sets_worker_session, with_sets_codec,
 };
-use datafusion_distributed::SessionStateBuilderExt as _;
-use datafusion_distributed::{
-    DistributedExt, Worker, WorkerQueryContext, WorkerResolver, display_plan_ascii,
-};
 use futures::StreamExt;
 
 /// A session with the crate and its codec, `partitions` target partitions.
 fn session(partitions: usize) -> (SessionContext, SetsCodec) {
     let config = SessionConfig::new().with_target_partitions(partitions);
-    let (builder, codec) =
-        with_sets_codec(SessionStateBuilder::new().with_default_features().with_config(config));
+    let (builder, codec) = with_sets_codec(
+        SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(config),
+    );
     (SessionContext::from(builder.build()), codec)
 }
 
@@ -200,8 +203,12 @@ async fn a_copy_per_partition_gives_every_pair_once() -> Result<()> {
     };
     let (ctx, codec) = session(4);
     let path = dir.join("debian_deps/sets.parquet");
-    ctx.register_parquet("file", path.to_str().unwrap(), ParquetReadOptions::default())
-        .await?;
+    ctx.register_parquet(
+        "file",
+        path.to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await?;
     // In memory: the copies decode the rows from the plan instead of the file again.
     run_all(
         &ctx,
@@ -219,7 +226,8 @@ async fn a_copy_per_partition_gives_every_pair_once() -> Result<()> {
         let bytes = physical_plan_to_bytes_with_extension_codec(plan, &codec)?;
         let mut got = Vec::new();
         for p in 0..partitions {
-            let copy = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec)?;
+            let copy =
+                physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec)?;
             let mut stream = copy.execute(p, ctx.task_ctx())?;
             while let Some(b) = stream.next().await {
                 got.push(b?);
@@ -315,7 +323,10 @@ async fn same_answer(
         assert!(shown.contains("Stage 1"), "{sql}: not distributed\n{shown}");
         assert!(several, "{sql}: no stage on several tasks\n{shown}");
     } else {
-        assert!(shown.contains("SimilarityJoinExec") && !several, "{sql}:\n{shown}");
+        assert!(
+            shown.contains("SimilarityJoinExec") && !several,
+            "{sql}:\n{shown}"
+        );
     }
     let t0 = std::time::Instant::now();
     let got = collect(plan, cluster.task_ctx()).await?;
@@ -345,7 +356,11 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
     let index = tmp.path().join("idx.parquet").to_str().unwrap().to_string();
     let (local, _) = session(4);
     local
-        .register_parquet("docs", &path("gcide/docs.parquet"), ParquetReadOptions::default())
+        .register_parquet(
+            "docs",
+            &path("gcide/docs.parquet"),
+            ParquetReadOptions::default(),
+        )
         .await?;
     local
         .sql(&format!(
@@ -374,8 +389,12 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
                 .await?;
         }
         if !ctx.table_exist("docs")? {
-            ctx.register_parquet("docs", &path("gcide/docs.parquet"), ParquetReadOptions::default())
-                .await?;
+            ctx.register_parquet(
+                "docs",
+                &path("gcide/docs.parquet"),
+                ParquetReadOptions::default(),
+            )
+            .await?;
         }
         ctx.register_parquet("idx", &index, ParquetReadOptions::default())
             .await?;
@@ -425,13 +444,24 @@ async fn missing_pieces_on_a_worker_fail_clearly() -> Result<()> {
     let path = dir.join("debian_deps/sets.parquet");
     let sql = "SELECT id, list_intersect_count(tokens, [1, 2, 3]) FROM deps";
     // Workers of plain DataFusion.
-    let ports = start_workers(2, |ctx: WorkerQueryContext| async move { Ok(ctx.builder.build()) })
-        .await;
+    let ports = start_workers(2, |ctx: WorkerQueryContext| async move {
+        Ok(ctx.builder.build())
+    })
+    .await;
     let cluster = coordinator(ports)?;
     cluster
-        .register_parquet("deps", path.to_str().unwrap(), ParquetReadOptions::default())
+        .register_parquet(
+            "deps",
+            path.to_str().unwrap(),
+            ParquetReadOptions::default(),
+        )
         .await?;
-    let err = cluster.sql(sql).await?.collect().await.expect_err("ran without the crate");
+    let err = cluster
+        .sql(sql)
+        .await?
+        .collect()
+        .await
+        .expect_err("ran without the crate");
     let msg = err.to_string();
     assert!(
         msg.contains("PhysicalExtensionCodec") || msg.contains("list_intersect"),
@@ -442,12 +472,14 @@ async fn missing_pieces_on_a_worker_fail_clearly() -> Result<()> {
     let cluster = coordinator(ports)?;
     run_all(&cluster, SETUP).await?;
     cluster
-        .register_parquet("deps", path.to_str().unwrap(), ParquetReadOptions::default())
+        .register_parquet(
+            "deps",
+            path.to_str().unwrap(),
+            ParquetReadOptions::default(),
+        )
         .await?;
     let err = cluster
-        .sql(
-            "SELECT id, topk_bm25('idx', CAST(id AS VARCHAR), 3) FROM deps",
-        )
+        .sql("SELECT id, topk_bm25('idx', CAST(id AS VARCHAR), 3) FROM deps")
         .await?
         .collect()
         .await

@@ -52,4 +52,3 @@ fn whole_input_operators(
         .is::<SimilarityJoinExec>()
         .then(|| Ok(DesiredTaskCountEventResponse::maximum(1)))
 }
-

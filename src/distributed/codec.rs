@@ -16,8 +16,8 @@ use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{Result, internal_err, plan_err};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::async_udf::AsyncScalarUDF;
-use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::async_func::AsyncFuncExec;
@@ -188,7 +188,11 @@ fn measure_of(name: &str) -> Result<Measure> {
 }
 
 /// `inputs[i]`, or an error naming the node.
-fn input(inputs: &[Arc<dyn ExecutionPlan>], i: usize, node: &str) -> Result<Arc<dyn ExecutionPlan>> {
+fn input(
+    inputs: &[Arc<dyn ExecutionPlan>],
+    i: usize,
+    node: &str,
+) -> Result<Arc<dyn ExecutionPlan>> {
     match inputs.get(i) {
         Some(p) => Ok(Arc::clone(p)),
         None => internal_err!("SetsCodec: {node} decoded with {} inputs", inputs.len()),
@@ -218,8 +222,14 @@ impl SetsCodec {
                 .columns
                 .iter()
                 .map(|c| match c {
-                    JoinColumn::Left(i) => JoinColumnNode { kind: 0, index: *i as u64 },
-                    JoinColumn::Right(i) => JoinColumnNode { kind: 1, index: *i as u64 },
+                    JoinColumn::Left(i) => JoinColumnNode {
+                        kind: 0,
+                        index: *i as u64,
+                    },
+                    JoinColumn::Right(i) => JoinColumnNode {
+                        kind: 1,
+                        index: *i as u64,
+                    },
                     JoinColumn::Similarity => JoinColumnNode { kind: 2, index: 0 },
                 })
                 .collect();
@@ -354,13 +364,20 @@ fn with_async_topk(
             sf.return_field(&schema)?,
             Arc::new(sf.config_options().clone()),
         );
-        exprs.push(Arc::new(AsyncFuncExpr::try_new(ae.name(), Arc::new(func), &schema)?));
+        exprs.push(Arc::new(AsyncFuncExpr::try_new(
+            ae.name(),
+            Arc::new(func),
+            &schema,
+        )?));
         changed = true;
     }
     if !changed {
         return Ok(Arc::clone(plan));
     }
-    Ok(Arc::new(AsyncFuncExec::try_new(exprs, Arc::clone(node.input()))?))
+    Ok(Arc::new(AsyncFuncExec::try_new(
+        exprs,
+        Arc::clone(node.input()),
+    )?))
 }
 
 fn decode_join(j: JoinNode, inputs: &[Arc<dyn ExecutionPlan>]) -> Result<Arc<dyn ExecutionPlan>> {
@@ -450,8 +467,7 @@ impl PhysicalExtensionCodec for SetsCodec {
         let msg = SetsNode {
             node: Some(self.encode_node(&node, converter)?),
         };
-        msg.encode(buf).map_err(|e| {
-            datafusion::common::DataFusionError::Internal(format!("SetsCodec: {e}"))
-        })
+        msg.encode(buf)
+            .map_err(|e| datafusion::common::DataFusionError::Internal(format!("SetsCodec: {e}")))
     }
 }

@@ -1,7 +1,7 @@
 //! Plans that cross processes: [`SetsCodec`], the `datafusion-proto` codec of the crate's
 //! nodes and stateful functions (`proto` feature), and with the `distributed` feature the
-//! installers for datafusion-distributed: [`SetsDistributedExt::with_sets_distributed`] on
-//! the coordinating session and [`sets_worker_session`] on each worker.
+//! installers for datafusion-distributed: `SetsDistributedExt::with_sets_distributed` on
+//! the coordinating session and `sets_worker_session` on each worker (docs/distributed.md).
 //!
 //! Exact under per-task execution: an engine runs a copy of a stage per task, each over a
 //! slice of the input. The similarity join shares its build among the output partitions of
@@ -9,9 +9,9 @@
 //! of one task, whose copy reads the whole input; `bm25_index` requires its input in one
 //! partition, which datafusion-distributed gathers from every task of the stage below.
 
-mod codec;
 #[cfg(feature = "distributed")]
 mod cluster;
+mod codec;
 
 pub use codec::SetsCodec;
 

@@ -35,6 +35,8 @@ impl SetsBackendExec {
         Self { input, calls }
     }
 
+    // Used by the codec (`proto` feature).
+    #[cfg_attr(not(feature = "proto"), allow(dead_code))]
     /// The calls bound under this node.
     pub fn calls(&self) -> &[BoundCall] {
         &self.calls

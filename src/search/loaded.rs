@@ -149,6 +149,8 @@ impl IndexScan {
         })
     }
 
+    // Used by the codec (`proto` feature).
+    #[cfg_attr(not(feature = "proto"), allow(dead_code))]
     /// The scan `scan` of the index table `name`, planned elsewhere (decoded from a plan
     /// another process sent).
     pub fn from_scan(name: &str, scan: Arc<dyn ExecutionPlan>) -> Self {
@@ -159,6 +161,8 @@ impl IndexScan {
         }
     }
 
+    // Used by the codec (`proto` feature).
+    #[cfg_attr(not(feature = "proto"), allow(dead_code))]
     /// The planned scan of the index table.
     pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
         &self.scan
