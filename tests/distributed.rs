@@ -434,6 +434,22 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
     Ok(())
 }
 
+/// The error of `sql` on a coordinator over the workers `ports`, after `setup`, with the
+/// Parquet file `deps` registered (the query must fail).
+async fn cluster_error(ports: Vec<u16>, deps: &Path, setup: &[&str], sql: &str) -> Result<String> {
+    let cluster = coordinator(ports)?;
+    run_all(&cluster, setup).await?;
+    cluster
+        .register_parquet(
+            "deps",
+            deps.to_str().unwrap(),
+            ParquetReadOptions::default(),
+        )
+        .await?;
+    let result = cluster.sql(sql).await?.collect().await;
+    Ok(result.expect_err(sql).to_string())
+}
+
 /// A worker without the crate, and a worker without the index table, fail the query with
 /// errors that say what is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -442,49 +458,21 @@ async fn missing_pieces_on_a_worker_fail_clearly() -> Result<()> {
         return Ok(());
     };
     let path = dir.join("debian_deps/sets.parquet");
-    let sql = "SELECT id, list_intersect_count(tokens, [1, 2, 3]) FROM deps";
     // Workers of plain DataFusion.
-    let ports = start_workers(2, |ctx: WorkerQueryContext| async move {
+    let plain = start_workers(2, |ctx: WorkerQueryContext| async move {
         Ok(ctx.builder.build())
     })
     .await;
-    let cluster = coordinator(ports)?;
-    cluster
-        .register_parquet(
-            "deps",
-            path.to_str().unwrap(),
-            ParquetReadOptions::default(),
-        )
-        .await?;
-    let err = cluster
-        .sql(sql)
-        .await?
-        .collect()
-        .await
-        .expect_err("ran without the crate");
-    let msg = err.to_string();
+    let sql = "SELECT id, list_intersect_count(tokens, [1, 2, 3]) FROM deps";
+    let msg = cluster_error(plain, &path, &[], sql).await?;
     assert!(
         msg.contains("PhysicalExtensionCodec") || msg.contains("list_intersect"),
         "{msg}"
     );
     // Workers with the crate, without the index table the scalar `topk_bm25` names.
-    let ports = start_workers(2, sets_worker_session).await;
-    let cluster = coordinator(ports)?;
-    run_all(&cluster, SETUP).await?;
-    cluster
-        .register_parquet(
-            "deps",
-            path.to_str().unwrap(),
-            ParquetReadOptions::default(),
-        )
-        .await?;
-    let err = cluster
-        .sql("SELECT id, topk_bm25('idx', CAST(id AS VARCHAR), 3) FROM deps")
-        .await?
-        .collect()
-        .await
-        .expect_err("ran without the index table");
-    let msg = err.to_string();
+    let ours = start_workers(2, sets_worker_session).await;
+    let sql = "SELECT id, topk_bm25('idx', CAST(id AS VARCHAR), 3) FROM deps";
+    let msg = cluster_error(ours, &path, SETUP, sql).await?;
     assert!(msg.contains("topk_bm25") && msg.contains("idx"), "{msg}");
     Ok(())
 }

@@ -16,8 +16,7 @@ use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{Result, internal_err, plan_err};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::async_udf::AsyncScalarUDF;
-use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
-use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::async_func::AsyncFuncExec;
@@ -30,7 +29,7 @@ use prost::Message;
 use crate::config::BackendChoice;
 use crate::functions::bm25_index::Bm25IndexExec;
 use crate::functions::topk_bm25::table::{TOPK_BM25, TopkOneExec};
-use crate::functions::topk_bm25::{SessionHandle, TopkBm25};
+use crate::functions::topk_bm25::{SessionHandle, TopkBm25, async_call};
 use crate::intersect::similarity::Measure;
 use crate::io::time_slice::TimeSliceExec;
 use crate::join::exec::OutputKind;
@@ -356,19 +355,12 @@ fn with_async_topk(
             exprs.push(Arc::clone(ae));
             continue;
         };
-        let udf = AsyncScalarUDF::new(Arc::new(TopkBm25::new(session.clone()))).into_scalar_udf();
-        let func = ScalarFunctionExpr::new(
-            sf.name(),
-            Arc::new(udf),
-            sf.args().to_vec(),
-            sf.return_field(&schema)?,
-            Arc::new(sf.config_options().clone()),
-        );
-        exprs.push(Arc::new(AsyncFuncExpr::try_new(
+        exprs.push(async_call(
             ae.name(),
-            Arc::new(func),
+            sf,
+            TopkBm25::new(session.clone()),
             &schema,
-        )?));
+        )?);
         changed = true;
     }
     if !changed {

@@ -23,7 +23,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema};
 use datafusion::catalog::CatalogProviderList;
 use datafusion::common::types::{NativeType, logical_int64, logical_string};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err, plan_err};
@@ -36,6 +36,8 @@ use datafusion::logical_expr::{
     ScalarUDFImpl,
     Signature, TypeSignature, TypeSignatureClass, Volatility,
 };
+use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::prelude::SessionConfig;
 use datafusion_macros::user_doc;
 
@@ -142,6 +144,26 @@ pub struct TopkBm25 {
     signature: Signature,
     handle: SessionHandle,
     plan: PlanSlot,
+}
+
+/// The async expression `name` calling `topk` with the arguments and options of the call
+/// `call` (a `topk_bm25` call planned or decoded with another function object) over an
+/// input of `schema`.
+pub fn async_call(
+    name: &str,
+    call: &ScalarFunctionExpr,
+    topk: TopkBm25,
+    schema: &Schema,
+) -> Result<Arc<AsyncFuncExpr>> {
+    let udf = AsyncScalarUDF::new(Arc::new(topk)).into_scalar_udf();
+    let func = ScalarFunctionExpr::new(
+        call.name(),
+        Arc::new(udf),
+        call.args().to_vec(),
+        call.return_field(schema)?,
+        Arc::new(call.config_options().clone()),
+    );
+    Ok(Arc::new(AsyncFuncExpr::try_new(name, Arc::new(func), schema)?))
 }
 
 impl PartialEq for TopkBm25 {

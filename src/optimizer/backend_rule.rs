@@ -16,7 +16,6 @@ use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::async_udf::AsyncScalarUDF;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::physical_expr::aggregate::AggregateExprBuilder;
-use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -34,7 +33,7 @@ use crate::functions::list_intersect::ListIntersect;
 use crate::functions::list_intersect_agg::ListIntersectAgg;
 use crate::functions::list_intersect_count::ListIntersectCount;
 use crate::functions::topk_bm25::table::{TOPK_BM25, check_mode};
-use crate::functions::topk_bm25::{SessionHandle, TopkBm25};
+use crate::functions::topk_bm25::{SessionHandle, TopkBm25, async_call};
 use crate::intersect::lists::list_element_type;
 use crate::placement::{InputSize, choose, choose_agg, choose_topk};
 use crate::search::topk::Mode;
@@ -160,27 +159,12 @@ fn bind_topk(
                 .and_then(|m| check_mode(m, 4).ok()),
         };
         let plan = Arc::new(choose_topk(cfg, mode.map(|m| m == Mode::And)));
-        let udf = AsyncScalarUDF::new(Arc::new(TopkBm25::with_plan(
-            session.clone(),
-            Arc::clone(&plan),
-        )))
-        .into_scalar_udf();
+        let topk = TopkBm25::with_plan(session.clone(), Arc::clone(&plan));
         calls.push(BoundCall {
             function: TOPK_BM25.to_string(),
             plan,
         });
-        let func = ScalarFunctionExpr::new(
-            sf.name(),
-            Arc::new(udf),
-            sf.args().to_vec(),
-            sf.return_field(&schema)?,
-            Arc::new(sf.config_options().clone()),
-        );
-        exprs.push(Arc::new(AsyncFuncExpr::try_new(
-            ae.name(),
-            Arc::new(func),
-            &schema,
-        )?));
+        exprs.push(async_call(ae.name(), sf, topk, &schema)?);
     }
     if calls.is_empty() {
         return Ok(None);
