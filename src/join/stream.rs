@@ -188,8 +188,10 @@ impl Claims {
 }
 
 /// Claim the next range of the home `lo..hi` whose first `taken` sets are claimed: a
-/// quarter of what is left, within [`MIN_CLAIM`, `MAX_CLAIM`] (everything for one
-/// partition); `None` when none is left.
+/// `4 * partitions`-th of what is left, within [`MIN_CLAIM`, `MAX_CLAIM`] (everything for
+/// one partition); `None` when none is left. Homes differ in cost (the sets are ordered by
+/// length), and a quarter of the costliest home in one claim held up a 16-partition join by
+/// a fifth.
 fn claim(taken: &AtomicUsize, lo: usize, hi: usize, partitions: usize) -> Option<(usize, usize)> {
     let size = hi - lo;
     let mut done = taken.load(Ordering::Relaxed);
@@ -201,7 +203,7 @@ fn claim(taken: &AtomicUsize, lo: usize, hi: usize, partitions: usize) -> Option
         let n = if partitions <= 1 {
             left
         } else {
-            (left / 4).clamp(MIN_CLAIM, MAX_CLAIM).min(left)
+            (left / (4 * partitions)).clamp(MIN_CLAIM, MAX_CLAIM).min(left)
         };
         match taken.compare_exchange_weak(done, done + n, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return Some((lo + done, lo + done + n)),
