@@ -55,6 +55,52 @@ impl fmt::Display for BackendChoice {
 
 config_field!(BackendChoice);
 
+/// How a similarity join spreads over the tasks of a distributed plan
+/// (`sets.similarity_join_distribution`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum JoinDistributionChoice {
+    /// One task in one process; under datafusion-distributed, chosen by the inputs'
+    /// statistics (`crate::optimizer::join_distribution`).
+    #[default]
+    Auto,
+    /// One task reads both inputs and builds one index (partitions share it).
+    Single,
+    /// Each set goes to the partitions of its prefix tokens' buckets (global frequency
+    /// order), and each partition joins its own sets.
+    Prefix,
+    /// Every partition reads the smaller side of an R-S join whole and joins it with its part
+    /// of the other side; a self-join's input is read whole and joined with each part of it.
+    Broadcast,
+}
+
+impl FromStr for JoinDistributionChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "single" => Ok(Self::Single),
+            "prefix" => Ok(Self::Prefix),
+            "broadcast" => Ok(Self::Broadcast),
+            other => config_err!(
+                "sets.similarity_join_distribution: expected 'auto', 'single', 'prefix' or 'broadcast', got '{other}'"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for JoinDistributionChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Single => "single",
+            Self::Prefix => "prefix",
+            Self::Broadcast => "broadcast",
+        })
+    }
+}
+
+config_field!(JoinDistributionChoice);
+
 impl FromStr for CpuKernelChoice {
     type Err = DataFusionError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -208,6 +254,8 @@ options! {
         bm25_alpha: f64 = 0.3, |f, k, v| set_f64(f, k, v, 0.0, 1.0);
         /// Plan inner joins whose condition is jaccard/cosine/dice/overlap(l.tokens, r.tokens) >= (or >) a literal as SimilarityJoinExec instead of a nested loop.
         similarity_join_rewrite: bool = true, parse_field;
+        /// How a similarity join spreads over partitions and tasks: 'auto' (one shared index in one process; under datafusion-distributed chosen by statistics), 'single', 'prefix' (sets sent to the buckets of their prefix tokens) or 'broadcast' (the smaller side, or a self-join's input, read whole by every partition).
+        similarity_join_distribution: JoinDistributionChoice = JoinDistributionChoice::Auto, parse_field;
         /// Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.
         gpu_index_budget: usize = 0, set_usize;
         /// Keep the list columns list_intersect / list_intersect_count send to the GPU on the device for later batches and queries (least recently used evicted first).

@@ -20,6 +20,9 @@ use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
 use crate::optimizer::async_calls::{AsyncCallPlaces, AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
+use crate::optimizer::join_distribution::{
+    SIMILARITY_JOIN_DISTRIBUTION, SimilarityJoinDistribution,
+};
 use crate::search::catalog_watch::watch_catalogs;
 
 /// The crate's table functions, by SQL name (for hosts that register them one by one, such
@@ -120,16 +123,24 @@ type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
 /// backend rule rebuilds its calls around it).
 fn with_sets_rules(rules: &[PhysicalRule], session: &SessionHandle) -> Option<Vec<PhysicalRule>> {
     let has = |name: &str| rules.iter().any(|r| r.name() == name);
-    if has(SIMILARITY_JOIN_REWRITE) && has(SETS_BACKEND_RULE) {
+    if has(SIMILARITY_JOIN_REWRITE) && has(SIMILARITY_JOIN_DISTRIBUTION) && has(SETS_BACKEND_RULE) {
         return None;
     }
     let mut rules = rules.to_vec();
-    if !has(SIMILARITY_JOIN_REWRITE) {
-        let at = ["EnsureRequirements", "SanityCheckPlan"]
+    let before_requirements = |rules: &[PhysicalRule]| {
+        ["EnsureRequirements", "SanityCheckPlan"]
             .iter()
             .find_map(|name| rules.iter().position(|r| r.name() == *name))
-            .unwrap_or(rules.len());
+            .unwrap_or(rules.len())
+    };
+    if !has(SIMILARITY_JOIN_REWRITE) {
+        let at = before_requirements(&rules);
         rules.insert(at, Arc::new(SimilarityJoinRewrite::new()));
+    }
+    if !has(SIMILARITY_JOIN_DISTRIBUTION) {
+        // After the rewrite (it plans the joins this rule spreads).
+        let at = before_requirements(&rules);
+        rules.insert(at, Arc::new(SimilarityJoinDistribution::new()));
     }
     if !has(SETS_BACKEND_RULE) {
         rules.push(Arc::new(SetsBackendRule::new(session.clone())));

@@ -155,6 +155,45 @@ async fn every_shape_survives_the_codec() -> Result<()> {
         assert_eq!(rows(&got), rows(&expected), "{sql}");
         assert!(!expected.is_empty(), "{sql}: nothing to compare");
     }
+    // The join spread over partitions: routers, token counts and the join's distribution
+    // travel too.
+    let joins = &SHAPES[3..6];
+    for (distribution, node) in [
+        ("prefix", "PrefixRouteExec"),
+        ("broadcast", "distribution=broadcast"),
+    ] {
+        home.sql(&format!(
+            "SET sets.similarity_join_distribution = '{distribution}'"
+        ))
+        .await?;
+        for (sql, _) in joins {
+            let plan = home.sql(sql).await?.create_physical_plan().await?;
+            let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
+            let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
+            let decoded = physical_plan_from_bytes_with_extension_codec(
+                &bytes,
+                &away.task_ctx(),
+                &away_codec,
+            )?;
+            let shown = displayable(decoded.as_ref()).indent(true).to_string();
+            // A self-join has no side to broadcast: it is prefix-partitioned.
+            let node = if shown.contains("mode=self") {
+                "PrefixRouteExec"
+            } else {
+                node
+            };
+            assert!(
+                shown.contains(node),
+                "{distribution}: {sql}: no {node} in\n{shown}"
+            );
+            let got = collect(decoded, away.task_ctx()).await?;
+            assert_eq!(rows(&got), rows(&expected), "{distribution}: {sql}");
+            assert!(
+                !expected.is_empty(),
+                "{distribution}: {sql}: nothing to compare"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -311,7 +350,7 @@ async fn same_answer(
     cluster: &SessionContext,
     local: &SessionContext,
     sql: &str,
-    spread: bool,
+    distribution: Option<&str>,
 ) -> Result<usize> {
     let df = cluster.sql(sql).await?;
     let plan = df.create_physical_plan().await?;
@@ -319,14 +358,26 @@ async fn same_answer(
     let several = shown
         .lines()
         .any(|l| l.contains("Stage") && l.contains("tasks=") && !l.contains("tasks=1 "));
-    if spread {
-        assert!(shown.contains("Stage 1"), "{sql}: not distributed\n{shown}");
-        assert!(several, "{sql}: no stage on several tasks\n{shown}");
-    } else {
+    assert!(shown.contains("Stage 1"), "{sql}: not distributed\n{shown}");
+    assert!(several, "{sql}: no stage on several tasks\n{shown}");
+    if let Some(at) = shown.find("SimilarityJoinExec") {
+        // The join itself runs on several tasks, not in a stage of one.
+        let stage = shown[..at]
+            .lines()
+            .rev()
+            .find(|l| l.contains("Stage"))
+            .unwrap_or_default();
         assert!(
-            shown.contains("SimilarityJoinExec") && !several,
+            stage.contains("tasks=") && !stage.contains("tasks=1 "),
+            "{sql}: the join runs in one task ({stage})\n{shown}"
+        );
+        assert!(
+            shown.contains(distribution.unwrap_or("distribution=")),
             "{sql}:\n{shown}"
         );
+    }
+    if std::env::var_os("SETS_SHOW_PLANS").is_some() {
+        eprintln!("{shown}");
     }
     let t0 = std::time::Instant::now();
     let got = collect(plan, cluster.task_ctx()).await?;
@@ -414,23 +465,39 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
          AND CAST(qid AS BIGINT) % 20 = 0",
     ];
     for sql in queries {
-        let n = same_answer(&cluster, &local, sql, true).await?;
+        let n = same_answer(&cluster, &local, sql, None).await?;
         assert!(n > 0, "{sql}: no rows");
     }
-    // The join, as a table function and as a SQL join: exact, in a stage of one task (the
-    // distributed join is not built yet).
-    for sql in [
-        "SELECT * FROM similarity_join('words', 'id', 'tokens', 'jaccard', 0.5)",
-        "SELECT l.id, r.id FROM words l JOIN words r ON jaccard(l.tokens, r.tokens) >= 0.8 \
-         AND l.id < r.id",
+    // The join, as a table function and as SQL joins, spread over the tasks: prefix-partitioned
+    // (the self-joins, an R-S join of two large sides) or with its small side broadcast.
+    for (sql, distribution) in [
+        (
+            "SELECT * FROM similarity_join('words', 'id', 'tokens', 'jaccard', 0.5)",
+            "distribution=prefix",
+        ),
+        (
+            "SELECT l.id, r.id FROM words l JOIN words r ON jaccard(l.tokens, r.tokens) >= 0.8 \
+             AND l.id < r.id",
+            "distribution=prefix",
+        ),
+        (
+            "SELECT l.id, r.id FROM deps l JOIN deps r ON cosine(l.tokens, r.tokens) >= 0.9 \
+             AND l.id < r.id AND r.id IS NOT NULL",
+            "distribution=prefix",
+        ),
+        (
+            "SELECT l.id, r.id FROM words l JOIN (SELECT * FROM words WHERE id < 3000) r \
+             ON jaccard(l.tokens, r.tokens) >= 0.6",
+            "distribution=broadcast",
+        ),
     ] {
-        let n = same_answer(&cluster, &local, sql, false).await?;
+        let n = same_answer(&cluster, &local, sql, Some(distribution)).await?;
         assert!(n > 0, "{sql}: no rows");
     }
     // The index build: its input gathered from every task into one index.
     let build = "SELECT term, doc_ids, tfs, n_docs, total_len FROM bm25_index('docs', 'doc_id', 'text') \
                  WHERE term LIKE 'qu%'";
-    same_answer(&cluster, &local, build, true).await?;
+    same_answer(&cluster, &local, build, None).await?;
     Ok(())
 }
 

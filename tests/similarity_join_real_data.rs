@@ -337,6 +337,9 @@ fn check_dataset(dataset: &str, cases: &[(Measure, f64)]) {
             let got = pairs_of(&rt.block_on(collect(&ctx, &sql)), &sql);
             assert_same(&got, &want, &format!("{name}: JOIN over {table}{extra}"));
         }
+        if (measure, t) == cases[0] {
+            check_spread(&rt, &ctx, &name, m, t, &want);
+        }
         note!(
             "{name}: {} sets, {} pairs identical to the oracle in every SQL form \
              (oracle {oracle_s:.2} s, similarity_join {ours_s:.2} s in this test build)",
@@ -344,6 +347,111 @@ fn check_dataset(dataset: &str, cases: &[(Measure, f64)]) {
             want.len()
         );
     }
+}
+
+/// The same answers from the join spread over partitions (`sets.similarity_join_distribution`,
+/// the first case of each dataset):
+/// prefix-partitioned (the table function, its count, and the SQL join both as a self-join
+/// and as an R-S join), replicated (the self-joins), and broadcast (an R-S join of the sets
+/// with a tenth of them, the smaller side read whole by every partition, the sides swapped).
+fn check_spread(
+    rt: &tokio::runtime::Runtime,
+    ctx: &SessionContext,
+    name: &str,
+    m: &str,
+    t: f64,
+    want: &Pairs,
+) {
+    let explain = |sql: &str| {
+        let plan = rt.block_on(collect(ctx, &format!("EXPLAIN {sql}")));
+        datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string()
+    };
+    let run = |sql: &str, shown: &str| {
+        let plan = explain(sql);
+        assert!(
+            plan.contains(shown),
+            "{name}: {sql} is not planned with {shown}:\n{plan}"
+        );
+        let t0 = Instant::now();
+        let got = pairs_of(&rt.block_on(collect(ctx, sql)), sql);
+        note!("{name}: {shown}: {:.2} s", t0.elapsed().as_secs_f64());
+        got
+    };
+    rt.block_on(collect(
+        ctx,
+        "SET sets.similarity_join_distribution = 'prefix'",
+    ));
+    let table_fn = format!("SELECT * FROM similarity_join('sets', 'id', 'tokens', '{m}', {t:?})");
+    let got = run(&table_fn, "distribution=prefix");
+    assert!(explain(&table_fn).contains("PrefixRouteExec"));
+    assert_same(&got, want, &format!("{name}: prefix similarity_join(...)"));
+    let count = rt.block_on(collect(
+        ctx,
+        &format!("SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', '{m}', {t:?})"),
+    ));
+    let count = cast(count[0].column(0), &DataType::Int64).unwrap();
+    assert_eq!(
+        count.as_primitive::<Int64Type>().value(0) as usize,
+        want.len(),
+        "{name}: prefix count(*)"
+    );
+    for extra in ["", " AND b.id IS NOT NULL"] {
+        let sql = format!(
+            "SELECT a.id, b.id, {m}(a.tokens, b.tokens) FROM mem a JOIN mem b \
+             ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id{extra}"
+        );
+        let got = run(&sql, "distribution=prefix");
+        assert_same(&got, want, &format!("{name}: prefix JOIN{extra}"));
+    }
+    // The self-join replicated: the input whole in every partition, joined with each part.
+    rt.block_on(collect(
+        ctx,
+        "SET sets.similarity_join_distribution = 'broadcast'",
+    ));
+    let got = run(&table_fn, "distribution=replicated");
+    assert_same(
+        &got,
+        want,
+        &format!("{name}: replicated similarity_join(...)"),
+    );
+    let sql = format!(
+        "SELECT a.id, b.id, {m}(a.tokens, b.tokens) FROM mem a JOIN mem b \
+         ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id"
+    );
+    let got = run(&sql, "distribution=replicated");
+    assert_same(&got, want, &format!("{name}: replicated JOIN"));
+    // A tenth of the sets on the right: the pairs whose larger id is a multiple of 10.
+    let tenth: Pairs = want
+        .iter()
+        .filter(|((_, r), _)| r % 10 == 0)
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    let sql = format!(
+        "SELECT a.id, b.id, {m}(a.tokens, b.tokens) FROM mem a \
+         JOIN (SELECT * FROM mem WHERE id % 10 = 0) b \
+         ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id"
+    );
+    for (distribution, shown) in [
+        ("broadcast", "distribution=broadcast"),
+        ("prefix", "distribution=prefix"),
+    ] {
+        rt.block_on(collect(
+            ctx,
+            &format!("SET sets.similarity_join_distribution = '{distribution}'"),
+        ));
+        let got = run(&sql, shown);
+        assert_same(
+            &got,
+            &tenth,
+            &format!("{name}: {distribution} R-S JOIN with a tenth"),
+        );
+    }
+    rt.block_on(collect(
+        ctx,
+        "SET sets.similarity_join_distribution = 'auto'",
+    ));
 }
 
 #[test]

@@ -1,21 +1,33 @@
 //! datafusion-distributed: the crate installed on a coordinating session and on workers.
 
+use std::sync::Arc;
+
 use datafusion::common::Result;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::config::ConfigOptions;
 use datafusion::execution::{SessionState, SessionStateBuilder};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, replace_children_if_necessary,
+};
 use datafusion_distributed::{
-    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, WorkerQueryContext,
+    BroadcastExec, DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt,
+    WorkerQueryContext,
 };
 
 use super::codec::SetsCodec;
 use crate::config::SetsConfig;
-use crate::join::SimilarityJoinExec;
+use crate::join::{JoinDistribution, PrefixRouteExec, SimilarityJoinExec};
 
 /// Installs datafusion-sets into a session that plans for datafusion-distributed.
 pub trait SetsDistributedExt {
     /// [`crate::SessionStateBuilderExt::with_sets`], plus what a distributed query needs:
     /// the codec of the crate's nodes ([`SetsCodec`]), the `sets.*` options sent with every
-    /// task, and the planner hint that keeps the similarity join in a stage of one task (its
-    /// build reads the whole input). Call it on the coordinating session, with the
+    /// task, the planner hint that keeps a similarity join of one shared build in a stage of
+    /// one task (its build reads the whole input), and the rule that broadcasts what every
+    /// task of a spread join reads whole (the token counts of a prefix-partitioned join, the
+    /// small side of a broadcast one). Call it on the coordinating session, with the
     /// distributed planner and worker resolver; workers build theirs with
     /// [`sets_worker_session`].
     fn with_sets_distributed(self) -> Self;
@@ -28,6 +40,7 @@ impl SetsDistributedExt for SessionStateBuilder {
             .with_distributed_user_codec(SetsCodec::new(session))
             .with_distributed_option_extension(SetsConfig::default())
             .with_distributed_desired_task_count_handler(whole_input_operators)
+            .with_physical_optimizer_rule(Arc::new(BroadcastWholeInputs))
     }
 }
 
@@ -43,12 +56,75 @@ pub async fn sets_worker_session(ctx: WorkerQueryContext) -> Result<SessionState
         .build())
 }
 
-/// The planner hint for the crate's nodes: a similarity join runs in a stage of one task
-/// (each task's copy builds from every row it reads).
+/// The planner hint for the crate's nodes: a similarity join of one shared build runs in a
+/// stage of one task (each task's copy builds from every row it reads).
 fn whole_input_operators(
     ev: DesiredTaskCountEvent<'_>,
 ) -> Option<Result<DesiredTaskCountEventResponse>> {
     ev.plan
-        .is::<SimilarityJoinExec>()
-        .then(|| Ok(DesiredTaskCountEventResponse::maximum(1)))
+        .downcast_ref::<SimilarityJoinExec>()
+        .filter(|j| j.distribution() == JoinDistribution::Single)
+        .map(|_| Ok(DesiredTaskCountEventResponse::maximum(1)))
+}
+
+/// Puts a `BroadcastExec` under each input that every task of a spread similarity join
+/// reads whole: the token counts of a `PrefixRouteExec`, the left input of a broadcast or
+/// replicated join.
+/// datafusion-distributed then sends that input to every task of the stage (a
+/// `NetworkBroadcastExec`); without it, a coalesced input would hold the stage to one task.
+#[derive(Debug)]
+struct BroadcastWholeInputs;
+
+/// `child` (read whole by its parent) under a `BroadcastExec` and a coalesce.
+fn broadcast_child(child: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    let input = match child.downcast_ref::<CoalescePartitionsExec>() {
+        Some(c) if c.input().is::<BroadcastExec>() => return None,
+        Some(c) => Arc::clone(c.input()),
+        None if child.output_partitioning().partition_count() == 1 => Arc::clone(child),
+        None => return None,
+    };
+    let broadcast: Arc<dyn ExecutionPlan> = Arc::new(BroadcastExec::new(input, 1));
+    Some(Arc::new(CoalescePartitionsExec::new(broadcast)))
+}
+
+impl PhysicalOptimizerRule for BroadcastWholeInputs {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let whole = if node.is::<PrefixRouteExec>() {
+                1
+            } else if node.downcast_ref::<SimilarityJoinExec>().is_some_and(|j| {
+                matches!(
+                    j.distribution(),
+                    JoinDistribution::Broadcast | JoinDistribution::Replicated
+                )
+            }) {
+                0
+            } else {
+                return Ok(Transformed::no(node));
+            };
+            let mut children: Vec<_> = node.children().into_iter().cloned().collect();
+            match broadcast_child(&children[whole]) {
+                Some(child) => {
+                    children[whole] = child;
+                    Ok(Transformed::yes(replace_children_if_necessary(
+                        node, children,
+                    )?))
+                }
+                None => Ok(Transformed::no(node)),
+            }
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "sets_broadcast_whole_inputs"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
 }

@@ -33,7 +33,10 @@ use crate::functions::topk_bm25::{SessionHandle, TopkBm25, async_call};
 use crate::intersect::similarity::Measure;
 use crate::io::time_slice::TimeSliceExec;
 use crate::join::exec::OutputKind;
-use crate::join::{Comparison, JoinColumn, JoinInput, SimilarityJoinExec, Threshold};
+use crate::join::{
+    Comparison, JoinColumn, JoinDistribution, JoinInput, PrefixRouteExec, SimilarityJoinExec,
+    Threshold,
+};
 use crate::optimizer::backend_exec::SetsBackendExec;
 use crate::optimizer::backend_rule::SetsBackendRule;
 use crate::search::loaded::IndexScan;
@@ -59,7 +62,7 @@ impl SetsCodec {
 /// Every node the codec writes: one message with the node's kind and its fields.
 #[derive(Clone, PartialEq, Message)]
 struct SetsNode {
-    #[prost(oneof = "Node", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "Node", tags = "1, 2, 3, 4, 5, 6")]
     node: Option<Node>,
 }
 
@@ -75,6 +78,25 @@ enum Node {
     Bm25Index(Bm25IndexNode),
     #[prost(message, tag = "5")]
     TopkOne(TopkOneNode),
+    #[prost(message, tag = "6")]
+    Route(RouteNode),
+}
+
+/// `PrefixRouteExec`; its inputs are the sets and the token counts.
+#[derive(Clone, PartialEq, Message)]
+struct RouteNode {
+    #[prost(uint64, repeated, tag = "1")]
+    keep: Vec<u64>,
+    #[prost(uint64, tag = "2")]
+    tokens: u64,
+    #[prost(string, tag = "3")]
+    measure: String,
+    #[prost(double, tag = "4")]
+    threshold: f64,
+    #[prost(string, tag = "5")]
+    comparison: String,
+    #[prost(uint32, tag = "6")]
+    buckets: u32,
 }
 
 /// `SetsBackendExec`: the names of the calls bound under it (for errors); the binding itself
@@ -134,6 +156,12 @@ struct JoinNode {
     partitions: u64,
     #[prost(string, tag = "12")]
     backend: String,
+    /// `single` (or empty), `prefix`, `broadcast` or `replicated`.
+    #[prost(string, tag = "13")]
+    distribution: String,
+    /// The routers' bucket count of a prefix-partitioned join.
+    #[prost(uint32, tag = "14")]
+    buckets: u32,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -184,6 +212,19 @@ fn measure_of(name: &str) -> Result<Measure> {
         Some(m) => Ok(*m),
         None => plan_err!("SetsCodec: unknown similarity measure '{name}'"),
     }
+}
+
+/// The threshold written as `(measure, value, comparison)`.
+fn threshold_of(measure: &str, value: f64, comparison: &str, node: &str) -> Result<Threshold> {
+    let Some(cmp) = Comparison::from_op(comparison) else {
+        return plan_err!("SetsCodec: unknown comparison '{comparison}'");
+    };
+    Threshold::try_new(
+        measure_of(measure)?,
+        value,
+        cmp,
+        &format!("SetsCodec: {node}"),
+    )
 }
 
 /// `inputs[i]`, or an error naming the node.
@@ -245,6 +286,27 @@ impl SetsCodec {
                 schema: Some(j.schema.as_ref().try_into()?),
                 partitions: j.partitions as u64,
                 backend: j.backend.to_string(),
+                distribution: match j.distribution {
+                    JoinDistribution::Single => "single",
+                    JoinDistribution::Prefix { .. } => "prefix",
+                    JoinDistribution::Broadcast => "broadcast",
+                    JoinDistribution::Replicated => "replicated",
+                }
+                .to_string(),
+                buckets: match j.distribution {
+                    JoinDistribution::Prefix { buckets } => buckets,
+                    _ => 0,
+                },
+            }));
+        }
+        if let Some(r) = node.downcast_ref::<PrefixRouteExec>() {
+            return Ok(Node::Route(RouteNode {
+                keep: u64s(&r.keep),
+                tokens: r.tokens as u64,
+                measure: r.threshold.measure().name().to_string(),
+                threshold: r.threshold.value(),
+                comparison: r.threshold.comparison().to_string(),
+                buckets: r.buckets,
             }));
         }
         if let Some(b) = node.downcast_ref::<Bm25IndexExec>() {
@@ -299,6 +361,14 @@ impl SetsCodec {
                 "TimeSliceExec",
             )?))),
             Node::Join(j) => decode_join(j, inputs),
+            Node::Route(r) => Ok(Arc::new(PrefixRouteExec::try_new(
+                input(inputs, 0, "PrefixRouteExec")?,
+                input(inputs, 1, "PrefixRouteExec")?,
+                usizes(&r.keep),
+                r.tokens as usize,
+                threshold_of(&r.measure, r.threshold, &r.comparison, "PrefixRouteExec")?,
+                r.buckets,
+            )?)),
             Node::Bm25Index(b) => {
                 let tokenizer = TokenizerOptions::parse(&b.tokenizer, "SetsCodec: bm25_index")?;
                 Ok(Arc::new(Bm25IndexExec::new(
@@ -386,15 +456,14 @@ fn decode_join(j: JoinNode, inputs: &[Arc<dyn ExecutionPlan>]) -> Result<Arc<dyn
         Some(r) => Some(join_input(r, input(inputs, 1, "SimilarityJoinExec")?)),
         None => None,
     };
-    let Some(cmp) = Comparison::from_op(&j.comparison) else {
-        return plan_err!("SetsCodec: unknown comparison '{}'", j.comparison);
+    let threshold = threshold_of(&j.measure, j.threshold, &j.comparison, "SimilarityJoinExec")?;
+    let distribution = match j.distribution.as_str() {
+        "" | "single" => JoinDistribution::Single,
+        "prefix" => JoinDistribution::Prefix { buckets: j.buckets },
+        "broadcast" => JoinDistribution::Broadcast,
+        "replicated" => JoinDistribution::Replicated,
+        other => return plan_err!("SetsCodec: unknown join distribution '{other}'"),
     };
-    let threshold = Threshold::try_new(
-        measure_of(&j.measure)?,
-        j.threshold,
-        cmp,
-        "SetsCodec: SimilarityJoinExec",
-    )?;
     let backend: BackendChoice = j.backend.parse()?;
     let partitions = j.partitions as usize;
     let exec = if j.ids {
@@ -428,7 +497,9 @@ fn decode_join(j: JoinNode, inputs: &[Arc<dyn ExecutionPlan>]) -> Result<Arc<dyn
             partitions,
         )?
     };
-    Ok(Arc::new(exec.with_backend(backend)))
+    Ok(Arc::new(
+        exec.with_backend(backend).with_distribution(distribution)?,
+    ))
 }
 
 impl PhysicalExtensionCodec for SetsCodec {

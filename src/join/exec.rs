@@ -33,37 +33,34 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, DynComparator, make_comparator, new_empty_array,
 };
-use datafusion::arrow::compute::{SortOptions, cast, concat};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::arrow::compute::{SortOptions, cast};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
-use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result, internal_err, plan_err};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::common::{Result, internal_err, plan_err};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::coop::cooperative;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::metrics::{
-    ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+    ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    PlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties,
 };
-use futures::StreamExt;
 use tokio::sync::OnceCell;
 
-use super::build::{Prepared, prepare};
-use super::crew::{Crew, lock};
-use super::filter::{Collections, reserve};
-use super::stream::{ProbeClaims, SimilarityJoinStream};
+use super::filter::Collections;
+use super::read::{PairRule, PairRuleKind};
+use super::read::{Partial, WholeInput, build_collections};
+use super::stream::{BuildFuture, ProbeClaims, SimilarityJoinStream};
 use super::threshold::Threshold;
 use crate::config::BackendChoice;
 use crate::intersect::similarity::{Measure, coerce_pair};
-use crate::intersect::strings::{StringIds, is_string_list};
-use crate::io::parquet_split::split_scan;
 use crate::io::time_slice::time_sliced;
 
 /// One input of the join: a plan, its token column and (optionally) its id column.
@@ -160,7 +157,7 @@ pub(crate) enum IdOrder {
 
 impl IdOrder {
     /// `ids`: the id of each input row; `rows[p]`: the row of set `p`.
-    fn new(ids: ArrayRef, rows: &[u32]) -> Result<Self> {
+    pub(crate) fn new(ids: ArrayRef, rows: &[u32]) -> Result<Self> {
         let dt = ids.data_type();
         let keys: Option<Vec<u64>> = if dt.is_signed_integer() {
             let v = cast(&ids, &DataType::Int64)?;
@@ -232,6 +229,8 @@ pub(crate) struct Built {
     pub(crate) columns: Vec<Vec<Option<ArrayRef>>>,
     /// Self-join: orders ids to orient (and filter) pairs.
     pub(crate) id_order: Option<IdOrder>,
+    /// A spread join: which verified pairs this partition emits.
+    pub(crate) pair_rule: Option<PairRule>,
     /// Keeps the memory of `collections` and the columns accounted.
     pub(crate) _reservation: Arc<MemoryReservation>,
     /// The sets on the device, uploaded by the first partition that verifies on the GPU
@@ -261,6 +260,41 @@ pub(crate) enum OutputKind {
     Rows,
 }
 
+/// How the join spreads over its output partitions (and, in a distributed plan, its tasks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum JoinDistribution {
+    /// One build over every partition of the inputs, shared by the output partitions, each
+    /// probing its share of the sets (a plan of one task: it reads the whole input).
+    #[default]
+    Single,
+    /// The inputs are routed by `super::route::PrefixRouteExec` and hash-partitioned on
+    /// its bucket column: output partition `k` joins partition `k` of each input on its own,
+    /// and keeps a pair only in the bucket that owns it (`super::route`).
+    Prefix {
+        /// The routers' bucket count.
+        buckets: u32,
+    },
+    /// An R-S join whose left input comes whole (one partition) to every output partition,
+    /// which joins it with its partition of the right input.
+    Broadcast,
+    /// A self-join run as [`JoinDistribution::Broadcast`] of the input with itself: every
+    /// output partition joins the whole input (left) with its partition of it (right), and
+    /// keeps a pair only from the partition holding its smaller id (where the right row's id
+    /// is below the left row's).
+    Replicated,
+}
+
+impl fmt::Display for JoinDistribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Single => f.write_str("single"),
+            Self::Prefix { buckets } => write!(f, "prefix(buckets={buckets})"),
+            Self::Broadcast => f.write_str("broadcast"),
+            Self::Replicated => f.write_str("replicated"),
+        }
+    }
+}
+
 /// The exact set similarity join (see the module docs).
 #[derive(Debug)]
 pub struct SimilarityJoinExec {
@@ -268,16 +302,19 @@ pub struct SimilarityJoinExec {
     pub(crate) right: Option<JoinInput>,
     pub(crate) threshold: Threshold,
     /// The list type both token columns are cast to.
-    token_type: DataType,
+    pub(crate) token_type: DataType,
     pub(crate) columns: Vec<JoinColumn>,
     pub(crate) kind: OutputKind,
     pub(crate) schema: SchemaRef,
     pub(crate) partitions: usize,
     /// Where candidates are verified (`sets.backend` when the plan was made).
     pub(crate) backend: BackendChoice,
+    pub(crate) distribution: JoinDistribution,
     build: Arc<OnceCell<Arc<Built>>>,
     /// The partitions' claims of probe sets (shared, as the build is).
     claims: Arc<ProbeClaims>,
+    /// A broadcast join's left input, read once per plan instance for all its partitions.
+    broadcast_side: Arc<OnceCell<Arc<WholeInput>>>,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
@@ -369,7 +406,7 @@ impl SimilarityJoinExec {
         )
     }
 
-    fn new_inner(
+    pub(crate) fn new_inner(
         left: JoinInput,
         right: Option<JoinInput>,
         threshold: Threshold,
@@ -449,8 +486,10 @@ impl SimilarityJoinExec {
             schema,
             partitions,
             backend: BackendChoice::Auto,
+            distribution: JoinDistribution::Single,
             build: Arc::new(OnceCell::new()),
             claims: Arc::new(ProbeClaims::new(partitions)),
+            broadcast_side: Arc::new(OnceCell::new()),
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
@@ -461,6 +500,67 @@ impl SimilarityJoinExec {
     pub fn with_backend(mut self, backend: BackendChoice) -> Self {
         self.backend = backend;
         self
+    }
+
+    /// This join spread as `distribution` over its inputs' partitions (its output has as
+    /// many partitions as its right input for [`JoinDistribution::Broadcast`], as its left
+    /// input for [`JoinDistribution::Prefix`], whose inputs must be routed:
+    /// `super::route::PrefixRouteExec`).
+    pub fn with_distribution(self, distribution: JoinDistribution) -> Result<Self> {
+        let partitions = match distribution {
+            JoinDistribution::Single => return Ok(Self { distribution, ..self }),
+            JoinDistribution::Broadcast => match &self.right {
+                Some(r) => r.plan.output_partitioning().partition_count(),
+                None => return plan_err!("SimilarityJoinExec: a self-join cannot broadcast a side"),
+            },
+            JoinDistribution::Replicated => match &self.right {
+                Some(r) if r.id.is_some() && self.left.id.is_some() => {
+                    r.plan.output_partitioning().partition_count()
+                }
+                _ => {
+                    return plan_err!(
+                        "SimilarityJoinExec: a replicated self-join needs both inputs, with ids"
+                    );
+                }
+            },
+            JoinDistribution::Prefix { buckets } => {
+                for input in self.inputs() {
+                    let schema = input.plan.schema();
+                    if bucket_column(&schema).is_none()
+                        || schema.field(input.tokens).name() != super::route::TOKENS_COLUMN
+                    {
+                        return plan_err!(
+                            "SimilarityJoinExec: a prefix-partitioned join needs routed inputs (PrefixRouteExec), got {schema}"
+                        );
+                    }
+                }
+                if buckets == 0 || buckets > super::route::MAX_BUCKETS {
+                    return plan_err!("SimilarityJoinExec: {buckets} buckets");
+                }
+                self.left.plan.output_partitioning().partition_count()
+            }
+        };
+        let partitions = partitions.max(1);
+        let cache = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&self.schema)),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        )
+        .with_scheduling_type(SchedulingType::Cooperative);
+        Ok(Self {
+            distribution,
+            partitions,
+            claims: Arc::new(ProbeClaims::new(partitions)),
+            broadcast_side: Arc::new(OnceCell::new()),
+            cache: Arc::new(cache),
+            ..self
+        })
+    }
+
+    /// How the join spreads over partitions and tasks.
+    pub fn distribution(&self) -> JoinDistribution {
+        self.distribution
     }
 
     /// Where candidates are verified, as `EXPLAIN` shows it.
@@ -491,14 +591,14 @@ impl SimilarityJoinExec {
         &self.columns
     }
 
-    fn inputs(&self) -> Vec<&JoinInput> {
+    pub(crate) fn inputs(&self) -> Vec<&JoinInput> {
         std::iter::once(&self.left)
             .chain(self.right.as_ref())
             .collect()
     }
 
     /// For each input, the columns to keep: the output's and, in a self-join, the id.
-    fn gathered(&self) -> Vec<Vec<usize>> {
+    pub(crate) fn gathered(&self) -> Vec<Vec<usize>> {
         let mut sides = vec![Vec::new(); 1 + usize::from(self.right.is_some())];
         let last = sides.len() - 1;
         for c in &self.columns {
@@ -513,12 +613,26 @@ impl SimilarityJoinExec {
         {
             sides[0].push(id);
         }
+        for (side, input) in sides.iter_mut().zip(self.inputs()) {
+            match self.distribution {
+                // The owner test reads the routed tokens.
+                JoinDistribution::Prefix { .. } => side.push(input.tokens),
+                // The pairs are kept by id.
+                JoinDistribution::Replicated => side.extend(input.id),
+                _ => {}
+            }
+        }
         for s in &mut sides {
             s.sort_unstable();
             s.dedup();
         }
         sides
     }
+}
+
+/// The index of a routed input's bucket column.
+fn bucket_column(schema: &Schema) -> Option<usize> {
+    schema.index_of(super::route::BUCKET_COLUMN).ok()
 }
 
 impl DisplayAs for SimilarityJoinExec {
@@ -569,9 +683,15 @@ impl DisplayAs for SimilarityJoinExec {
                         write!(f, ", output=[{}]", shown.join(", "))?;
                     }
                 }
+                if self.distribution != JoinDistribution::Single {
+                    write!(f, ", distribution={}", self.distribution)?;
+                }
                 write!(f, ", backend={}", self.backend_label())
             }
             DisplayFormatType::TreeRender => {
+                if self.distribution != JoinDistribution::Single {
+                    writeln!(f, "distribution={}", self.distribution)?;
+                }
                 writeln!(f, "mode={mode}")?;
                 writeln!(f, "function={}", self.threshold.measure().name())?;
                 writeln!(
@@ -600,8 +720,35 @@ impl ExecutionPlan for SimilarityJoinExec {
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        // Every input partition is read to the end by one task before probing starts.
-        vec![false; self.children().len()]
+        match self.distribution {
+            // Every input partition is read to the end by one task before probing starts.
+            JoinDistribution::Single => vec![false; self.children().len()],
+            JoinDistribution::Prefix { .. } => vec![true; self.children().len()],
+            JoinDistribution::Broadcast | JoinDistribution::Replicated => vec![false, true],
+        }
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        match self.distribution {
+            JoinDistribution::Single => {
+                vec![Distribution::UnspecifiedDistribution; self.children().len()]
+            }
+            JoinDistribution::Prefix { .. } => self
+                .inputs()
+                .iter()
+                .map(|input| {
+                    let schema = input.plan.schema();
+                    let i = bucket_column(&schema).unwrap_or_default();
+                    let key: Arc<dyn PhysicalExpr> =
+                        Arc::new(Column::new(schema.field(i).name(), i));
+                    Distribution::KeyPartitioned(vec![key])
+                })
+                .collect(),
+            JoinDistribution::Broadcast | JoinDistribution::Replicated => vec![
+                Distribution::SinglePartition,
+                Distribution::UnspecifiedDistribution,
+            ],
+        }
     }
 
     fn apply_expressions(
@@ -643,7 +790,8 @@ impl ExecutionPlan for SimilarityJoinExec {
                 Arc::clone(&self.schema),
                 self.partitions,
             )?
-            .with_backend(self.backend),
+            .with_backend(self.backend)
+            .with_distribution(self.distribution)?,
         ))
     }
 
@@ -680,8 +828,10 @@ impl ExecutionPlan for SimilarityJoinExec {
             kind,
             projection.schema(),
             self.partitions,
-        ) {
-            Ok(exec) => Ok(Some(Arc::new(exec.with_backend(self.backend)))),
+        )
+        .and_then(|exec| exec.with_backend(self.backend).with_distribution(self.distribution))
+        {
+            Ok(exec) => Ok(Some(Arc::new(exec))),
             Err(_) => Ok(None),
         }
     }
@@ -698,27 +848,111 @@ impl ExecutionPlan for SimilarityJoinExec {
             );
         }
         let build_time = MetricBuilder::new(&self.metrics).subset_time("build_time", partition);
-        let cell = Arc::clone(&self.build);
         let inputs: Vec<JoinInput> = self.inputs().into_iter().cloned().collect();
         let gathered = self.gathered();
         let token_type = self.token_type.clone();
         let threshold = self.threshold;
         let ctx = Arc::clone(&context);
-        let build = Box::pin(async move {
-            let built = cell
-                .get_or_try_init(|| {
-                    build_collections(inputs, gathered, token_type, threshold, ctx, build_time)
-                })
-                .await?;
-            Ok(Arc::clone(built))
-        });
+        // Which partition of each input this output partition reads (`None`: all of them,
+        // for the build every partition shares).
+        let reads = match self.distribution {
+            JoinDistribution::Single => None,
+            JoinDistribution::Prefix { .. } => Some(vec![partition; inputs.len()]),
+            JoinDistribution::Broadcast | JoinDistribution::Replicated => {
+                Some(vec![0, partition])
+            }
+        };
+        let rule = match self.distribution {
+            JoinDistribution::Prefix { buckets } => Some(PairRuleKind::Owner { buckets }),
+            JoinDistribution::Replicated => Some(PairRuleKind::LeftIdAbove),
+            _ => None,
+        };
+        let (build, claims): (BuildFuture, _) = match reads {
+            None => {
+                let cell = Arc::clone(&self.build);
+                let build = Box::pin(async move {
+                    let built = cell
+                        .get_or_try_init(|| {
+                            build_collections(
+                                inputs,
+                                gathered,
+                                token_type,
+                                threshold,
+                                ctx,
+                                build_time,
+                                Partial::default(),
+                            )
+                        })
+                        .await?;
+                    Ok(Arc::clone(built))
+                });
+                (build, Arc::clone(&self.claims))
+            }
+            Some(reads) => {
+                let counts: Vec<usize> = inputs
+                    .iter()
+                    .map(|i| i.plan.output_partitioning().partition_count())
+                    .collect();
+                if matches!(self.distribution, JoinDistribution::Prefix { .. })
+                    && counts.iter().any(|&n| n != self.partitions)
+                {
+                    // Partition k of each input must hold the same buckets.
+                    return internal_err!(
+                        "SimilarityJoinExec ({}): inputs of {counts:?} partitions for {} output partitions",
+                        self.distribution,
+                        self.partitions
+                    );
+                }
+                for (input, &read) in inputs.iter().zip(&reads) {
+                    let n = input.plan.output_partitioning().partition_count();
+                    if read >= n {
+                        return internal_err!(
+                            "SimilarityJoinExec ({}): input partition {read} out of range (0..{n})",
+                            self.distribution
+                        );
+                    }
+                }
+                // Each output partition builds from its own partitions, on its own thread.
+                let partial = Partial {
+                    reads: Some(reads),
+                    rule,
+                };
+                let whole = matches!(
+                    self.distribution,
+                    JoinDistribution::Broadcast | JoinDistribution::Replicated
+                )
+                .then(|| Arc::clone(&self.broadcast_side));
+                let build = Box::pin(async move {
+                    let mut inputs = inputs;
+                    if let Some(cell) = whole {
+                        // The broadcast side is read once, by the first partition to start;
+                        // every partition builds from its batches (an engine's broadcast
+                        // input can be read only once per task).
+                        let plan = Arc::clone(&inputs[0].plan);
+                        let side = cell
+                            .get_or_try_init(|| WholeInput::read(plan, Arc::clone(&ctx)))
+                            .await?;
+                        inputs[0].plan = MemorySourceConfig::try_new_exec(
+                            &[side.batches.clone()],
+                            inputs[0].plan.schema(),
+                            None,
+                        )?;
+                    }
+                    build_collections(
+                        inputs, gathered, token_type, threshold, ctx, build_time, partial,
+                    )
+                    .await
+                });
+                (build as BuildFuture, Arc::new(ProbeClaims::new(1)))
+            }
+        };
         SimilarityJoinStream::try_new(
             Arc::clone(&self.schema),
             build,
             self.threshold,
             self.columns.clone(),
             partition,
-            Arc::clone(&self.claims),
+            claims,
             self.backend,
             context,
             &self.metrics,
@@ -733,284 +967,6 @@ impl ExecutionPlan for SimilarityJoinExec {
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
-}
-
-/// Read every input to the end and build the shared state. `gathered[s]`: the columns of
-/// input `s` to keep.
-///
-/// Every partition of every input is read by its own task, all at once (a Parquet input of
-/// fewer row groups than cores is read in row ranges: split_scan.rs). The tasks then build
-/// together, on the threads they already run on (crew.rs): the last to finish its read builds,
-/// the others help.
-async fn build_collections(
-    inputs: Vec<JoinInput>,
-    gathered: Vec<Vec<usize>>,
-    token_type: DataType,
-    threshold: Threshold,
-    context: Arc<TaskContext>,
-    build_time: Time,
-) -> Result<Arc<Built>> {
-    let reservation =
-        Arc::new(MemoryConsumer::new("SimilarityJoinExec[build]").register(context.memory_pool()));
-    let threads = context.session_config().target_partitions();
-    let split = crate::config::similarity_join_split_scan(context.session_config().options());
-    let mut plans = Vec::with_capacity(inputs.len());
-    for input in &inputs {
-        let plan = match split {
-            true => split_scan(&input.plan, threads, &context, &reservation).await,
-            false => None,
-        }
-        .unwrap_or_else(|| Arc::clone(&input.plan));
-        plans.push(plan);
-    }
-    let parts: Vec<usize> = plans
-        .iter()
-        .map(|p| p.output_partitioning().partition_count())
-        .collect();
-    let readers = parts.iter().sum();
-    let shared = Arc::new(Shared {
-        crew: Crew::new(readers),
-        reads: std::sync::Mutex::new(
-            parts
-                .iter()
-                .map(|&n| (0..n).map(|_| None).collect())
-                .collect(),
-        ),
-        built: std::sync::Mutex::new(None),
-        // Token strings get their ids as the batches are read, from one map for both inputs.
-        strings: std::sync::Mutex::new(
-            is_string_list(&token_type).then(|| Arc::new(StringIds::new(4 * threads.max(1)))),
-        ),
-        string_bytes: std::sync::atomic::AtomicUsize::new(0),
-        inputs,
-        gathered,
-        threshold,
-        reservation,
-        threads,
-        build_time,
-    });
-    if readers == 0 {
-        return shared.assemble();
-    }
-    let mut tasks = Vec::with_capacity(readers);
-    for (side, (plan, &n)) in plans.iter().zip(&parts).enumerate() {
-        // The build's first step (each set sorted and deduplicated) runs in the read tasks
-        // when they are as many as the build's threads (every core reads, so every core
-        // takes its share, with no pause between the read and the build); an input of fewer
-        // partitions leaves it to the build.
-        let prepare_sets = n >= threads;
-        for part in 0..n {
-            let stream = plan.execute(part, Arc::clone(&context))?;
-            let shared = Arc::clone(&shared);
-            let token_type = token_type.clone();
-            tasks.push(SpawnedTask::spawn(async move {
-                // A task that ends before its part is done (a panic, an abort) lets the
-                // helpers go, so that none waits for a build that will not come.
-                struct Release<'a>(&'a Crew, bool);
-                impl Drop for Release<'_> {
-                    fn drop(&mut self) {
-                        if !self.1 {
-                            self.0.finish_build();
-                        }
-                    }
-                }
-                let mut release = Release(&shared.crew, false);
-                let input = &shared.inputs[side];
-                let strings = lock(&shared.strings).clone();
-                let read = read_partition(
-                    stream,
-                    Arc::clone(&shared.reservation),
-                    shared.gathered[side].clone(),
-                    input.tokens,
-                    token_type,
-                    strings.map(|ids| (ids, &shared.string_bytes)),
-                    prepare_sets,
-                );
-                let last = shared
-                    .crew
-                    .read(read, |read| lock(&shared.reads)[side][part] = Some(read))
-                    .await;
-                if last {
-                    let built = shared.assemble();
-                    *lock(&shared.built) = Some(built);
-                    shared.crew.finish_build();
-                } else {
-                    shared.crew.help().await;
-                }
-                release.1 = true;
-            }));
-        }
-    }
-    for task in tasks {
-        task.join_unwind()
-            .await
-            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
-    }
-    let built = lock(&shared.built).take();
-    match built {
-        Some(built) => built,
-        None => internal_err!("SimilarityJoinExec: the reads ended with no build"),
-    }
-}
-
-/// What one read task returns: the kept columns' batches, the token column's batches and
-/// (when the task prepares sets) the build's first step on each batch.
-type ReadResult = Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>, Option<Vec<Prepared>>)>;
-
-/// What the read tasks share: their results, and what the one that builds needs.
-struct Shared {
-    crew: Crew,
-    /// Per input, per partition: the read's result once it is in.
-    reads: std::sync::Mutex<Vec<Vec<Option<ReadResult>>>>,
-    built: std::sync::Mutex<Option<Result<Arc<Built>>>>,
-    /// The ids of token strings (for lists of strings), dropped once every read is in.
-    strings: std::sync::Mutex<Option<Arc<StringIds>>>,
-    /// The bytes reserved for `strings`.
-    string_bytes: std::sync::atomic::AtomicUsize,
-    inputs: Vec<JoinInput>,
-    gathered: Vec<Vec<usize>>,
-    threshold: Threshold,
-    reservation: Arc<MemoryReservation>,
-    threads: usize,
-    build_time: Time,
-}
-
-impl Shared {
-    /// Every read is in: concatenate the kept columns and build (the leader's work; the
-    /// build's parallel steps go to the crew).
-    fn assemble(&self) -> Result<Arc<Built>> {
-        let reads = std::mem::take(&mut *lock(&self.reads));
-        // Every token is an id now: the strings' map is no longer needed.
-        if lock(&self.strings).take().is_some() {
-            self.reservation.shrink(
-                self.string_bytes
-                    .swap(0, std::sync::atomic::Ordering::Relaxed),
-            );
-        }
-        let self_join = self.inputs.len() == 1;
-        let mut tokens = Vec::with_capacity(self.inputs.len());
-        let mut columns = Vec::with_capacity(self.inputs.len());
-        let mut prepared = Vec::with_capacity(self.inputs.len());
-        for ((input, keep), side_reads) in self.inputs.iter().zip(&self.gathered).zip(reads) {
-            let schema = input.plan.schema();
-            let mut side_tokens = Vec::new();
-            let mut side_columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
-            let mut side_prepared: Option<Vec<Prepared>> = None;
-            for (i, read) in side_reads.into_iter().enumerate() {
-                let Some(read) = read else {
-                    return internal_err!("SimilarityJoinExec: a read task left no result");
-                };
-                let (part_columns, part_tokens, part_prepared) = read?;
-                for (all, part) in side_columns.iter_mut().zip(part_columns) {
-                    all.extend(part);
-                }
-                side_tokens.extend(part_tokens);
-                match (i, &mut side_prepared, part_prepared) {
-                    (0, all, part) => *all = part,
-                    (_, Some(all), Some(part)) => all.extend(part),
-                    _ => {}
-                }
-            }
-            prepared.push(side_prepared);
-            let mut side = vec![None; schema.fields().len()];
-            for (k, &i) in keep.iter().enumerate() {
-                let parts = &side_columns[k];
-                let column = match parts.len() {
-                    0 => new_empty_array(schema.field(i).data_type()),
-                    1 => Arc::clone(&parts[0]),
-                    _ => {
-                        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-                        let column = concat(&refs)?;
-                        reserve(
-                            &self.reservation,
-                            column.get_array_memory_size(),
-                            "the gathered columns",
-                        )?;
-                        column
-                    }
-                };
-                side[i] = Some(column);
-            }
-            columns.push(side);
-            tokens.push(side_tokens);
-        }
-        let _timer = self.build_time.timer();
-        let collections = Collections::build(
-            &tokens,
-            prepared,
-            &self.threshold,
-            &self.reservation,
-            self.threads,
-            &self.crew,
-        )?;
-        drop(tokens);
-        let id_order = match (self_join, self.inputs[0].id) {
-            (true, Some(id)) => match columns[0].get(id) {
-                Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids), collections.rows())?),
-                _ => {
-                    return internal_err!(
-                        "SimilarityJoinExec: the self-join's id column was not kept"
-                    );
-                }
-            },
-            (true, None) => {
-                return internal_err!("SimilarityJoinExec: a self-join needs an id column");
-            }
-            (false, _) => None,
-        };
-        Ok(Arc::new(Built {
-            collections,
-            columns,
-            id_order,
-            _reservation: Arc::clone(&self.reservation),
-            device_sets: std::sync::OnceLock::new(),
-        }))
-    }
-}
-
-/// The batches of one input partition: the kept columns (`keep`'s order), the token column
-/// cast to `token_type` (lists of strings then mapped to lists of ids by `strings`, whose
-/// growth is reserved and added to its counter), and with `prepare_sets` the build's first step done on each batch as
-/// it comes (its sets sorted and deduplicated: work that runs here, on every reading core,
-/// instead of after the last read), each batch's memory reserved.
-async fn read_partition(
-    mut stream: SendableRecordBatchStream,
-    reservation: Arc<MemoryReservation>,
-    keep: Vec<usize>,
-    tokens: usize,
-    token_type: DataType,
-    strings: Option<(Arc<StringIds>, &std::sync::atomic::AtomicUsize)>,
-    prepare_sets: bool,
-) -> Result<(Vec<Vec<ArrayRef>>, Vec<ArrayRef>, Option<Vec<Prepared>>)> {
-    let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); keep.len()];
-    let mut token_columns = Vec::new();
-    let mut prepared = prepare_sets.then(Vec::new);
-    loop {
-        let Some(batch) = stream.next().await else {
-            break;
-        };
-        let batch = batch?;
-        reserve(
-            &reservation,
-            batch.get_array_memory_size(),
-            "the input batches",
-        )?;
-        for (k, &i) in keep.iter().enumerate() {
-            columns[k].push(Arc::clone(batch.column(i)));
-        }
-        let mut token_column = cast(batch.column(tokens), &token_type)?;
-        if let Some((ids, bytes)) = &strings {
-            let (mapped, grown) = ids.map_list(&token_column, "SimilarityJoinExec")?;
-            reserve(&reservation, grown, "the token strings' ids")?;
-            bytes.fetch_add(grown, std::sync::atomic::Ordering::Relaxed);
-            token_column = mapped;
-        }
-        if let Some(prepared) = &mut prepared {
-            prepared.push(prepare(&token_column, &reservation)?);
-        }
-        token_columns.push(token_column);
-    }
-    Ok((columns, token_columns, prepared))
 }
 
 #[cfg(test)]

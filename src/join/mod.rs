@@ -9,8 +9,11 @@ mod crew;
 pub mod exec;
 mod filter;
 pub mod gpu;
+mod read;
+pub mod route;
 mod stream;
 pub mod threshold;
 
-pub use exec::{JoinColumn, JoinInput, SimilarityJoinExec};
+pub use exec::{JoinColumn, JoinDistribution, JoinInput, SimilarityJoinExec};
+pub use route::PrefixRouteExec;
 pub use threshold::{Comparison, Threshold};

@@ -82,7 +82,7 @@ enum Verifier {
 #[cfg(feature = "tuning")]
 use crate::tuning::SjFilterOnly as FilterOnly;
 
-type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
+pub(crate) type BuildFuture = Pin<Box<dyn Future<Output = Result<Arc<Built>>> + Send>>;
 
 enum State {
     Building(BuildFuture),
@@ -538,6 +538,11 @@ impl SimilarityJoinStream {
             None if coll.side(p as usize) == 0 => (p, q),
             None => (q, p),
         };
+        if let Some(rule) = &built.pair_rule
+            && !rule.keeps(coll.row(l as usize), coll.row(r as usize))
+        {
+            return;
+        }
         self.pending += 1;
         if self.materialize {
             self.left_rows.push(coll.row(l as usize));

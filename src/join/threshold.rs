@@ -145,6 +145,18 @@ impl Threshold {
         (o <= cap).then_some(o)
     }
 
+    /// The probe prefix of a set of size `n`: how many of its smallest tokens (under any one
+    /// total order of the tokens) must include a token of every set it passes with, whatever
+    /// that set's size; `None` when it passes with no set. Any passing pair shares at least
+    /// `min_overlap(n, m)` tokens, which is least for the smallest partner size `m`
+    /// (`min_overlap` does not decrease in `m`), so `n - min_overlap + 1` tokens suffice
+    /// (the prefix filtering principle). The prefix-partitioned join routes on it.
+    pub fn prefix_len(&self, n: u64) -> Option<u64> {
+        let m = self.min_partner_size(n)?;
+        let o = self.min_overlap(n, m)?;
+        Some(n - o.max(1) + 1)
+    }
+
     /// The smallest size `m <= n` of a set that can pass with a set of size `n` (the length
     /// filter for partners no larger than `n`), `None` when none can.
     pub fn min_partner_size(&self, n: u64) -> Option<u64> {
@@ -233,6 +245,27 @@ mod tests {
             for n in 0..200u64 {
                 let want = (1..=n).find(|&m| th.passes(m, n, m));
                 assert_eq!(th.min_partner_size(n), want, "{th} n={n}");
+            }
+        }
+    }
+
+    /// Every passing pair of sizes `n`, `m` shares at least `n - prefix_len(n) + 1` tokens
+    /// (and as many by `m`), so both prefixes hold a common token; and the bound is tight:
+    /// one token fewer in the prefix and some pair passes with exactly that overlap.
+    #[test]
+    fn prefix_len_covers_every_passing_pair() {
+        for th in thresholds() {
+            for n in 1..80u64 {
+                let Some(p) = th.prefix_len(n) else {
+                    assert!((1..200).all(|m| th.min_overlap(n, m).is_none()), "{th} n={n}");
+                    continue;
+                };
+                assert!((1..=n).contains(&p), "{th} n={n} p={p}");
+                let least = (1..200)
+                    .filter_map(|m| th.min_overlap(n, m))
+                    .min()
+                    .expect("a partner");
+                assert_eq!(p, n - least + 1, "{th} n={n}");
             }
         }
     }

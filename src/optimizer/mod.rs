@@ -5,4 +5,5 @@
 pub mod async_calls;
 pub mod backend_exec;
 pub mod backend_rule;
+pub mod join_distribution;
 pub mod similarity_join_rewrite;
