@@ -158,15 +158,23 @@ async fn every_shape_survives_the_codec() -> Result<()> {
     // The join spread over partitions: routers, token counts and the join's distribution
     // travel too.
     let joins = &SHAPES[3..6];
-    for (distribution, node) in [
-        ("prefix", "PrefixRouteExec"),
-        ("broadcast", "distribution=broadcast"),
+    // Per join shape (self, R-S, self): what EXPLAIN shows under each setting.
+    for (distribution, nodes) in [
+        ("prefix", ["PrefixRouteExec"; 3]),
+        (
+            "broadcast",
+            [
+                "distribution=replicated",
+                "distribution=broadcast",
+                "distribution=replicated",
+            ],
+        ),
     ] {
         home.sql(&format!(
             "SET sets.similarity_join_distribution = '{distribution}'"
         ))
         .await?;
-        for (sql, _) in joins {
+        for ((sql, _), node) in joins.iter().zip(nodes) {
             let plan = home.sql(sql).await?.create_physical_plan().await?;
             let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
             let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
@@ -176,12 +184,6 @@ async fn every_shape_survives_the_codec() -> Result<()> {
                 &away_codec,
             )?;
             let shown = displayable(decoded.as_ref()).indent(true).to_string();
-            // A self-join has no side to broadcast: it is prefix-partitioned.
-            let node = if shown.contains("mode=self") {
-                "PrefixRouteExec"
-            } else {
-                node
-            };
             assert!(
                 shown.contains(node),
                 "{distribution}: {sql}: no {node} in\n{shown}"
@@ -375,6 +377,8 @@ async fn same_answer(
             shown.contains(distribution.unwrap_or("distribution=")),
             "{sql}:\n{shown}"
         );
+        let join = shown[at..].lines().next().unwrap_or_default();
+        eprintln!("{}", join.trim());
     }
     if std::env::var_os("SETS_SHOW_PLANS").is_some() {
         eprintln!("{shown}");
@@ -468,29 +472,39 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
         let n = same_answer(&cluster, &local, sql, None).await?;
         assert!(n > 0, "{sql}: no rows");
     }
-    // The join, as a table function and as SQL joins, spread over the tasks: prefix-partitioned
-    // (the self-joins, an R-S join of two large sides) or with its small side broadcast.
-    for (sql, distribution) in [
+    // The join, as a table function and as SQL joins, spread over the tasks: as `auto`
+    // chooses by statistics (replicated or prefix-partitioned self-joins, a small side
+    // broadcast), and prefix-partitioned on request.
+    for (setting, sql, distribution) in [
         (
+            "auto",
             "SELECT * FROM similarity_join('words', 'id', 'tokens', 'jaccard', 0.5)",
-            "distribution=prefix",
+            "distribution=",
         ),
         (
-            "SELECT l.id, r.id FROM words l JOIN words r ON jaccard(l.tokens, r.tokens) >= 0.8 \
+            "prefix",
+            "SELECT l.id, r.id FROM deps l JOIN deps r ON cosine(l.tokens, r.tokens) >= 0.9 \
              AND l.id < r.id",
             "distribution=prefix",
         ),
         (
+            "prefix",
             "SELECT l.id, r.id FROM deps l JOIN deps r ON cosine(l.tokens, r.tokens) >= 0.9 \
              AND l.id < r.id AND r.id IS NOT NULL",
             "distribution=prefix",
         ),
         (
+            "auto",
             "SELECT l.id, r.id FROM words l JOIN (SELECT * FROM words WHERE id < 3000) r \
              ON jaccard(l.tokens, r.tokens) >= 0.6",
             "distribution=broadcast",
         ),
     ] {
+        cluster
+            .sql(&format!(
+                "SET sets.similarity_join_distribution = '{setting}'"
+            ))
+            .await?;
         let n = same_answer(&cluster, &local, sql, Some(distribution)).await?;
         assert!(n > 0, "{sql}: no rows");
     }
