@@ -933,7 +933,7 @@ impl ExecutionPlan for SimilarityJoinExec {
                             .get_or_try_init(|| WholeInput::read(plan, Arc::clone(&ctx)))
                             .await?;
                         inputs[0].plan = MemorySourceConfig::try_new_exec(
-                            &[side.batches.clone()],
+                            std::slice::from_ref(&side.batches),
                             inputs[0].plan.schema(),
                             None,
                         )?;

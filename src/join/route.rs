@@ -194,11 +194,14 @@ impl Ranks {
         )?;
         let sorted = take(tokens, &order, None)?;
         let valid = sorted.len() - sorted.null_count();
+        if valid > u32::MAX as usize {
+            return exec_err!("similarity_join: more than 2^32 distinct tokens");
+        }
         reserve(&reservation, valid * 24, "the token ranks")?;
         let mut rank = 0u32;
         let mut next = || {
             let r = rank;
-            rank = rank.checked_add(1).unwrap_or(u32::MAX);
+            rank = rank.saturating_add(1);
             r
         };
         let map = match int_keys(&sorted)? {
@@ -222,9 +225,6 @@ impl Ranks {
                 RankMap::Rows(converter, map)
             }
         };
-        if valid > u32::MAX as usize {
-            return exec_err!("similarity_join: more than 2^32 distinct tokens");
-        }
         Ok(Self {
             map,
             _reservation: reservation,

@@ -117,8 +117,8 @@ fn auto(join: &SimilarityJoinExec) -> Spread {
     }
     // Prefix routing copies a set once per bucket of its prefix: cheap only for short
     // prefixes (high thresholds, small sets); else every task reads the (smaller) input whole.
-    let sizes = [Some(left), right].into_iter().flatten().map(|e| e.set_size);
-    let longest = sizes.fold(Some(0.0f64), |a, s| Some(a?.max(s?)));
+    let mut sizes = [Some(left), right].into_iter().flatten().map(|e| e.set_size);
+    let longest = sizes.try_fold(0.0f64, |a, s| Some(a.max(s?)));
     let copies = longest.and_then(|n| join.threshold.prefix_len(n.round().max(1.0) as u64));
     match copies {
         Some(c) if c <= PREFIX_MAX_COPIES => Spread::Prefix,
