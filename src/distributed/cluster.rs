@@ -18,7 +18,8 @@ use datafusion_distributed::{
 
 use super::codec::SetsCodec;
 use crate::config::SetsConfig;
-use crate::join::{JoinDistribution, PrefixRouteExec, SimilarityJoinExec};
+use crate::join::route::PrefixRouteExec;
+use crate::join::{JoinDistribution, SimilarityJoinExec};
 
 /// Installs datafusion-sets into a session that plans for datafusion-distributed.
 pub trait SetsDistributedExt {

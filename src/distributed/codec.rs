@@ -33,9 +33,9 @@ use crate::functions::topk_bm25::{SessionHandle, TopkBm25, async_call};
 use crate::intersect::similarity::Measure;
 use crate::io::time_slice::TimeSliceExec;
 use crate::join::exec::OutputKind;
+use crate::join::route::PrefixRouteExec;
 use crate::join::{
-    Comparison, JoinColumn, JoinDistribution, JoinInput, PrefixRouteExec, SimilarityJoinExec,
-    Threshold,
+    Comparison, JoinColumn, JoinDistribution, JoinInput, SimilarityJoinExec, Threshold,
 };
 use crate::optimizer::backend_exec::SetsBackendExec;
 use crate::optimizer::backend_rule::SetsBackendRule;

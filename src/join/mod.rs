@@ -15,5 +15,4 @@ mod stream;
 pub mod threshold;
 
 pub use exec::{JoinColumn, JoinDistribution, JoinInput, SimilarityJoinExec};
-pub use route::PrefixRouteExec;
 pub use threshold::{Comparison, Threshold};

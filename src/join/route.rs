@@ -26,7 +26,7 @@
 //!    engine. A pair that passes shares a prefix rank, so both sets have a copy in the bucket
 //!    of their smallest common rank `t`, which the hash repartition sends to one partition; it
 //!    may also meet in other buckets (other common prefix ranks). It is kept only in bucket
-//!    `t mod B` ([`Owner`]), so every pair comes out exactly once.
+//!    `t mod B` (`Owner`), so every pair comes out exactly once.
 //!
 //! Any total order makes this exact; the frequency order keeps prefixes, and so copies and
 //! candidates, few.
@@ -364,11 +364,6 @@ impl PrefixRouteExec {
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
-    }
-
-    /// The bucket column's index in the output.
-    pub fn bucket_column(&self) -> usize {
-        self.keep.len()
     }
 
     /// The token column's index in the output.
