@@ -338,7 +338,9 @@ fn check_dataset(dataset: &str, cases: &[(Measure, f64)]) {
             assert_same(&got, &want, &format!("{name}: JOIN over {table}{extra}"));
         }
         if (measure, t) == cases[0] {
-            check_spread(&rt, &ctx, &name, m, t, &want);
+            // The SQL forms prefix-partitioned on the data whose prefixes are short (on
+            // gcide_words they replicate each set several times: minutes in a test build).
+            check_spread(&rt, &ctx, &name, m, t, &want, dataset == "debian_deps");
         }
         note!(
             "{name}: {} sets, {} pairs identical to the oracle in every SQL form \
@@ -361,6 +363,7 @@ fn check_spread(
     m: &str,
     t: f64,
     want: &Pairs,
+    prefix_sql: bool,
 ) {
     let explain = |sql: &str| {
         let plan = rt.block_on(collect(ctx, &format!("EXPLAIN {sql}")));
@@ -397,7 +400,7 @@ fn check_spread(
         want.len(),
         "{name}: prefix count(*)"
     );
-    for extra in ["", " AND b.id IS NOT NULL"] {
+    for extra in ["", " AND b.id IS NOT NULL"].iter().filter(|_| prefix_sql) {
         let sql = format!(
             "SELECT a.id, b.id, {m}(a.tokens, b.tokens) FROM mem a JOIN mem b \
              ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id{extra}"
@@ -433,10 +436,11 @@ fn check_spread(
          JOIN (SELECT * FROM mem WHERE id % 10 = 0) b \
          ON {m}(a.tokens, b.tokens) >= {t:?} AND a.id < b.id"
     );
-    for (distribution, shown) in [
+    let spreads = [
         ("broadcast", "distribution=broadcast"),
         ("prefix", "distribution=prefix"),
-    ] {
+    ];
+    for (distribution, shown) in spreads.iter().filter(|(d, _)| prefix_sql || *d != "prefix") {
         rt.block_on(collect(
             ctx,
             &format!("SET sets.similarity_join_distribution = '{distribution}'"),
