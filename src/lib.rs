@@ -53,7 +53,9 @@ pub use config::{BackendChoice, SetsConfig};
 pub use functions::expr_fn;
 pub use functions::{all_aggregate_functions, all_scalar_functions};
 pub use intersect::similarity::Measure;
-pub use join::{Comparison, JoinColumn, JoinInput, SimilarityJoinExec, Threshold};
+pub use join::{
+    Comparison, JoinColumn, JoinDistribution, JoinInput, SimilarityJoinExec, Threshold,
+};
 pub use session::{SessionStateBuilderExt, new_context, register, register_all, table_functions};
 
 /// The crate's UDFs one by one (every one of them: [`all_scalar_functions`],
