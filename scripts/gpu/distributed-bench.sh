@@ -35,10 +35,10 @@ run)
     "$bin" scale "$carry/gcide_words.parquet" 1 "$tmp/x1.parquet"
     "$bin" scale "$carry/gcide_words.parquet" 8 "$tmp/x8.parquet"
     sql="SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', 'jaccard', ${THRESHOLD:-0.5})"
-    for data in x1 x8; do
+    for data in ${DATASETS:-x1 x8}; do
         for t in "$threads" 16; do
             echo "== $data: one process, $t threads"
-            "$bin" local "$tmp/$data.parquet" "$t" "$sql"
+            timeout "${RUN_TIMEOUT:-180}" "$bin" local "$tmp/$data.parquet" "$t" "$sql" || echo "(timed out or failed)"
         done
         for w in 1 2 4; do
             ports=""
@@ -52,7 +52,8 @@ run)
             sleep 2
             for d in ${DISTRIBUTIONS:-broadcast prefix}; do
                 echo "== $data: $w workers x $threads threads, $d"
-                "$bin" cluster "$tmp/$data.parquet" "$threads" "$d" "$ports" "$sql" || true
+                timeout "${RUN_TIMEOUT:-180}" "$bin" cluster "$tmp/$data.parquet" "$threads" "$d" "$ports" "$sql" \
+                    || echo "(timed out or failed)"
             done
             kill $pids 2>/dev/null || true
             wait 2>/dev/null || true
