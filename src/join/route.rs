@@ -583,14 +583,21 @@ impl ExecutionPlan for PrefixRouteExec {
     }
 }
 
+/// The element type of a list type.
+pub(crate) fn element_type(list: &DataType) -> Option<DataType> {
+    match list {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            Some(f.data_type().clone())
+        }
+        _ => None,
+    }
+}
+
 /// `join` (one shared build) spread over partitions by prefix routing with `buckets`
 /// buckets: both inputs routed with one token count, the output the same.
 pub fn prefix_partitioned(join: &SimilarityJoinExec, buckets: u32) -> Result<SimilarityJoinExec> {
-    let element = match &join.token_type {
-        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
-            f.data_type().clone()
-        }
-        other => return internal_err!("SimilarityJoinExec: token type {other}"),
+    let Some(element) = element_type(&join.token_type) else {
+        return internal_err!("SimilarityJoinExec: token type {}", join.token_type);
     };
     let inputs = join.inputs();
     let sides: Vec<_> = inputs.iter().map(|i| (Arc::clone(&i.plan), i.tokens)).collect();
@@ -631,18 +638,13 @@ pub fn prefix_partitioned(join: &SimilarityJoinExec, buckets: u32) -> Result<Sim
         .collect::<Result<Vec<_>>>()?;
     let mut routed = routed.into_iter();
     let left = routed.next().expect("a left input");
-    SimilarityJoinExec::new_inner(
+    spread(
+        join,
         left,
         routed.next(),
-        join.threshold,
         columns,
-        // The columns are named: they moved (a decoded ids form would derive them again).
-        OutputKind::Rows,
-        Arc::clone(&join.schema),
-        join.partitions,
-    )?
-    .with_backend(join.backend)
-    .with_distribution(JoinDistribution::Prefix { buckets })
+        JoinDistribution::Prefix { buckets },
+    )
 }
 
 /// An R-S `join` spread over the partitions of its larger side (`right_is_small`: the
@@ -653,22 +655,35 @@ pub fn broadcast(join: &SimilarityJoinExec, right_is_small: bool) -> Result<Simi
     };
     let (left, right, columns) = match right_is_small {
         false => (join.left.clone(), right.clone(), join.columns.clone()),
-        true => (
-            right.clone(),
-            join.left.clone(),
-            join.columns
-                .iter()
-                .map(|c| match c {
-                    JoinColumn::Left(i) => JoinColumn::Right(*i),
-                    JoinColumn::Right(i) => JoinColumn::Left(*i),
-                    JoinColumn::Similarity => JoinColumn::Similarity,
-                })
-                .collect(),
-        ),
+        true => (right.clone(), join.left.clone(), swapped(&join.columns)),
     };
+    spread(join, left, Some(right), columns, JoinDistribution::Broadcast)
+}
+
+/// `columns` with the sides exchanged.
+fn swapped(columns: &[JoinColumn]) -> Vec<JoinColumn> {
+    columns
+        .iter()
+        .map(|c| match c {
+            JoinColumn::Left(i) => JoinColumn::Right(*i),
+            JoinColumn::Right(i) => JoinColumn::Left(*i),
+            JoinColumn::Similarity => JoinColumn::Similarity,
+        })
+        .collect()
+}
+
+/// `join` (its threshold, schema, partitions and backend) over new inputs and output
+/// columns, spread as `distribution`.
+fn spread(
+    join: &SimilarityJoinExec,
+    left: JoinInput,
+    right: Option<JoinInput>,
+    columns: Vec<JoinColumn>,
+    distribution: JoinDistribution,
+) -> Result<SimilarityJoinExec> {
     SimilarityJoinExec::new_inner(
         left,
-        Some(right),
+        right,
         join.threshold,
         columns,
         // The columns are named: they moved (a decoded ids form would derive them again).
@@ -677,7 +692,7 @@ pub fn broadcast(join: &SimilarityJoinExec, right_is_small: bool) -> Result<Simi
         join.partitions,
     )?
     .with_backend(join.backend)
-    .with_distribution(JoinDistribution::Broadcast)
+    .with_distribution(distribution)
 }
 
 /// A self-`join` spread as [`JoinDistribution::Replicated`]: the input, whole, joined with
@@ -687,26 +702,13 @@ pub fn replicated(join: &SimilarityJoinExec) -> Result<SimilarityJoinExec> {
     if join.right.is_some() {
         return plan_err!("SimilarityJoinExec: only a self-join is replicated");
     }
-    let columns = join
-        .columns
-        .iter()
-        .map(|c| match c {
-            JoinColumn::Left(i) => JoinColumn::Right(*i),
-            JoinColumn::Right(i) => JoinColumn::Left(*i),
-            JoinColumn::Similarity => JoinColumn::Similarity,
-        })
-        .collect();
-    SimilarityJoinExec::new_inner(
+    spread(
+        join,
         join.left.clone(),
         Some(join.left.clone()),
-        join.threshold,
-        columns,
-        OutputKind::Rows,
-        Arc::clone(&join.schema),
-        join.partitions,
-    )?
-    .with_backend(join.backend)
-    .with_distribution(JoinDistribution::Replicated)
+        swapped(&join.columns),
+        JoinDistribution::Replicated,
+    )
 }
 
 /// Which bucket owns a pair of routed sets (see the module docs): their tokens are

@@ -29,7 +29,9 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{JoinDistributionChoice, SetsConfig};
-use crate::join::route::{MAX_BUCKETS, broadcast, prefix_partitioned, replicated};
+use crate::join::route::{
+    MAX_BUCKETS, broadcast, element_type, prefix_partitioned, replicated,
+};
 use crate::join::{JoinDistribution, JoinInput, SimilarityJoinExec};
 
 /// The rule's name (as `EXPLAIN VERBOSE` shows it).
@@ -97,12 +99,7 @@ fn estimate(input: &JoinInput, element: &DataType) -> Estimate {
 
 /// The spread `auto` picks under datafusion-distributed for `join` (see the module docs).
 fn auto(join: &SimilarityJoinExec) -> Spread {
-    let element = match &join.token_type {
-        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
-            f.data_type().clone()
-        }
-        _ => DataType::Null,
-    };
+    let element = element_type(&join.token_type).unwrap_or(DataType::Null);
     let left = estimate(&join.left, &element);
     let right = join.right.as_ref().map(|r| estimate(r, &element));
     if let Some(right) = right
