@@ -241,16 +241,22 @@ mod tests {
         rules.iter().map(|r| r.name().to_string()).collect()
     }
 
-    /// The rewrite runs once, right before `EnsureRequirements`.
+    /// The rewrite and then the distribution rule run once each, right before
+    /// `EnsureRequirements` (which adds the exchanges the distribution asks for).
     fn assert_installed(names: &[String]) {
-        let at: Vec<usize> = names
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| *n == SIMILARITY_JOIN_REWRITE)
-            .map(|(i, _)| i)
-            .collect();
-        assert_eq!(at.len(), 1, "{names:?}");
-        assert_eq!(names[at[0] + 1], "EnsureRequirements", "{names:?}");
+        let at = |rule: &str| -> Vec<usize> {
+            let found = names.iter().enumerate().filter(|(_, n)| *n == rule);
+            found.map(|(i, _)| i).collect()
+        };
+        let rewrite = at(SIMILARITY_JOIN_REWRITE);
+        assert_eq!(rewrite.len(), 1, "{names:?}");
+        assert_eq!(
+            at(SIMILARITY_JOIN_DISTRIBUTION),
+            [rewrite[0] + 1],
+            "{names:?}"
+        );
+        assert_eq!(names[rewrite[0] + 2], "EnsureRequirements", "{names:?}");
+        assert_eq!(at(SETS_BACKEND_RULE).len(), 1, "{names:?}");
     }
 
     #[test]
