@@ -8,12 +8,14 @@
 //! baseline is the same query in one process of `threads` threads and of `W * threads`.
 //!
 //! ```text
-//! distributed worker PORT THREADS
+//! distributed worker PORT THREADS [DATA]
 //! distributed local DATA THREADS SQL
 //! distributed cluster DATA THREADS DISTRIBUTION PORTS SQL
 //! distributed scale SRC COPIES OUT      (the data COPIES times larger: disjoint token spaces)
 //! ```
-//! `DATA` is a Parquet file registered as `sets(id, tokens)`. Each run prints
+//! `DATA` is Parquet files to register: `name=path,name=path`, or one path, registered as
+//! `sets(id, tokens)`; a worker registers its `DATA` in every session (the index table the
+//! scalar `topk_bm25` reads by name). Each run prints
 //! `rows <n> best_ms <t> runs_ms <t1,t2,t3>`, and the cluster run the executed plan's
 //! network nodes with their metrics (rows and bytes that crossed between tasks).
 
@@ -67,6 +69,15 @@ impl WorkerResolver for Ports {
             })
             .collect()
     }
+}
+
+/// Registers the Parquet files of `data` (module docs) in `ctx`.
+async fn register(ctx: &SessionContext, data: &str) -> Result<()> {
+    for item in data.split(',').filter(|d| !d.is_empty()) {
+        let (name, path) = item.split_once('=').unwrap_or(("sets", item));
+        ctx.register_parquet(name, path, Default::default()).await?;
+    }
+    Ok(())
 }
 
 /// Three runs of `sql`: the row count and each run's milliseconds; the last run's plan.
@@ -174,11 +185,23 @@ fn main() -> Result<()> {
         "worker" => {
             let port = number(&arg(&args, 1, "port")?, "port")?;
             let threads = number(&arg(&args, 2, "threads")?, "threads")?;
+            let data = Arc::new(args.get(3).cloned().unwrap_or_default());
             runtime(threads).block_on(async move {
                 let addr = format!("127.0.0.1:{port}")
                     .parse()
                     .map_err(|e| DataFusionError::External(Box::new(e)))?;
-                let worker = Worker::from_session_builder(sets_worker_session);
+                let worker = Worker::from_session_builder(move |ctx| {
+                    let data = Arc::clone(&data);
+                    async move {
+                        let state = sets_worker_session(ctx).await?;
+                        if data.is_empty() {
+                            return Ok(state);
+                        }
+                        let ctx = SessionContext::from(state);
+                        register(&ctx, &data).await?;
+                        Ok(ctx.state())
+                    }
+                });
                 tonic::transport::Server::builder()
                     .add_service(worker.into_worker_server())
                     .serve(addr)
@@ -198,8 +221,7 @@ fn main() -> Result<()> {
                         .with_sets()
                         .build(),
                 );
-                ctx.register_parquet("sets", &data, Default::default())
-                    .await?;
+                register(&ctx, &data).await?;
                 let (rows, times, _) = time(&ctx, &sql).await?;
                 report(rows, &times);
                 Ok(())
@@ -220,6 +242,8 @@ fn main() -> Result<()> {
                     .with_config(SessionConfig::new().with_target_partitions(threads))
                     .with_distributed_worker_resolver(Ports(ports))
                     .with_distributed_planner()
+                    // Scans cut as finely as the workers allow: one-row-group files spread too.
+                    .with_distributed_file_scan_config_bytes_per_partition(1)?
                     .with_distributed_metrics_collection(true)?
                     .with_sets_distributed()
                     .build();
@@ -228,8 +252,7 @@ fn main() -> Result<()> {
                     "SET sets.similarity_join_distribution = '{distribution}'"
                 ))
                 .await?;
-                ctx.register_parquet("sets", &data, Default::default())
-                    .await?;
+                register(&ctx, &data).await?;
                 let (rows, times, plan) = time(&ctx, &sql).await?;
                 report(rows, &times);
                 for line in display_plan_ascii(plan.as_ref(), true).lines() {
@@ -237,6 +260,7 @@ fn main() -> Result<()> {
                         || line.contains("Stage")
                         || line.contains("SimilarityJoinExec")
                         || line.contains("PrefixRouteExec")
+                        || line.contains("Bm25")
                     {
                         println!("  {}", line.trim());
                     }

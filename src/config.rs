@@ -101,6 +101,55 @@ impl fmt::Display for JoinDistributionChoice {
 
 config_field!(JoinDistributionChoice);
 
+/// How `bm25_index` spreads its build over partitions and tasks
+/// (`sets.bm25_index_distribution`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IndexDistributionChoice {
+    /// `single` in one process, `terms` under datafusion-distributed.
+    #[default]
+    Auto,
+    /// One partition reads every document and builds the index (on every core).
+    Single,
+    /// Each partition indexes the documents it reads; the postings are merged per term after
+    /// a hash exchange on the term (`crate::search::build`).
+    Terms,
+}
+
+impl FromStr for IndexDistributionChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "single" => Ok(Self::Single),
+            "terms" => Ok(Self::Terms),
+            other => config_err!(
+                "sets.bm25_index_distribution: expected 'auto', 'single' or 'terms', got '{other}'"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for IndexDistributionChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Single => "single",
+            Self::Terms => "terms",
+        })
+    }
+}
+
+config_field!(IndexDistributionChoice);
+
+/// Whether a session plans for datafusion-distributed (its options hold the `distributed`
+/// extension, which the distributed planner registers).
+pub fn under_distributed(options: &ConfigOptions) -> bool {
+    options
+        .extensions
+        .iter()
+        .any(|(prefix, _)| prefix == "distributed")
+}
+
 impl FromStr for CpuKernelChoice {
     type Err = DataFusionError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -256,6 +305,8 @@ options! {
         similarity_join_rewrite: bool = true, parse_field;
         /// How a similarity join spreads over partitions and tasks: 'auto' (one shared index in one process; under datafusion-distributed chosen by statistics), 'single', 'prefix' (sets sent to the buckets of their prefix tokens) or 'broadcast' (the smaller side, or a self-join's input, read whole by every partition).
         similarity_join_distribution: JoinDistributionChoice = JoinDistributionChoice::Auto, parse_field;
+        /// How bm25_index spreads its build: 'auto' (single in one process, terms under datafusion-distributed), 'single' (one partition indexes every document) or 'terms' (each partition indexes its documents; postings merged per term after a hash exchange).
+        bm25_index_distribution: IndexDistributionChoice = IndexDistributionChoice::Auto, parse_field;
         /// Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.
         gpu_index_budget: usize = 0, set_usize;
         /// Keep the list columns list_intersect / list_intersect_count send to the GPU on the device for later batches and queries (least recently used evicted first).

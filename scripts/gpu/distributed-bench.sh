@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The similarity join on 1, 2 and 4 datafusion-distributed workers (processes on 127.0.0.1,
-# THREADS tokio threads each) against one process, on the GPU machine's 16-core host
-# (benches/distributed.rs; the numbers go in benches/README.md).
+# The similarity join, the index build and 10,000 searches on 1, 2 and 4 datafusion-distributed
+# workers (processes on 127.0.0.1, THREADS tokio threads each) against one process, on the GPU
+# machine's 16-core host (benches/distributed.rs; the numbers go in benches/README.md).
+# PARTS picks what runs (default: "join search").
 # Here first: scripts/gpu/distributed-bench.sh pack (builds the release bench binary with the
 # `distributed` feature; benches/data/build.sh's data); then through the device tool: command
 # `bash scripts/gpu/distributed-bench.sh run`, carry ["carry/distributed"].
@@ -21,6 +22,8 @@ for l in sys.stdin:
         print(m["executable"])')
     strip -o "$carry/distributed" "$exe" && xz -T0 -6 -f "$carry/distributed"
     cp "$data/gcide_words/sets.parquet" "$carry/gcide_words.parquet"
+    cp "$data/gcide/docs.parquet" "$carry/gcide_docs.parquet"
+    cp "$data/queries/queries.parquet" "$carry/queries.parquet"
     du -sh "$carry"
     ;;
 run)
@@ -32,6 +35,46 @@ run)
     grep -m1 "model name" /proc/cpuinfo
     nproc
     threads=${THREADS:-4}
+    # workers N [DATA]: N workers on ports 50101.., their ports in $ports, pids in $pids.
+    workers() {
+        ports=""
+        pids=""
+        for i in $(seq 1 "$1"); do
+            port=$((50100 + i))
+            "$bin" worker "$port" "$threads" "${2:-}" &
+            pids="$pids $!"
+            ports="$ports${ports:+,}$port"
+        done
+        sleep 2
+    }
+    stop() {
+        kill $pids 2>/dev/null || true
+        wait 2>/dev/null || true
+    }
+    if [[ " ${PARTS:-join search} " == *" search "* ]]; then
+        docs="docs=$carry/gcide_docs.parquet"
+        "$bin" local "$docs" 16 \
+            "COPY (SELECT * FROM bm25_index('docs', 'doc_id', 'text')) TO '$tmp/idx.parquet' STORED AS PARQUET" >/dev/null
+        search="idx=$tmp/idx.parquet,queries=$carry/queries.parquet"
+        build="SELECT count(*), sum(cardinality(doc_ids)), max(n_docs), max(total_len) FROM bm25_index('docs', 'doc_id', 'text')"
+        # 10,000 queries (every fifth terabyte05 efficiency-track query), top 10 each.
+        topk="SELECT sum(cardinality(hits)), sum(hits[1].doc_id) FROM (SELECT topk_bm25('idx', text, 10) AS hits FROM queries WHERE source = 'terabyte05-eff' AND CAST(qid AS BIGINT) % 5 = 0)"
+        for t in "$threads" 16; do
+            echo "== index build: one process, $t threads"
+            timeout "${RUN_TIMEOUT:-180}" "$bin" local "$docs" "$t" "$build" || echo "(timed out or failed)"
+            echo "== 10,000 searches: one process, $t threads"
+            timeout "${RUN_TIMEOUT:-180}" "$bin" local "$search" "$t" "$topk" || echo "(timed out or failed)"
+        done
+        for w in 1 2 4; do
+            workers "$w" "$search"
+            echo "== index build: $w workers x $threads threads"
+            timeout "${RUN_TIMEOUT:-180}" "$bin" cluster "$docs" "$threads" auto "$ports" "$build" || echo "(timed out or failed)"
+            echo "== 10,000 searches: $w workers x $threads threads"
+            timeout "${RUN_TIMEOUT:-180}" "$bin" cluster "$search" "$threads" auto "$ports" "$topk" || echo "(timed out or failed)"
+            stop
+        done
+    fi
+    [[ " ${PARTS:-join search} " == *" join "* ]] || exit 0
     "$bin" scale "$carry/gcide_words.parquet" 1 "$tmp/x1.parquet"
     "$bin" scale "$carry/gcide_words.parquet" 8 "$tmp/x8.parquet"
     sql="SELECT count(*) FROM similarity_join('sets', 'id', 'tokens', 'jaccard', ${THRESHOLD:-0.5})"
@@ -41,22 +84,13 @@ run)
             timeout "${RUN_TIMEOUT:-180}" "$bin" local "$tmp/$data.parquet" "$t" "$sql" || echo "(timed out or failed)"
         done
         for w in 1 2 4; do
-            ports=""
-            pids=""
-            for i in $(seq 1 "$w"); do
-                port=$((50100 + i))
-                "$bin" worker "$port" "$threads" &
-                pids="$pids $!"
-                ports="$ports${ports:+,}$port"
-            done
-            sleep 2
+            workers "$w"
             for d in ${DISTRIBUTIONS:-broadcast prefix}; do
                 echo "== $data: $w workers x $threads threads, $d"
                 timeout "${RUN_TIMEOUT:-180}" "$bin" cluster "$tmp/$data.parquet" "$threads" "$d" "$ports" "$sql" \
                     || echo "(timed out or failed)"
             done
-            kill $pids 2>/dev/null || true
-            wait 2>/dev/null || true
+            stop
         done
     done
     ;;

@@ -27,7 +27,6 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use prost::Message;
 
 use crate::config::BackendChoice;
-use crate::functions::bm25_index::Bm25IndexExec;
 use crate::functions::topk_bm25::table::{TOPK_BM25, TopkOneExec};
 use crate::functions::topk_bm25::{SessionHandle, TopkBm25, async_call};
 use crate::intersect::similarity::Measure;
@@ -39,6 +38,7 @@ use crate::join::{
 };
 use crate::optimizer::backend_exec::SetsBackendExec;
 use crate::optimizer::backend_rule::SetsBackendRule;
+use crate::search::build::{Bm25IndexExec, Bm25MergeExec, Bm25PartsExec};
 use crate::search::loaded::IndexScan;
 use crate::search::tokenize::TokenizerOptions;
 use crate::search::topk::Mode;
@@ -171,6 +171,12 @@ struct Bm25IndexNode {
     tokenizer: String,
     #[prost(bool, tag = "2")]
     with_static: bool,
+    /// Which operator: "" (`Bm25IndexExec`), "parts" or "merge".
+    #[prost(string, tag = "3")]
+    stage: String,
+    /// The parts' bucket count.
+    #[prost(uint32, tag = "4")]
+    buckets: u32,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -309,11 +315,22 @@ impl SetsCodec {
                 buckets: r.buckets,
             }));
         }
+        let index = |stage: &str, tokenizer: TokenizerOptions, with_static, buckets| {
+            Ok(Node::Bm25Index(Bm25IndexNode {
+                tokenizer: tokenizer.to_string(),
+                with_static,
+                stage: stage.to_string(),
+                buckets,
+            }))
+        };
         if let Some(b) = node.downcast_ref::<Bm25IndexExec>() {
-            return Ok(Node::Bm25Index(Bm25IndexNode {
-                tokenizer: b.tokenizer.to_string(),
-                with_static: b.with_static,
-            }));
+            return index("", b.tokenizer, b.with_static, 0);
+        }
+        if let Some(b) = node.downcast_ref::<Bm25PartsExec>() {
+            return index("parts", b.tokenizer, b.with_static, b.buckets);
+        }
+        if let Some(b) = node.downcast_ref::<Bm25MergeExec>() {
+            return index("merge", b.tokenizer, b.with_static, 0);
         }
         if let Some(t) = node.downcast_ref::<TopkOneExec>() {
             let scan = physical_plan_to_bytes_with_proto_converter(
@@ -371,11 +388,26 @@ impl SetsCodec {
             )?)),
             Node::Bm25Index(b) => {
                 let tokenizer = TokenizerOptions::parse(&b.tokenizer, "SetsCodec: bm25_index")?;
-                Ok(Arc::new(Bm25IndexExec::new(
-                    input(inputs, 0, "Bm25IndexExec")?,
-                    tokenizer,
-                    b.with_static,
-                )))
+                let child = |name| input(inputs, 0, name);
+                Ok(match b.stage.as_str() {
+                    "" => Arc::new(Bm25IndexExec::new(
+                        child("Bm25IndexExec")?,
+                        tokenizer,
+                        b.with_static,
+                    )),
+                    "parts" => Arc::new(Bm25PartsExec::try_new(
+                        child("Bm25PartsExec")?,
+                        tokenizer,
+                        b.with_static,
+                        b.buckets,
+                    )?),
+                    "merge" => Arc::new(Bm25MergeExec::try_new(
+                        child("Bm25MergeExec")?,
+                        tokenizer,
+                        b.with_static,
+                    )?),
+                    other => return plan_err!("SetsCodec: bm25_index: unknown stage '{other}'"),
+                })
             }
             Node::TopkOne(t) => {
                 let scan = physical_plan_from_bytes_with_proto_converter(

@@ -15,37 +15,24 @@
 //! result is the index table described in `index`, one row per term; its `tokenizer` column
 //! records the tokenizer options in full, so `topk_bm25` tokenizes queries the same way.
 
-use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type, SchemaRef, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
-use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::common::{Result, plan_err};
 use datafusion::logical_expr::{Expr, TableType};
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::ExecutionPlanProperties;
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, Partitioning, PlanProperties,
-    SendableRecordBatchStream,
-};
-use futures::{StreamExt, TryStreamExt};
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 
 use crate::catalog::resolve_table;
+use crate::config::{IndexDistributionChoice, SetsConfig, under_distributed};
 use crate::functions::args::string_arg;
-use crate::search::index::{IndexBuilder, index_schema};
-use crate::search::tokenize::{Tokenizer, TokenizerOptions};
+use crate::search::build::{Bm25IndexExec, Bm25MergeExec, Bm25PartsExec, by_term};
+use crate::search::index::index_schema;
+use crate::search::tokenize::TokenizerOptions;
 
 /// The table function's SQL name.
 pub const BM25_INDEX: &str = "bm25_index";
@@ -164,11 +151,24 @@ impl TableProvider for Bm25IndexTable {
             .source
             .scan(state, Some(&self.columns), &[], None)
             .await?;
-        let exec: Arc<dyn ExecutionPlan> = Arc::new(Bm25IndexExec::new(
-            input,
-            self.tokenizer,
-            self.columns.len() == 3,
-        ));
+        let with_static = self.columns.len() == 3;
+        let options = state.config_options();
+        let spread = match SetsConfig::from_options(options)?.bm25_index_distribution {
+            IndexDistributionChoice::Auto => under_distributed(options),
+            IndexDistributionChoice::Single => false,
+            IndexDistributionChoice::Terms => true,
+        };
+        let exec: Arc<dyn ExecutionPlan> = if spread {
+            // Parts where the documents are read, merged per term after a hash exchange
+            // (which EnsureRequirements adds), the merged partitions' sorted runs merged.
+            let buckets = u32::try_from(options.execution.target_partitions.max(1))
+                .unwrap_or(u32::MAX);
+            let parts = Bm25PartsExec::try_new(input, self.tokenizer, with_static, buckets)?;
+            let merge = Bm25MergeExec::try_new(Arc::new(parts), self.tokenizer, with_static)?;
+            Arc::new(SortPreservingMergeExec::new(by_term(), Arc::new(merge)))
+        } else {
+            Arc::new(Bm25IndexExec::new(input, self.tokenizer, with_static))
+        };
         match projection {
             Some(p)
                 if p.len() != self.schema.fields().len()
@@ -194,195 +194,3 @@ impl TableProvider for Bm25IndexTable {
     }
 }
 
-/// Reads every row of its input and emits the index as one batch.
-#[derive(Debug)]
-pub struct Bm25IndexExec {
-    input: Arc<dyn ExecutionPlan>,
-    pub(crate) tokenizer: TokenizerOptions,
-    pub(crate) with_static: bool,
-    schema: SchemaRef,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-}
-
-impl Bm25IndexExec {
-    pub fn new(
-        input: Arc<dyn ExecutionPlan>,
-        tokenizer: TokenizerOptions,
-        with_static: bool,
-    ) -> Self {
-        let schema = index_schema(with_static);
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
-        Self {
-            input,
-            tokenizer,
-            with_static,
-            schema,
-            properties,
-            metrics: ExecutionPlanMetricsSet::new(),
-        }
-    }
-}
-
-impl DisplayAs for Bm25IndexExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        // The canonical spelling, its pairs spaced like the other fields.
-        let tokenizer = self.tokenizer.to_string().replace(',', ", ");
-        write!(
-            f,
-            "Bm25IndexExec: {tokenizer}, static={}",
-            self.with_static
-        )
-    }
-}
-
-impl ExecutionPlan for Bm25IndexExec {
-    fn name(&self) -> &str {
-        "Bm25IndexExec"
-    }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-    /// One index of every document: the whole input in one partition, which an engine that
-    /// runs a plan per task (datafusion-distributed) gathers from all its tasks first.
-    fn required_input_distribution(&self) -> Vec<Distribution> {
-        vec![Distribution::SinglePartition]
-    }
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
-            Arc::clone(&children[0]),
-            self.tokenizer,
-            self.with_static,
-        )))
-    }
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return exec_err!("{BM25_INDEX}: partition {partition} out of range (1 partition)");
-        }
-        let input: Arc<dyn ExecutionPlan> =
-            if self.input.output_partitioning().partition_count() > 1 {
-                Arc::new(CoalescePartitionsExec::new(Arc::clone(&self.input)))
-            } else {
-                Arc::clone(&self.input)
-            };
-        let mut stream = input.execute(0, Arc::clone(&context))?;
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let (tokenizer, with_static) = (self.tokenizer, self.with_static);
-        let reservation = MemoryConsumer::new(BM25_INDEX).register(context.memory_pool());
-        let fut = async move {
-            let timer = baseline.elapsed_compute().clone();
-            let mut builder = IndexBuilder::new(tokenizer, with_static);
-            let mut tok = Tokenizer::new(tokenizer);
-            let mut seen = std::collections::HashSet::new();
-            // A batch of long texts is a second of tokenizing in a test build: it is
-            // indexed in slices, each enough for every core, with a yield after each, so a
-            // cancel (or another query's task) gets in even when the input never runs out
-            // of tokio's budget.
-            let slice = (256 * rayon::current_num_threads()).max(1024);
-            while let Some(batch) = stream.next().await {
-                let batch = batch?;
-                let mut at = 0;
-                while at < batch.num_rows() {
-                    let len = slice.min(batch.num_rows() - at);
-                    let _t = timer.timer();
-                    add_batch(&mut builder, &mut tok, &mut seen, &batch.slice(at, len))?;
-                    let want = builder.size_bytes() + seen.len() * 8;
-                    reservation.try_resize(want)?;
-                    drop(_t);
-                    at += len;
-                    tokio::task::yield_now().await;
-                }
-            }
-            let _t = timer.timer();
-            // The index is built beside the builder (which it empties as it goes), then
-            // moved into the output batch uncopied: reserve both before building.
-            reservation.try_grow(builder.finished_bytes())?;
-            let index = builder.finish();
-            let out = index.into_batch()?;
-            baseline.record_output(out.num_rows());
-            drop(reservation);
-            Ok::<_, datafusion::common::DataFusionError>(out)
-        };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            futures::stream::once(fut).map_ok(|b| b),
-        )))
-    }
-}
-
-fn add_batch(
-    builder: &mut IndexBuilder,
-    tok: &mut Tokenizer,
-    seen: &mut std::collections::HashSet<u32>,
-    batch: &RecordBatch,
-) -> Result<()> {
-    let ids_in = batch.column(0);
-    let ids = cast(ids_in, &DataType::UInt64)?;
-    let ids = ids.as_primitive::<UInt64Type>();
-    let text = cast(batch.column(1), &DataType::Utf8)?;
-    let text = text.as_string::<i32>();
-    let statics = match batch.columns().get(2) {
-        Some(c) => Some(cast(c, &DataType::Float64)?),
-        None => None,
-    };
-    let statics = statics.as_ref().map(|s| s.as_primitive::<Float64Type>());
-    // The rows checked in order (the first bad one is the error), then indexed together.
-    let mut docs = Vec::with_capacity(batch.num_rows());
-    for r in 0..batch.num_rows() {
-        if ids_in.is_null(r) {
-            return exec_err!("{BM25_INDEX}: NULL in the id column");
-        }
-        let bad = || {
-            ScalarValue::try_from_array(ids_in, r)
-                .map(|v| v.to_string())
-                .unwrap_or_default()
-        };
-        if ids.is_null(r) || ids.value(r) > u32::MAX as u64 {
-            return exec_err!(
-                "{BM25_INDEX}: id {} is outside 0..=4294967295 (ids must fit in 32 bits)",
-                bad()
-            );
-        }
-        let id = ids.value(r) as u32;
-        if !seen.insert(id) {
-            return exec_err!("{BM25_INDEX}: id {id} appears twice in the id column");
-        }
-        let s = match statics {
-            Some(s) if s.is_valid(r) => {
-                let v = s.value(r);
-                if !v.is_finite() {
-                    return exec_err!("{BM25_INDEX}: static score of id {id} is not finite ({v})");
-                }
-                Some(v)
-            }
-            _ => None,
-        };
-        docs.push((id, text.is_valid(r).then(|| text.value(r)), s));
-    }
-    builder.add_texts(tok, &docs);
-    Ok(())
-}

@@ -28,7 +28,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
-use crate::config::{JoinDistributionChoice, SetsConfig};
+use crate::config::{JoinDistributionChoice, SetsConfig, under_distributed};
 use crate::join::route::{
     MAX_BUCKETS, broadcast, element_type, prefix_partitioned, replicated,
 };
@@ -59,15 +59,6 @@ impl SimilarityJoinDistribution {
     pub fn new() -> Self {
         Self
     }
-}
-
-/// Whether the session plans for datafusion-distributed: its planner installs the
-/// `distributed` options.
-fn distributed(config: &ConfigOptions) -> bool {
-    config
-        .extensions
-        .iter()
-        .any(|(prefix, _)| prefix == "distributed")
 }
 
 /// What the statistics of a join input say: rows, and the average set size.
@@ -150,7 +141,7 @@ impl PhysicalOptimizerRule for SimilarityJoinDistribution {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let choice = SetsConfig::from_options(config)?.similarity_join_distribution;
         let choice = match choice {
-            JoinDistributionChoice::Auto if !distributed(config) => return Ok(plan),
+            JoinDistributionChoice::Auto if !under_distributed(config) => return Ok(plan),
             JoinDistributionChoice::Single => return Ok(plan),
             other => other,
         };

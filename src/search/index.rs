@@ -101,7 +101,7 @@ impl InvertedIndex {
             tokenizer,
         } = self;
         index_batch(
-            &term_ids,
+            &term_names(&term_ids),
             &offsets,
             [docs, tfs, lens],
             statics,
@@ -113,7 +113,7 @@ impl InvertedIndex {
     /// [`into_batch`](Self::into_batch) of a copy.
     pub fn to_batch(&self) -> Result<RecordBatch> {
         index_batch(
-            &self.term_ids,
+            &term_names(&self.term_ids),
             &self.offsets,
             [self.docs.clone(), self.tfs.clone(), self.lens.clone()],
             self.statics.clone(),
@@ -607,20 +607,25 @@ impl IndexBuilder {
     }
 }
 
-/// The Arrow form of an index's parts: rows in term-id order, the CSR postings (laid out in
-/// term-id order, so `offsets` are the lists' offsets) moved in.
-fn index_batch(
-    term_ids: &HashMap<String, u32>,
+/// The terms of `term_ids` in term-id order.
+fn term_names(term_ids: &HashMap<String, u32>) -> Vec<&str> {
+    let mut names = vec![""; term_ids.len()];
+    for (k, &t) in term_ids {
+        names[t as usize] = k.as_str();
+    }
+    names
+}
+
+/// The Arrow form of an index's parts: one row per name, in order, the CSR postings (laid out
+/// in that order, so `offsets` are the lists' offsets) moved in.
+pub(crate) fn index_batch(
+    names: &[&str],
     offsets: &[usize],
     [docs, tfs, lens]: [Vec<u32>; 3],
     statics: Option<Vec<f64>>,
     (n_docs, total_len): (u64, u64),
     tokenizer: TokenizerOptions,
 ) -> Result<RecordBatch> {
-    let mut names = vec![""; term_ids.len()];
-    for (k, &t) in term_ids {
-        names[t as usize] = k.as_str();
-    }
     let n = names.len();
     let offsets: Vec<i32> = offsets
         .iter()
@@ -642,7 +647,7 @@ fn index_batch(
     };
     let with_static = statics.is_some();
     let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(names)),
+        Arc::new(StringArray::from_iter_values(names.iter().copied())),
         list_u32(docs),
         list_u32(tfs),
         list_u32(lens),

@@ -2,6 +2,7 @@
 //! in-memory forms), scoring, the top-k evaluators, and the loaded-index cache the SQL
 //! functions (`functions::bm25_index`, `functions::topk_bm25`) share.
 
+pub mod build;
 pub mod catalog_watch;
 pub mod gpu;
 pub mod index;
