@@ -58,7 +58,7 @@ run)
         search="idx=$tmp/idx.parquet,queries=$carry/queries.parquet"
         build="SELECT count(*), sum(cardinality(doc_ids)), max(n_docs), max(total_len) FROM bm25_index('docs', 'doc_id', 'text')"
         # 10,000 queries (every fifth terabyte05 efficiency-track query), top 10 each.
-        topk="SELECT sum(cardinality(hits)), sum(hits[1].doc_id) FROM (SELECT topk_bm25('idx', text, 10) AS hits FROM queries WHERE source = 'terabyte05-eff' AND CAST(qid AS BIGINT) % 5 = 0)"
+        topk="SELECT sum(cardinality(hits)), sum(hits[1]['doc_id']) FROM (SELECT topk_bm25('idx', text, 10) AS hits FROM queries WHERE source = 'terabyte05-eff' AND CAST(qid AS BIGINT) % 5 = 0)"
         for t in "$threads" 16; do
             echo "== index build: one process, $t threads"
             timeout "${RUN_TIMEOUT:-180}" "$bin" local "$docs" "$t" "$build" || echo "(timed out or failed)"

@@ -521,14 +521,31 @@ impl ExecutionPlan for Bm25MergeExec {
                 reservation.try_grow(batch.get_array_memory_size())?;
                 batches.push(batch);
             }
-            let _t = baseline.elapsed_compute().timer();
-            let out = merge_parts(&batches, tokenizer, with_static, &reservation)?;
-            baseline.record_output(out.num_rows());
-            Ok::<_, DataFusionError>(out)
+            let timer = baseline.elapsed_compute().clone();
+            let t = timer.timer();
+            let merge = Merge::new(&batches, tokenizer, with_static)?;
+            drop(t);
+            // The output is as large as the input (the postings, moved into new lists).
+            let input: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+            reservation.try_grow(input)?;
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < merge.terms.len() {
+                let t = timer.timer();
+                let (batch, next) = merge.batch(at)?;
+                drop(t);
+                baseline.record_output(batch.num_rows());
+                out.push(Ok(batch));
+                at = next;
+                tokio::task::yield_now().await;
+            }
+            drop(merge);
+            drop(batches);
+            Ok::<_, DataFusionError>(futures::stream::iter(out))
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
-            futures::stream::once(fut),
+            futures::stream::once(fut).try_flatten(),
         )))
     }
 }
@@ -599,99 +616,127 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// The index rows of the terms in `batches` (parts of one or more buckets), sorted by term,
-/// each term's postings merged from its parts, under the statistics of every part.
-fn merge_parts(
-    batches: &[RecordBatch],
+/// Terms merged into one output batch (the merge yields between batches, so a cancel gets
+/// in).
+const TERMS_PER_BATCH: usize = 16_384;
+
+/// The parts one merge partition received, ready to merge: the corpus's statistics, and every
+/// term row as (term, batch, row), sorted by term.
+struct Merge<'a> {
+    parts: Vec<Parts<'a>>,
+    /// Documents and terms in the corpus.
+    stats: (u64, u64),
+    terms: Vec<(&'a str, u32, u32)>,
     tokenizer: TokenizerOptions,
-    with_static: bool,
-    reservation: &MemoryReservation,
-) -> Result<RecordBatch> {
-    let parts: Vec<Parts> = batches
-        .iter()
-        .map(|b| Parts::of(b, with_static))
-        .collect::<Result<_>>()?;
-    // Statistics: per bucket, the sums over the parts (each part sent every bucket the same).
-    let mut stats: HashMap<u32, (u64, u64, usize)> = HashMap::new();
-    let mut ids = Vec::new();
-    let mut terms: Vec<(&str, u32, u32)> = Vec::new();
-    for (b, p) in parts.iter().enumerate() {
-        for r in 0..p.bucket.len() {
-            if p.terms.is_valid(r) {
-                terms.push((p.terms.value(r), b as u32, r as u32));
-                continue;
-            }
-            let s = stats.entry(p.bucket[r]).or_default();
-            s.0 += p.n_docs[r];
-            s.1 += p.total_len[r];
-            s.2 += 1;
-            if p.bucket[r] == 0 {
-                // A statistics row holds ids in `doc_ids` alone.
-                let (offsets, values) = p.lists[0];
-                ids.extend_from_slice(&values[offsets[r] as usize..offsets[r + 1] as usize]);
+}
+
+impl<'a> Merge<'a> {
+    /// Reads `batches` (parts of one or more buckets): the statistics of every part, summed,
+    /// checked alike in every bucket; the ids of every part (bucket 0), checked distinct.
+    fn new(
+        batches: &'a [RecordBatch],
+        tokenizer: TokenizerOptions,
+        with_static: bool,
+    ) -> Result<Self> {
+        let parts: Vec<Parts> = batches
+            .iter()
+            .map(|b| Parts::of(b, with_static))
+            .collect::<Result<_>>()?;
+        // Per bucket, the sums over the parts (each part sent every bucket the same).
+        let mut stats: HashMap<u32, (u64, u64, usize)> = HashMap::new();
+        let mut ids = Vec::new();
+        let mut terms: Vec<(&str, u32, u32)> = Vec::new();
+        for (b, p) in parts.iter().enumerate() {
+            for r in 0..p.bucket.len() {
+                if p.terms.is_valid(r) {
+                    terms.push((p.terms.value(r), b as u32, r as u32));
+                    continue;
+                }
+                let s = stats.entry(p.bucket[r]).or_default();
+                s.0 += p.n_docs[r];
+                s.1 += p.total_len[r];
+                s.2 += 1;
+                if p.bucket[r] == 0 {
+                    // A statistics row holds ids in `doc_ids` alone.
+                    let (offsets, values) = p.lists[0];
+                    ids.extend_from_slice(&values[offsets[r] as usize..offsets[r + 1] as usize]);
+                }
             }
         }
+        let mut sums = stats.values();
+        let global = match sums.next() {
+            Some(&s) if sums.all(|&t| t == s) => s,
+            Some(_) => return internal_err!("{WHO}: the parts' statistics differ between buckets"),
+            None if terms.is_empty() => (0, 0, 0),
+            None => return internal_err!("{WHO}: postings without the parts' statistics"),
+        };
+        if stats.contains_key(&0) {
+            // Bucket 0 holds every part's ids: an id in two parts is a duplicate in the input.
+            ids.sort_unstable();
+            if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+                return twice(w[0]);
+            }
+            if ids.len() as u64 != global.0 {
+                return internal_err!("{WHO}: {} ids for {} documents", ids.len(), global.0);
+            }
+        }
+        terms.sort_unstable();
+        Ok(Self {
+            parts,
+            stats: (global.0, global.1),
+            terms,
+            tokenizer,
+        })
     }
-    let mut sums = stats.values();
-    let global = match sums.next() {
-        Some(&s) if sums.all(|&t| t == s) => s,
-        Some(_) => return internal_err!("{WHO}: the parts' statistics differ between buckets"),
-        None if terms.is_empty() => (0, 0, 0),
-        None => return internal_err!("{WHO}: postings without the parts' statistics"),
-    };
-    if stats.contains_key(&0) {
-        // Bucket 0 holds every part's ids: an id in two parts is a duplicate in the input.
-        ids.sort_unstable();
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return twice(w[0]);
+
+    /// The terms of `self.terms` from `at`, up to `TERMS_PER_BATCH` of them, as index rows,
+    /// each term's postings merged from its parts; and where the next batch starts.
+    fn batch(&self, at: usize) -> Result<(RecordBatch, usize)> {
+        let with_static = self.parts.first().is_some_and(|p| p.statics.is_some());
+        let mut names = Vec::new();
+        let mut offsets = vec![0usize];
+        let [mut docs, mut tfs, mut lens] = [(); 3].map(|_| Vec::new());
+        let mut statics = with_static.then(Vec::new);
+        let mut merged: Vec<(u32, u32, u32, f64)> = Vec::new();
+        let mut end = at;
+        for run in self.terms[at..].chunk_by(|a, b| a.0 == b.0).take(TERMS_PER_BATCH) {
+            end += run.len();
+            merged.clear();
+            for &(_, b, r) in run {
+                let p = &self.parts[b as usize];
+                let ([d, t, l, st], n) = p.postings(r as usize)?;
+                for i in 0..n {
+                    let s = p.statics.map_or(0.0, |s| s.1[st + i]);
+                    merged.push((p.lists[0].1[d + i], p.lists[1].1[t + i], p.lists[2].1[l + i], s));
+                }
+            }
+            if run.len() > 1 {
+                merged.sort_unstable_by_key(|e| e.0);
+                if let Some(w) = merged.windows(2).find(|w| w[0].0 == w[1].0) {
+                    return twice(w[0].0);
+                }
+            }
+            for &(d, tf, len, s) in &merged {
+                docs.push(d);
+                tfs.push(tf);
+                lens.push(len);
+                if let Some(st) = &mut statics {
+                    st.push(s);
+                }
+            }
+            names.push(run[0].0);
+            offsets.push(docs.len());
         }
-        if ids.len() as u64 != global.0 {
-            return internal_err!("{WHO}: {} ids for {} documents", ids.len(), global.0);
-        }
+        let batch = index_batch(
+            &names,
+            &offsets,
+            [docs, tfs, lens],
+            statics,
+            self.stats,
+            self.tokenizer,
+        )?;
+        Ok((batch, end))
     }
-    terms.sort_unstable();
-    let postings: usize = parts.iter().map(|p| p.lists[0].1.len()).sum();
-    reservation.try_grow(postings * (12 + 8 * with_static as usize) + terms.len() * 40)?;
-    let mut names = Vec::new();
-    let mut offsets = vec![0usize];
-    let [mut docs, mut tfs, mut lens] = [(); 3].map(|_| Vec::with_capacity(postings));
-    let mut statics = with_static.then(|| Vec::with_capacity(postings));
-    let mut merged: Vec<(u32, u32, u32, f64)> = Vec::new();
-    for run in terms.chunk_by(|a, b| a.0 == b.0) {
-        merged.clear();
-        for &(_, b, r) in run {
-            let p = &parts[b as usize];
-            let ([d, t, l, st], n) = p.postings(r as usize)?;
-            for i in 0..n {
-                let s = p.statics.map_or(0.0, |s| s.1[st + i]);
-                merged.push((p.lists[0].1[d + i], p.lists[1].1[t + i], p.lists[2].1[l + i], s));
-            }
-        }
-        if run.len() > 1 {
-            merged.sort_unstable_by_key(|e| e.0);
-            if let Some(w) = merged.windows(2).find(|w| w[0].0 == w[1].0) {
-                return twice(w[0].0);
-            }
-        }
-        for &(d, tf, len, s) in &merged {
-            docs.push(d);
-            tfs.push(tf);
-            lens.push(len);
-            if let Some(st) = &mut statics {
-                st.push(s);
-            }
-        }
-        names.push(run[0].0);
-        offsets.push(docs.len());
-    }
-    index_batch(
-        &names,
-        &offsets,
-        [docs, tfs, lens],
-        statics,
-        (global.0, global.1),
-        tokenizer,
-    )
 }
 
 #[cfg(test)]
@@ -723,10 +768,14 @@ mod tests {
                 let text = match rng.random_range(0..10) {
                     0 => None,
                     1 => Some(String::new()),
+                    // A rare word now and then: with many documents, more terms than one
+                    // output batch holds.
                     _ => {
                         let len = rng.random_range(1..12);
-                        let w: Vec<&str> =
-                            (0..len).map(|_| words[rng.random_range(0..words.len())]).collect();
+                        let mut w: Vec<String> = (0..len)
+                            .map(|_| words[rng.random_range(0..words.len())].to_string())
+                            .collect();
+                        w.push(format!("w{}", rng.random_range(0..40_000)));
                         Some(w.join(" "))
                     }
                 };
@@ -789,7 +838,9 @@ mod tests {
     #[tokio::test]
     async fn a_copy_per_partition_builds_the_whole_index() -> Result<()> {
         let ctx = SessionContext::new();
-        for (n, partitions, merges, buckets) in [(500, 4, 3, 3), (200, 3, 2, 16), (60, 1, 4, 1)] {
+        for (n, partitions, merges, buckets) in
+            [(500, 4, 3, 3), (200, 3, 2, 16), (60, 1, 4, 1), (30_000, 3, 1, 2)]
+        {
             let docs = corpus(n, n as u64);
             let mut outs = Vec::new();
             for p in 0..merges {
