@@ -80,34 +80,68 @@ async fn register(ctx: &SessionContext, data: &str) -> Result<()> {
     Ok(())
 }
 
-/// Three runs of `sql`: the row count and each run's milliseconds; the last run's plan.
-async fn time(
-    ctx: &SessionContext,
-    sql: &str,
-) -> Result<(
-    usize,
-    Vec<f64>,
-    Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-)> {
+/// What three runs of a query gave: its rows (the first 5, formatted, to compare runs and
+/// plans), each run's milliseconds, the last run's plan.
+struct Timed {
+    rows: usize,
+    answer: String,
+    times: Vec<f64>,
+    plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+}
+
+/// Three runs of `sql`; every run must give the first run's answer.
+async fn time(ctx: &SessionContext, sql: &str) -> Result<Timed> {
     let mut times = Vec::new();
-    let mut rows = 0;
+    let mut seen: Option<(usize, String)> = None;
     let mut last = None;
     for _ in 0..3 {
         let t0 = Instant::now();
         let plan = ctx.sql(sql).await?.create_physical_plan().await?;
         let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
         times.push(t0.elapsed().as_secs_f64() * 1e3);
-        rows = batches.iter().map(|b| b.num_rows()).sum();
+        let rows = batches.iter().map(|b| b.num_rows()).sum();
+        let head: Vec<RecordBatch> = batches
+            .iter()
+            .take(1)
+            .map(|b| b.slice(0, b.num_rows().min(5)))
+            .collect();
+        let answer = datafusion::arrow::util::pretty::pretty_format_batches(&head)?
+            .to_string()
+            .lines()
+            .filter(|l| l.starts_with('|'))
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Some(first) = &seen
+            && (first.0 != rows || (rows == 1 && first.1 != answer))
+        {
+            return Err(DataFusionError::Execution(format!(
+                "runs differ: {first:?} then ({rows}, {answer})"
+            )));
+        }
+        seen = Some((rows, answer));
         last = Some(plan);
     }
+    let (rows, answer) = seen.expect("three runs");
     let plan = last.expect("three runs");
-    Ok((rows, times, plan))
+    Ok(Timed {
+        rows,
+        answer,
+        times,
+        plan,
+    })
 }
 
-fn report(rows: usize, times: &[f64]) {
+fn report(timed: &Timed) {
+    let times = &timed.times;
     let best = times.iter().copied().fold(f64::INFINITY, f64::min);
     let all: Vec<String> = times.iter().map(|t| format!("{t:.0}")).collect();
-    println!("rows {rows} best_ms {best:.0} runs_ms {}", all.join(","));
+    println!(
+        "rows {} best_ms {best:.0} runs_ms {} answer {}",
+        timed.rows,
+        all.join(","),
+        timed.answer
+    );
 }
 
 /// The data `copies` times: copy `k` has ids `id + k * (max id + 1)` and tokens
@@ -222,8 +256,7 @@ fn main() -> Result<()> {
                         .build(),
                 );
                 register(&ctx, &data).await?;
-                let (rows, times, _) = time(&ctx, &sql).await?;
-                report(rows, &times);
+                report(&time(&ctx, &sql).await?);
                 Ok(())
             })
         }
@@ -253,9 +286,9 @@ fn main() -> Result<()> {
                 ))
                 .await?;
                 register(&ctx, &data).await?;
-                let (rows, times, plan) = time(&ctx, &sql).await?;
-                report(rows, &times);
-                for line in display_plan_ascii(plan.as_ref(), true).lines() {
+                let timed = time(&ctx, &sql).await?;
+                report(&timed);
+                for line in display_plan_ascii(timed.plan.as_ref(), true).lines() {
                     if line.contains("Network")
                         || line.contains("Stage")
                         || line.contains("SimilarityJoinExec")

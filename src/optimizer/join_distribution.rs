@@ -11,9 +11,12 @@
 //! `auto` (the default) keeps `single` in one process. Under datafusion-distributed (the
 //! session has the `distributed` options, which its planner installs) it decides by the
 //! inputs' statistics: `broadcast` for an R-S join whose smaller side has at most an eighth
-//! of the rows of the other; else `prefix` when a set of the average size (the token column's
-//! bytes per row) has a probe prefix of at most 2 tokens, or the sizes are unknown; else
-//! `broadcast` (the smaller side) or `replicated`. `EXPLAIN` shows the choice on the join.
+//! of the rows of the other; else `single` while the token columns hold at most
+//! [`SINGLE_MAX_BYTES`] (128 bytes a row where only the rows are known; one task's build on all its cores beat every spread by 10x and more
+//! on gcide_words, 16 MB and 130 MB of tokens: benches/README.md); else `prefix` when a set of
+//! the average size (the token column's bytes per row) has a probe prefix of at most 2
+//! tokens, or the sizes are unknown; else `broadcast` (the smaller side) or `replicated`.
+//! `EXPLAIN` shows the choice on the join.
 //!
 //! The rule runs after `similarity_join_rewrite` and before `EnsureRequirements`, which puts
 //! the hash repartitions and the coalesce the new plans require around them.
@@ -50,6 +53,15 @@ const BROADCAST_RATIO: usize = 8;
 /// input whole in every task costs less.
 const PREFIX_MAX_COPIES: u64 = 2;
 
+/// `auto` keeps a join in one task while its inputs' token columns hold at most this many
+/// bytes (by the statistics): below it a spread costs more in copies and reading than it
+/// gains in cores.
+pub const SINGLE_MAX_BYTES: usize = 1 << 30;
+
+/// The bytes of a row's set when the statistics know the rows but not the token column's
+/// bytes: 32 tokens of 4 bytes (gcide_words' average).
+const ASSUMED_SET_BYTES: usize = 128;
+
 /// The physical optimizer rule (see the module docs).
 #[derive(Debug, Default)]
 pub struct SimilarityJoinDistribution;
@@ -66,6 +78,8 @@ impl SimilarityJoinDistribution {
 struct Estimate {
     rows: Option<usize>,
     set_size: Option<f64>,
+    /// The token column's bytes.
+    bytes: Option<usize>,
 }
 
 /// The statistics' estimate for `input` (token lists of `element`-typed values).
@@ -85,11 +99,16 @@ fn estimate(input: &JoinInput, element: &DataType) -> Estimate {
         (Some(r), Some(b)) if r > 0 => Some(b as f64 / r as f64 / width),
         _ => None,
     };
-    Estimate { rows, set_size }
+    Estimate {
+        rows,
+        set_size,
+        bytes,
+    }
 }
 
-/// The spread `auto` picks under datafusion-distributed for `join` (see the module docs).
-fn auto(join: &SimilarityJoinExec) -> Spread {
+/// The spread `auto` picks under datafusion-distributed for `join` (see the module docs);
+/// `None`: one task.
+fn auto(join: &SimilarityJoinExec) -> Option<Spread> {
     let element = element_type(&join.token_type).unwrap_or(DataType::Null);
     let left = estimate(&join.left, &element);
     let right = join.right.as_ref().map(|r| estimate(r, &element));
@@ -97,22 +116,33 @@ fn auto(join: &SimilarityJoinExec) -> Spread {
         && let (Some(l), Some(r)) = (left.rows, right.rows)
     {
         if l.saturating_mul(BROADCAST_RATIO) <= r {
-            return Spread::Broadcast { right_is_small: false };
+            return Some(Spread::Broadcast { right_is_small: false });
         }
         if r.saturating_mul(BROADCAST_RATIO) <= l {
-            return Spread::Broadcast { right_is_small: true };
+            return Some(Spread::Broadcast { right_is_small: true });
         }
+    }
+    // Parquet scans know their rows but seldom a list column's bytes: then a set of
+    // ASSUMED_SET_BYTES per row.
+    let mut bytes = [Some(left), right]
+        .into_iter()
+        .flatten()
+        .map(|e| e.bytes.or(e.rows.map(|r| r.saturating_mul(ASSUMED_SET_BYTES))));
+    if let Some(total) = bytes.try_fold(0usize, |a, b| Some(a.saturating_add(b?)))
+        && total <= SINGLE_MAX_BYTES
+    {
+        return None;
     }
     // Prefix routing copies a set once per bucket of its prefix: cheap only for short
     // prefixes (high thresholds, small sets); else every task reads the (smaller) input whole.
     let mut sizes = [Some(left), right].into_iter().flatten().map(|e| e.set_size);
     let longest = sizes.try_fold(0.0f64, |a, s| Some(a.max(s?)));
     let copies = longest.and_then(|n| join.threshold.prefix_len(n.round().max(1.0) as u64));
-    match copies {
+    Some(match copies {
         Some(c) if c <= PREFIX_MAX_COPIES => Spread::Prefix,
         None => Spread::Prefix,
         Some(_) => whole(left, right),
-    }
+    })
 }
 
 /// Broadcast the smaller side (by rows), or replicate a self-join's input.
@@ -162,7 +192,10 @@ impl PhysicalOptimizerRule for SimilarityJoinDistribution {
                     whole(left, right)
                 }
                 JoinDistributionChoice::Prefix => Spread::Prefix,
-                _ => auto(join),
+                _ => match auto(join) {
+                    Some(spread) => spread,
+                    None => return Ok(Transformed::no(node)),
+                },
             };
             let spread = match spread {
                 Spread::Prefix => prefix_partitioned(join, buckets)?,
