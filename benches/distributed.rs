@@ -33,7 +33,8 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::collect;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{
-    DistributedExt, SessionStateBuilderExt as _, Worker, WorkerResolver, display_plan_ascii,
+    DistributedExt, DistributedMetricsFormat, SessionStateBuilderExt as _, Worker, WorkerResolver,
+    display_plan_ascii, rewrite_distributed_plan_with_metrics,
 };
 use datafusion_sets::SessionStateBuilderExt as _;
 use datafusion_sets::distributed::{SetsDistributedExt, sets_worker_session};
@@ -288,7 +289,14 @@ fn main() -> Result<()> {
                 register(&ctx, &data).await?;
                 let timed = time(&ctx, &sql).await?;
                 report(&timed);
-                for line in display_plan_ascii(timed.plan.as_ref(), true).lines() {
+                // The workers' metrics (rows and bytes through the network nodes) gathered
+                // into the executed plan.
+                let plan = rewrite_distributed_plan_with_metrics(
+                    Arc::clone(&timed.plan),
+                    DistributedMetricsFormat::Aggregated,
+                )
+                .await?;
+                for line in display_plan_ascii(plan.as_ref(), true).lines() {
                     if line.contains("Network")
                         || line.contains("Stage")
                         || line.contains("SimilarityJoinExec")
