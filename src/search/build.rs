@@ -587,14 +587,28 @@ impl<'a> Parts<'a> {
             false => None,
         };
         let at = 5 + with_static as usize;
-        let u64s = |i: usize| batch.column(i).as_primitive::<UInt64Type>().values().as_ref();
+        fn bad<T>(what: &str) -> Result<T> {
+            internal_err!("{WHO}: the parts' {what} column has another type")
+        }
+        let u64s = |i: usize| -> Result<&'a [u64]> {
+            match batch.columns().get(i).and_then(|c| c.as_primitive_opt::<UInt64Type>()) {
+                Some(c) => Ok(c.values().as_ref()),
+                None => bad("statistics"),
+            }
+        };
+        let Some(bucket) = batch.column(0).as_primitive_opt::<UInt32Type>() else {
+            return bad("bucket");
+        };
+        let Some(terms) = batch.column(1).as_string_opt::<i32>() else {
+            return bad("term");
+        };
         Ok(Self {
-            bucket: batch.column(0).as_primitive::<UInt32Type>().values(),
-            terms: batch.column(1).as_string::<i32>(),
+            bucket: bucket.values(),
+            terms,
             lists: [u32s(2)?, u32s(3)?, u32s(4)?],
             statics,
-            n_docs: u64s(at),
-            total_len: u64s(at + 1),
+            n_docs: u64s(at)?,
+            total_len: u64s(at + 1)?,
         })
     }
 
