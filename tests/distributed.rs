@@ -133,6 +133,29 @@ const SHAPES: &[(&str, &str)] = &[
     ),
 ];
 
+/// `sql` planned in `home`, sent to `away` as the codec's bytes and run there: the decoded
+/// plan shows each of `nodes`, and its answer equals home's. Returns home's batch count.
+async fn round_trip(
+    (home, home_codec): (&SessionContext, &SetsCodec),
+    (away, away_codec): (&SessionContext, &SetsCodec),
+    sql: &str,
+    nodes: &[&str],
+    label: &str,
+) -> Result<usize> {
+    let plan = home.sql(sql).await?.create_physical_plan().await?;
+    let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(plan, home_codec)?;
+    let decoded =
+        physical_plan_from_bytes_with_extension_codec(&bytes, &away.task_ctx(), away_codec)?;
+    let shown = displayable(decoded.as_ref()).indent(true).to_string();
+    for node in nodes {
+        assert!(shown.contains(node), "{label}{sql}: no {node} in\n{shown}");
+    }
+    let got = collect(decoded, away.task_ctx()).await?;
+    assert_eq!(rows(&got), rows(&expected), "{label}{sql}");
+    Ok(expected.len())
+}
+
 /// Each shape planned in one session and run in another from the codec's bytes equals the
 /// first session's answer, and the decoded plan has the crate's node (bound again: EXPLAIN
 /// shows the receiver's choice).
@@ -143,17 +166,10 @@ async fn every_shape_survives_the_codec() -> Result<()> {
     let (away, away_codec) = session(3);
     // The scalar `topk_bm25` reads its index by name where it runs.
     run_all(&away, &SETUP[1..3]).await?;
+    let (from, to) = ((&home, &home_codec), (&away, &away_codec));
     for (sql, node) in SHAPES {
-        let plan = home.sql(sql).await?.create_physical_plan().await?;
-        let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
-        let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
-        let decoded =
-            physical_plan_from_bytes_with_extension_codec(&bytes, &away.task_ctx(), &away_codec)?;
-        let shown = displayable(decoded.as_ref()).indent(true).to_string();
-        assert!(shown.contains(node), "{sql}: no {node} in\n{shown}");
-        let got = collect(decoded, away.task_ctx()).await?;
-        assert_eq!(rows(&got), rows(&expected), "{sql}");
-        assert!(!expected.is_empty(), "{sql}: nothing to compare");
+        let n = round_trip(from, to, sql, &[node], "").await?;
+        assert!(n > 0, "{sql}: nothing to compare");
     }
     // The join spread over partitions: routers, token counts and the join's distribution
     // travel too.
@@ -175,42 +191,17 @@ async fn every_shape_survives_the_codec() -> Result<()> {
         ))
         .await?;
         for ((sql, _), node) in joins.iter().zip(nodes) {
-            let plan = home.sql(sql).await?.create_physical_plan().await?;
-            let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
-            let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
-            let decoded = physical_plan_from_bytes_with_extension_codec(
-                &bytes,
-                &away.task_ctx(),
-                &away_codec,
-            )?;
-            let shown = displayable(decoded.as_ref()).indent(true).to_string();
-            assert!(
-                shown.contains(node),
-                "{distribution}: {sql}: no {node} in\n{shown}"
-            );
-            let got = collect(decoded, away.task_ctx()).await?;
-            assert_eq!(rows(&got), rows(&expected), "{distribution}: {sql}");
-            assert!(
-                !expected.is_empty(),
-                "{distribution}: {sql}: nothing to compare"
-            );
+            let label = format!("{distribution}: ");
+            let n = round_trip(from, to, sql, &[node], &label).await?;
+            assert!(n > 0, "{distribution}: {sql}: nothing to compare");
         }
     }
     // The index built by term: the parts and the merge travel.
     home.sql("SET sets.bm25_index_distribution = 'terms'")
         .await?;
     let (sql, _) = SHAPES[6];
-    let plan = home.sql(sql).await?.create_physical_plan().await?;
-    let expected = collect(Arc::clone(&plan), home.task_ctx()).await?;
-    let bytes = physical_plan_to_bytes_with_extension_codec(plan, &home_codec)?;
-    let decoded =
-        physical_plan_from_bytes_with_extension_codec(&bytes, &away.task_ctx(), &away_codec)?;
-    let shown = displayable(decoded.as_ref()).indent(true).to_string();
-    for node in ["Bm25PartsExec: buckets=2", "Bm25MergeExec"] {
-        assert!(shown.contains(node), "{sql}: no {node} in\n{shown}");
-    }
-    let got = collect(decoded, away.task_ctx()).await?;
-    assert_eq!(rows(&got), rows(&expected), "{sql}");
+    let nodes = ["Bm25PartsExec: buckets=2", "Bm25MergeExec"];
+    round_trip(from, to, sql, &nodes, "").await?;
     Ok(())
 }
 

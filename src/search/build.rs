@@ -642,6 +642,7 @@ struct Merge<'a> {
     stats: (u64, u64),
     terms: Vec<(&'a str, u32, u32)>,
     tokenizer: TokenizerOptions,
+    with_static: bool,
 }
 
 impl<'a> Merge<'a> {
@@ -700,17 +701,17 @@ impl<'a> Merge<'a> {
             stats: (global.0, global.1),
             terms,
             tokenizer,
+            with_static,
         })
     }
 
     /// The terms of `self.terms` from `at`, up to `TERMS_PER_BATCH` of them, as index rows,
     /// each term's postings merged from its parts; and where the next batch starts.
     fn batch(&self, at: usize) -> Result<(RecordBatch, usize)> {
-        let with_static = self.parts.first().is_some_and(|p| p.statics.is_some());
         let mut names = Vec::new();
         let mut offsets = vec![0usize];
         let [mut docs, mut tfs, mut lens] = [(); 3].map(|_| Vec::new());
-        let mut statics = with_static.then(Vec::new);
+        let mut statics = self.with_static.then(Vec::new);
         let mut merged: Vec<(u32, u32, u32, f64)> = Vec::new();
         let mut end = at;
         for run in self.terms[at..].chunk_by(|a, b| a.0 == b.0).take(TERMS_PER_BATCH) {
