@@ -15,9 +15,7 @@ import datafusion_sets as dfs
 
 data = Path(__file__).parent / "data"
 ctx = dfs.session_context()
-# The table functions read tables held in memory (docs/python.md says why): load the file.
-ctx.sql(f"CREATE EXTERNAL TABLE file STORED AS JSON LOCATION '{data}/debian-packages.json'").collect()
-ctx.sql("CREATE TABLE packages AS SELECT * FROM file").collect()
+ctx.sql(f"CREATE EXTERNAL TABLE packages STORED AS JSON LOCATION '{data}/debian-packages.json'").collect()
 
 # 1. Intersection and similarity as DataFrame expressions.
 pkgs = ctx.table("packages")

@@ -24,6 +24,7 @@ from datafusion import (
     SessionConfig,
     SessionContext,
     TableFunction,
+    col,
     lit,
 )
 
@@ -67,7 +68,7 @@ def register(ctx: SessionContext) -> SessionContext:
         ctx.register_udf(udf)
     for udaf in _AGGREGATES.values():
         ctx.register_udaf(udaf)
-    for f in _internal.table_functions():
+    for f in _internal.table_functions(ctx):
         ctx.register_udtf(TableFunction(f.name, f, ctx))
     return ctx
 
@@ -108,6 +109,20 @@ def register_index(ctx: SessionContext, name: str, table=None):
     search.__name__ = f"topk_bm25_{name}"
     search.__doc__ = f"``topk_bm25('{name}', query, k [, mode])`` as a DataFrame expression."
     return search
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _host_table(ctx: SessionContext, catalog: str, schema: str, table: str, columns):
+    """The rows a table function reads from ``ctx``'s table ``catalog.schema.table``
+    (``columns`` of it, or all when None), as a DataFrame the crate reads through its Arrow C
+    stream: the host runs its own scan, so file-backed tables work (see ``docs/python.md``)."""
+    df = ctx.table(".".join(_quote(p) for p in (catalog, schema, table)))
+    if columns is not None:
+        df = df.select(*[col(_quote(c)) for c in columns])
+    return df
 
 
 def gpu_available() -> bool:

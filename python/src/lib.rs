@@ -8,6 +8,8 @@
 //! and run with a task context of their own (datafusion-ffi builds it with an unbounded
 //! memory pool: see `docs/python.md`).
 
+mod host;
+
 use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
@@ -40,7 +42,7 @@ use pyo3::types::PyCapsule;
 
 /// The tokio runtime our side of FFI runs its async work on (table functions resolving
 /// tables, scans): the host's runtime lives in another library and is not reachable.
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
@@ -112,9 +114,9 @@ impl TableFunction {
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let codec = host_logical_codec(&session)?;
         // Our operators spawn on this runtime. datafusion-ffi also passes the handle on to
-        // the host's table providers, whose streams enter it with the host's build of tokio:
-        // harmless for in-memory tables, fatal for the host's file scans, which spawn (see
-        // docs/python.md: read a file into a memory table first).
+        // the host's table providers, whose streams would enter it with the host's build of
+        // tokio: fatal for a file scan, which spawns. So no host scan is ever polled from our
+        // side: the function reads its tables through the Python session (`host`).
         let handle = Some(runtime().handle().clone());
         let ffi = FFI_TableFunction::new_with_ffi_codec(Arc::clone(&self.function), handle, codec);
         PyCapsule::new_with_value(py, ffi, c"datafusion_table_function")
@@ -309,12 +311,21 @@ fn aggregate_functions() -> Vec<AggregateFunction> {
         .collect()
 }
 
+/// The table functions, reading their tables through `ctx` (a `datafusion.SessionContext`,
+/// held weakly): see [`host`].
 #[pyfunction]
-fn table_functions() -> Vec<TableFunction> {
-    datafusion_sets::table_functions()
+fn table_functions(ctx: &Bound<'_, PyAny>) -> PyResult<Vec<TableFunction>> {
+    let host = host::HostContext::new(ctx)?;
+    Ok(datafusion_sets::table_functions()
         .into_iter()
-        .map(|(name, function)| TableFunction { name, function })
-        .collect()
+        .map(|(name, inner)| TableFunction {
+            name,
+            function: Arc::new(host::HostTableFunction {
+                inner,
+                host: host.clone(),
+            }),
+        })
+        .collect())
 }
 
 /// The DataFusion major version the package was built for.

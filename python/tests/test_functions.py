@@ -123,6 +123,56 @@ def test_bm25_index_and_topk_table_function(ctx):
     assert sorted(d for _, d in got) == [10, 40]
 
 
+def test_table_functions_read_file_backed_tables(ctx, tmp_path):
+    """The table functions over Parquet tables (several files and row groups, so the host
+    scans several partitions) give the answers they give over the same rows in memory. The
+    host runs its file scans itself: they used to abort the process behind datafusion-ffi."""
+    import pyarrow.parquet as pq
+
+    sets = {i: sorted({i % 7, i % 11, 20 + i % 3, 30 + i % 5}) for i in range(1, 301)}
+    ids, tokens = list(sets), list(sets.values())
+    (tmp_path / "sets").mkdir()
+    for part in range(2):
+        half = slice(part * 150, (part + 1) * 150)
+        # Mixed-case column names: they reach the host quoted, as written.
+        pq.write_table(pa.table({"Id": ids[half], "Tokens": tokens[half]}), tmp_path / "sets" / f"{part}.parquet", row_group_size=40)
+    ctx.sql(f"CREATE EXTERNAL TABLE sets_file STORED AS PARQUET LOCATION '{tmp_path / 'sets'}/'").collect()
+    ctx.sql("CREATE TABLE sets_mem AS SELECT * FROM sets_file").collect()
+    join = "SELECT left_id, right_id FROM similarity_join('{t}', 'Id', 'Tokens', 'jaccard', 0.6) ORDER BY 1, 2"
+    got = rows(ctx, join.format(t="sets_file"))
+    assert got == rows(ctx, join.format(t="sets_mem"))
+    assert {tuple(sorted(p)) for p in got} == similarity_join_by_hand(sets, 0.6)
+    rs = "SELECT count(*) FROM similarity_join('sets_file', 'Id', 'Tokens', '{t}', 'Id', 'Tokens', 'jaccard', 0.6)"
+    assert one(ctx, rs.format(t="sets_file")) == one(ctx, rs.format(t="sets_mem")) == (2 * len(got) + len(sets),)
+    # EXPLAIN shows the plan that runs on our side, reading the host's table.
+    plan = "\n".join(str(r[1]) for r in rows(ctx, "EXPLAIN " + join.format(t="sets_file")))
+    assert "SimilarityJoinExec" in plan and "HostScanExec: table=datafusion.public.sets_file, columns=[Id, Tokens]" in plan
+
+    words = ["quick", "brown", "fox", "lazy", "dog", "sleeps", "jumps", "zebra"]
+    docs = pa.table({"doc_id": list(range(1, 401)), "text": [" ".join(words[(i * k) % 8] for k in range(1, 2 + i % 5)) for i in range(400)]})
+    pq.write_table(docs, tmp_path / "docs.parquet", row_group_size=64)
+    ctx.sql(f"CREATE EXTERNAL TABLE docs_file STORED AS PARQUET LOCATION '{tmp_path / 'docs.parquet'}'").collect()
+    ctx.sql("CREATE TABLE docs_mem AS SELECT * FROM docs_file").collect()
+    index = "SELECT * FROM bm25_index('{t}', 'doc_id', 'text') ORDER BY term"
+    assert rows(ctx, index.format(t="docs_file")) == rows(ctx, index.format(t="docs_mem"))
+    ctx.sql(f"COPY (SELECT * FROM bm25_index('docs_file', 'doc_id', 'text')) TO '{tmp_path / 'idx.parquet'}' STORED AS PARQUET").collect()
+    ctx.sql(f"CREATE EXTERNAL TABLE idx_file STORED AS PARQUET LOCATION '{tmp_path / 'idx.parquet'}'").collect()
+    ctx.sql("CREATE TABLE idx_mem AS SELECT * FROM bm25_index('docs_mem', 'doc_id', 'text')").collect()
+    search = "SELECT rank, doc_id, score FROM topk_bm25('{t}', 'lazy dog zebra', 10, '{m}') ORDER BY rank"
+    for mode in ("or", "and"):
+        got = rows(ctx, search.format(t="idx_file", m=mode))
+        assert got == rows(ctx, search.format(t="idx_mem", m=mode))
+        assert len(got) > 0
+
+    # A file damaged since the table was created: the host's read error, naming the table,
+    # not a crash.
+    (tmp_path / "bad.parquet").write_bytes((tmp_path / "docs.parquet").read_bytes())
+    ctx.sql(f"CREATE EXTERNAL TABLE bad STORED AS PARQUET LOCATION '{tmp_path / 'bad.parquet'}'").collect()
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all" * 64)
+    with pytest.raises(Exception, match="reading table 'datafusion.public.bad' from the Python session"):
+        ctx.sql("SELECT count(*) FROM bm25_index('bad', 'doc_id', 'text')").collect()
+
+
 def test_topk_bm25_over_a_column_of_queries(ctx):
     ctx.sql(
         "CREATE TABLE docs(doc_id BIGINT, body VARCHAR) AS VALUES"
