@@ -75,7 +75,8 @@ pub mod udf {
 
 /// The GPU as the crate sees it: whether one is usable (and which), or why not.
 pub mod gpu {
-    pub use crate::backend::gpu::{DeviceInfo, GpuError, device, is_available};
+    pub use crate::backend::gpu::{DeviceInfo, GpuError, batches_run, device, is_available};
+    pub use crate::search::gpu::bm25_batches_run;
 }
 
 /// BM25 search from Rust: build an index, tokenize, rank (what `bm25_index` and `topk_bm25`

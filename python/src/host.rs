@@ -102,19 +102,23 @@ impl HostContext {
                     name.as_ref(),
                     columns.map(|c| c.to_vec()),
                 ))?;
-            let capsule = df.call_method0("__arrow_c_stream__")?;
-            let capsule = capsule.cast::<PyCapsule>()?;
-            let pointer: NonNull<FFI_ArrowArrayStream> =
-                capsule.pointer_checked(Some(c"arrow_array_stream"))?.cast();
-            // SAFETY: a capsule named `arrow_array_stream` holds an `FFI_ArrowArrayStream`
-            // (the Arrow PyCapsule interface), alive while `capsule` is. `from_raw` moves the
-            // stream out and leaves a released one, which the capsule's destructor skips.
-            let reader = unsafe { ArrowArrayStreamReader::from_raw(pointer.as_ptr()) }
-                .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-            Ok(reader)
+            arrow_stream(&df)
         })
         .map_err(|e| exec_datafusion_err!("reading table '{table}' from the Python session: {e}"))
     }
+}
+
+/// The rows of `obj` (anything with `__arrow_c_stream__`: a DataFrame, a pyarrow table).
+pub fn arrow_stream(obj: &Bound<'_, PyAny>) -> PyResult<ArrowArrayStreamReader> {
+    let capsule = obj.call_method0("__arrow_c_stream__")?;
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let pointer: NonNull<FFI_ArrowArrayStream> =
+        capsule.pointer_checked(Some(c"arrow_array_stream"))?.cast();
+    // SAFETY: a capsule named `arrow_array_stream` holds an `FFI_ArrowArrayStream` (the Arrow
+    // PyCapsule interface), alive while `capsule` is. `from_raw` moves the stream out and
+    // leaves a released one in its place, which the capsule's destructor skips.
+    unsafe { ArrowArrayStreamReader::from_raw(pointer.as_ptr()) }
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
 }
 
 /// One of the crate's table functions, with its tables read through the host.

@@ -16,7 +16,6 @@ use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{RecordBatchReader, new_empty_array};
 use datafusion::arrow::datatypes::{DataType, FieldRef};
-use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
 use datafusion::catalog::{
     CatalogProvider, CatalogProviderList, MemTable, MemoryCatalogProvider,
     MemoryCatalogProviderList, MemorySchemaProvider, SchemaProvider, TableFunctionImpl,
@@ -220,14 +219,7 @@ impl Bm25Indexes {
     /// Make `rows` (anything with `__arrow_c_stream__`: a DataFrame, a pyarrow table) the
     /// index table `name`, replacing an earlier copy of that name.
     fn add(&self, name: &str, rows: &Bound<'_, PyAny>) -> PyResult<()> {
-        let capsule = rows.call_method0("__arrow_c_stream__")?;
-        let capsule = capsule.cast::<PyCapsule>()?;
-        let pointer: NonNull<FFI_ArrowArrayStream> =
-            capsule.pointer_checked(Some(c"arrow_array_stream"))?.cast();
-        // SAFETY: a capsule named `arrow_array_stream` holds an `FFI_ArrowArrayStream` (the
-        // Arrow PyCapsule interface), alive while `capsule` is. `from_raw` moves the stream
-        // out and leaves a released one in its place, which the capsule's destructor skips.
-        let reader = unsafe { ArrowArrayStreamReader::from_raw(pointer.as_ptr()) }
+        let reader = host::arrow_stream(rows)
             .map_err(|e| PyValueError::new_err(format!("register_index('{name}'): {e}")))?;
         let schema = reader.schema();
         let batches = reader
@@ -346,6 +338,15 @@ fn gpu_available() -> bool {
     datafusion_sets::gpu::is_available()
 }
 
+/// Batches the GPU ran in this process: (list-function batches, `topk_bm25` batches).
+#[pyfunction]
+fn gpu_batches() -> (u64, u64) {
+    (
+        datafusion_sets::gpu::batches_run(),
+        datafusion_sets::gpu::bm25_batches_run(),
+    )
+}
+
 #[pymodule]
 fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ScalarFunction>()?;
@@ -359,5 +360,6 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(datafusion_major, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add_function(wrap_pyfunction!(index_loads, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_batches, m)?)?;
     Ok(())
 }

@@ -282,7 +282,6 @@ pub struct DeviceInfo {
 pub(crate) static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Batches the SQL functions ran on the GPU in this process (for tests and diagnostics).
-#[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
 pub fn batches_run() -> u64 {
     BATCHES.load(std::sync::atomic::Ordering::Relaxed)
 }

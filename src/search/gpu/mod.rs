@@ -124,7 +124,6 @@ pub fn bm25_trace_take() -> Result<Vec<[u64; 3]>, GpuError> {
 static BM25_BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Batches of `topk_bm25` queries ranked (at least partly) on the GPU in this process.
-#[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
 pub fn bm25_batches_run() -> u64 {
     BM25_BATCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
