@@ -77,7 +77,7 @@ impl HostContext {
             let ctx = self.0.bind(py).call0()?;
             if ctx.is_none() {
                 return Err(pyo3::exceptions::PyRuntimeError::new_err(
-                    "the SessionContext the function was registered into is gone",
+                    "the SessionContext the function was registered into is gone (keep the context passed to datafusion_sets.register alive while its queries run)",
                 ));
             }
             let (catalog, schema, name) = match table {

@@ -173,6 +173,22 @@ def test_table_functions_read_file_backed_tables(ctx, tmp_path):
         ctx.sql("SELECT count(*) FROM bm25_index('bad', 'doc_id', 'text')").collect()
 
 
+def test_table_functions_need_their_context_alive():
+    """The functions hold the context they were registered into weakly (it holds them): a
+    handle on the same session that outlives it gets a clear error, not a crash."""
+    import gc
+
+    ctx = dfs.session_context()
+    ctx.sql("CREATE TABLE s(id INT, tokens INT[]) AS VALUES (1, [1, 2]), (2, [1, 2])").collect()
+    other = ctx.with_extensions()  # another handle on the same session
+    query = "SELECT count(*) FROM similarity_join('s', 'id', 'tokens', 'jaccard', 0.5)"
+    assert one(other, query) == (1,)
+    del ctx
+    gc.collect()
+    with pytest.raises(Exception, match="keep the context passed to datafusion_sets.register alive"):
+        other.sql(query).collect()
+
+
 def test_topk_bm25_over_a_column_of_queries(ctx):
     ctx.sql(
         "CREATE TABLE docs(doc_id BIGINT, body VARCHAR) AS VALUES"
