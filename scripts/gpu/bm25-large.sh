@@ -50,7 +50,19 @@ run)
         echo "SELECT 'index build next' AS run;"
         echo "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'text');"
         echo "SELECT count(*) AS terms, sum(cardinality(doc_ids)) AS postings FROM idx WHERE term IS NOT NULL;"
-        for q in q10k q100k; do
+        # EXPLAIN=1: EXPLAIN ANALYZE of the 10,000-query batches (after a warm-up of each
+        # backend) instead of the timed rounds: where the time goes.
+        batches="q10k q100k"
+        [ "${EXPLAIN:-0}" = 1 ] && batches=""
+        for mode in or and; do
+            [ "${EXPLAIN:-0}" = 1 ] || break
+            for b in cpu gpu; do
+                echo "SET sets.backend = '$b';"
+                echo "SELECT sum(cardinality(topk_bm25('idx', text, 10, '$mode'))) FROM q10k;"
+                echo "EXPLAIN ANALYZE SELECT sum(cardinality(topk_bm25('idx', text, 10, '$mode'))) FROM q10k;"
+            done
+        done
+        for q in $batches; do
             for mode in or and; do
                 # Warm-up: the first GPU query uploads the index; each backend once.
                 for b in cpu gpu; do
