@@ -8,7 +8,8 @@
 # build --release --features cli --bin dfsets`, and benches/data/build.sh's data); then
 # through the device tool: command `bash scripts/gpu/bm25-large.sh run`, carry
 # ["carry/bm25-large"]. SCALE (default 40) sizes the corpus; ROUNDS (default 3) the
-# alternations. Logs go to $OUT (or /tmp/gpu-out).
+# alternations; BATCHES (default "q10k q100k") the query batches timed. Logs go to $OUT (or
+# /tmp/gpu-out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 carry=carry/bm25-large
@@ -52,7 +53,7 @@ run)
         echo "SELECT count(*) AS terms, sum(cardinality(doc_ids)) AS postings FROM idx WHERE term IS NOT NULL;"
         # EXPLAIN=1: EXPLAIN ANALYZE of the 10,000-query batches (after a warm-up of each
         # backend) instead of the timed rounds: where the time goes.
-        batches="q10k q100k"
+        batches=${BATCHES:-q10k q100k}
         [ "${EXPLAIN:-0}" = 1 ] && batches=""
         for mode in or and; do
             [ "${EXPLAIN:-0}" = 1 ] || break

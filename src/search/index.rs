@@ -390,32 +390,121 @@ impl InvertedIndex {
 const PARALLEL_DOCS: usize = 512;
 
 /// Builds an [`InvertedIndex`] one document at a time (any id order; ids distinct).
+///
+/// Documents go into parts: one for documents added one by one, and one per core for the
+/// batches [`add_texts`](Self::add_texts) tokenizes on every core, each core keeping its part
+/// from batch to batch. Nothing is merged until [`finish`](Self::finish), which takes every
+/// part's terms in one sort: the parts are never folded into one map batch after batch (that
+/// fold, a hash lookup per distinct term of every small part, ran on one core and bounded the
+/// whole build).
 pub struct IndexBuilder {
     tokenizer: TokenizerOptions,
+    with_static: bool,
+    /// Never empty: `parts[0]` takes documents added one by one.
+    parts: Vec<Part>,
+}
+
+/// Documents, their terms and their postings.
+struct Part {
     term_ids: HashMap<String, u32, foldhash::fast::RandomState>,
-    /// Per term: (document ordinal, tf); ordinals number documents in the order added.
+    /// Per term: (document ordinal, tf); ordinals number the part's documents in the order
+    /// added.
     postings: Vec<Vec<(u32, u32)>>,
     /// Per document ordinal: its id, length and static score (with `with_static`).
     doc_ids: Vec<u32>,
     doc_lens: Vec<u32>,
     doc_statics: Vec<f64>,
-    with_static: bool,
     total_len: u64,
     doc_terms: Vec<u32>,
+    /// Postings held, and the bytes of the postings' vectors and of the term map, kept as
+    /// they grow (for memory accounting without a walk over every term).
+    postings_count: usize,
+    held_bytes: usize,
+}
+
+/// Bytes a term costs in [`Part::term_ids`] and [`Part::postings`] besides its postings.
+const TERM_OVERHEAD: usize = 40 + 24;
+
+impl Part {
+    fn new() -> Self {
+        Self {
+            term_ids: HashMap::default(),
+            postings: Vec::new(),
+            doc_ids: Vec::new(),
+            doc_lens: Vec::new(),
+            doc_statics: Vec::new(),
+            total_len: 0,
+            doc_terms: Vec::new(),
+            postings_count: 0,
+            held_bytes: 0,
+        }
+    }
+
+    fn term_id(&mut self, t: &str) -> u32 {
+        match self.term_ids.get(t) {
+            Some(&tid) => tid,
+            None => {
+                let tid = self.term_ids.len() as u32;
+                self.term_ids.insert(t.to_string(), tid);
+                self.postings.push(Vec::new());
+                self.held_bytes += t.len() + TERM_OVERHEAD;
+                tid
+            }
+        }
+    }
+
+    fn add_text(
+        &mut self,
+        tokenizer: &mut Tokenizer,
+        id: u32,
+        text: Option<&str>,
+        static_score: Option<f64>,
+        with_static: bool,
+    ) {
+        self.doc_terms.clear();
+        if let Some(text) = text {
+            tokenizer.for_each_term(text, |t| {
+                let tid = self.term_id(t);
+                self.doc_terms.push(tid);
+            });
+        }
+        self.finish_doc(id, static_score, with_static);
+    }
+
+    fn finish_doc(&mut self, id: u32, static_score: Option<f64>, with_static: bool) {
+        let ordinal = self.doc_ids.len() as u32;
+        let len = self.doc_terms.len() as u32;
+        self.doc_ids.push(id);
+        self.doc_lens.push(len);
+        if with_static {
+            self.doc_statics.push(static_score.unwrap_or(0.0));
+        }
+        self.total_len += len as u64;
+        // Each distinct term once, with its count.
+        self.doc_terms.sort_unstable();
+        for run in self.doc_terms.chunk_by(|a, b| a == b) {
+            let p = &mut self.postings[run[0] as usize];
+            let before = p.capacity();
+            p.push((ordinal, run.len() as u32));
+            self.held_bytes += (p.capacity() - before) * 8;
+            self.postings_count += 1;
+        }
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.held_bytes
+            + self.postings.capacity() * 24
+            + self.doc_ids.capacity() * 8
+            + self.doc_statics.capacity() * 8
+    }
 }
 
 impl IndexBuilder {
     pub fn new(tokenizer: TokenizerOptions, with_static: bool) -> Self {
         Self {
             tokenizer,
-            term_ids: HashMap::default(),
-            postings: Vec::new(),
-            doc_ids: Vec::new(),
-            doc_lens: Vec::new(),
-            doc_statics: Vec::new(),
             with_static,
-            total_len: 0,
-            doc_terms: Vec::new(),
+            parts: vec![Part::new()],
         }
     }
 
@@ -426,16 +515,13 @@ impl IndexBuilder {
         terms: impl IntoIterator<Item = &'t str>,
         static_score: Option<f64>,
     ) {
-        self.doc_terms.clear();
+        let part = &mut self.parts[0];
+        part.doc_terms.clear();
         for t in terms {
-            let next = self.term_ids.len() as u32;
-            let tid = *self.term_ids.entry(t.to_string()).or_insert(next);
-            if tid == next {
-                self.postings.push(Vec::new());
-            }
-            self.doc_terms.push(tid);
+            let tid = part.term_id(t);
+            part.doc_terms.push(tid);
         }
-        self.finish_doc(id, static_score);
+        part.finish_doc(id, static_score, self.with_static);
     }
 
     /// Add a document given as text (`None`: a NULL text, an empty document).
@@ -446,30 +532,13 @@ impl IndexBuilder {
         text: Option<&str>,
         static_score: Option<f64>,
     ) {
-        self.doc_terms.clear();
-        if let Some(text) = text {
-            let (term_ids, postings, doc_terms) =
-                (&mut self.term_ids, &mut self.postings, &mut self.doc_terms);
-            tokenizer.for_each_term(text, |t| {
-                let tid = match term_ids.get(t) {
-                    Some(&tid) => tid,
-                    None => {
-                        let tid = term_ids.len() as u32;
-                        term_ids.insert(t.to_string(), tid);
-                        postings.push(Vec::new());
-                        tid
-                    }
-                };
-                doc_terms.push(tid);
-            });
-        }
-        self.finish_doc(id, static_score);
+        self.parts[0].add_text(tokenizer, id, text, static_score, self.with_static);
     }
 
-    /// Add documents `(id, text, static score)` as [`add_text`](Self::add_text) does, in
-    /// order; a large batch is tokenized on every core, each task into an index of its own
-    /// whose terms and postings are then moved into this one (the finished index sorts each
-    /// term's postings by id, so the order they are added in does not show).
+    /// Add documents `(id, text, static score)` as [`add_text`](Self::add_text) does; a
+    /// large batch is tokenized on every core, each core into a part of its own (the finished
+    /// index sorts each term's postings by id, so where and in which order documents were
+    /// added does not show).
     pub fn add_texts(
         &mut self,
         tokenizer: &mut Tokenizer,
@@ -482,126 +551,117 @@ impl IndexBuilder {
             }
             return;
         }
+        // Parts 1..=threads are the cores'.
+        while self.parts.len() < threads + 1 {
+            self.parts.push(Part::new());
+        }
         let options = self.tokenizer;
         let with_static = self.with_static;
-        let per_task = docs.len().div_ceil(threads * 4).max(PARALLEL_DOCS / 4);
-        let parts: Vec<IndexBuilder> = docs
-            .par_chunks(per_task)
-            .map_init(
-                || Tokenizer::new(options),
-                |tok, chunk| {
-                    let mut part = IndexBuilder::new(options, with_static);
-                    for &(id, text, s) in chunk {
-                        part.add_text(tok, id, text, s);
-                    }
-                    part
-                },
-            )
-            .collect();
-        for part in parts {
-            self.absorb(part);
-        }
-    }
-
-    /// Moves `part`'s documents (none of them in this index) into this one, after its own.
-    fn absorb(&mut self, mut part: IndexBuilder) {
-        let base = self.doc_ids.len() as u32;
-        self.doc_ids.append(&mut part.doc_ids);
-        self.doc_lens.append(&mut part.doc_lens);
-        self.doc_statics.append(&mut part.doc_statics);
-        self.total_len += part.total_len;
-        for (term, local) in part.term_ids.drain() {
-            let mut postings = std::mem::take(&mut part.postings[local as usize]);
-            for p in &mut postings {
-                p.0 += base;
-            }
-            match self.term_ids.get(&term) {
-                Some(&tid) => self.postings[tid as usize].extend_from_slice(&postings),
-                None => {
-                    self.term_ids.insert(term, self.postings.len() as u32);
-                    self.postings.push(postings);
+        let per_task = docs.len().div_ceil(threads);
+        self.parts[1..=threads]
+            .par_iter_mut()
+            .zip(docs.par_chunks(per_task))
+            .for_each(|(part, chunk)| {
+                let mut tok = Tokenizer::new(options);
+                for &(id, text, s) in chunk {
+                    part.add_text(&mut tok, id, text, s, with_static);
                 }
-            }
-        }
-    }
-
-    fn finish_doc(&mut self, id: u32, static_score: Option<f64>) {
-        let ordinal = self.doc_ids.len() as u32;
-        let len = self.doc_terms.len() as u32;
-        self.doc_ids.push(id);
-        self.doc_lens.push(len);
-        if self.with_static {
-            self.doc_statics.push(static_score.unwrap_or(0.0));
-        }
-        self.total_len += len as u64;
-        // Each distinct term once, with its count.
-        self.doc_terms.sort_unstable();
-        for run in self.doc_terms.chunk_by(|a, b| a == b) {
-            self.postings[run[0] as usize].push((ordinal, run.len() as u32));
-        }
+            });
     }
 
     /// Number of documents added.
     pub fn docs(&self) -> u64 {
-        self.doc_ids.len() as u64
+        self.parts.iter().map(|p| p.doc_ids.len() as u64).sum()
     }
 
     /// Bytes held so far (an estimate for memory accounting).
     pub fn size_bytes(&self) -> usize {
-        self.postings
-            .iter()
-            .map(|p| p.capacity() * 8 + 24)
-            .sum::<usize>()
-            + self.doc_ids.capacity() * 8
-            + self.doc_statics.capacity() * 8
-            + self.term_ids.keys().map(|k| k.len() + 40).sum::<usize>()
+        self.parts.iter().map(Part::size_bytes).sum()
     }
 
     /// An upper bound of the bytes [`finish`](Self::finish) allocates for the index (the
     /// builder's own memory is released term by term meanwhile).
     pub fn finished_bytes(&self) -> usize {
-        let postings: usize = self.postings.iter().map(Vec::len).sum();
+        let postings: usize = self.parts.iter().map(|p| p.postings_count).sum();
+        let terms: usize = self.parts.iter().map(|p| p.term_ids.len()).sum();
+        let keys: usize = (self.parts.iter())
+            .flat_map(|p| p.term_ids.keys())
+            .map(|k| k.len() + 40)
+            .sum();
         let per_posting = 12 + if self.with_static { 8 } else { 0 };
-        postings * per_posting
-            + (self.postings.len() + 1) * 8
-            + self.term_ids.keys().map(|k| k.len() + 40).sum::<usize>()
+        postings * per_posting + (terms + 1) * 8 + keys
     }
 
-    pub fn finish(mut self) -> InvertedIndex {
-        let mut terms: Vec<(String, u32)> = self.term_ids.drain().collect();
-        terms.sort_unstable();
-        let total: usize = self.postings.iter().map(Vec::len).sum();
+    pub fn finish(self) -> InvertedIndex {
+        let with_static = self.with_static;
+        let mut parts = self.parts;
+        // Every part's terms, sorted by term, a term's parts in part order.
+        let mut terms: Vec<(String, u32, u32)> = Vec::with_capacity(
+            parts.iter().map(|p| p.term_ids.len()).sum(),
+        );
+        for (k, part) in parts.iter_mut().enumerate() {
+            terms.extend(part.term_ids.drain().map(|(t, id)| (t, k as u32, id)));
+        }
+        terms.par_sort_unstable();
+        // Global ordinals: the parts' documents one part after another.
+        let mut base = Vec::with_capacity(parts.len());
+        let mut n_docs = 0u32;
+        for part in &parts {
+            base.push(n_docs);
+            n_docs += part.doc_ids.len() as u32;
+        }
+        let mut ids = Vec::with_capacity(n_docs as usize);
+        let mut lens = Vec::with_capacity(n_docs as usize);
+        let mut statics = Vec::with_capacity(if with_static { n_docs as usize } else { 0 });
+        let mut total_len = 0;
+        let mut postings = Vec::with_capacity(parts.len());
+        for part in parts {
+            ids.extend(part.doc_ids);
+            lens.extend(part.doc_lens);
+            statics.extend(part.doc_statics);
+            total_len += part.total_len;
+            postings.push(part.postings);
+        }
+        let total: usize = postings.iter().flatten().map(Vec::len).sum();
+        let distinct = terms.chunk_by(|a, b| a.0 == b.0).count();
         let mut index = InvertedIndex {
-            term_ids: HashMap::with_capacity(terms.len()),
-            offsets: Vec::with_capacity(terms.len() + 1),
+            term_ids: HashMap::with_capacity(distinct),
+            offsets: Vec::with_capacity(distinct + 1),
             docs: Vec::with_capacity(total),
             tfs: Vec::with_capacity(total),
             lens: Vec::with_capacity(total),
-            statics: self.with_static.then(|| Vec::with_capacity(total)),
-            n_docs: self.doc_ids.len() as u64,
-            total_len: self.total_len,
+            statics: with_static.then(|| Vec::with_capacity(total)),
+            n_docs: n_docs as u64,
+            total_len,
             tokenizer: self.tokenizer,
         };
-        let ids = &self.doc_ids;
         index.offsets.push(0);
-        for (new_id, (term, old)) in terms.into_iter().enumerate() {
-            let mut p = std::mem::take(&mut self.postings[old as usize]);
-            // Ordinals follow the order documents came in: already in id order when they came
-            // in id order.
+        let mut p: Vec<(u32, u32)> = Vec::new();
+        for (new_id, group) in terms.chunk_by_mut(|a, b| a.0 == b.0).enumerate() {
+            p.clear();
+            for &(_, part, old) in group.iter() {
+                let from = std::mem::take(&mut postings[part as usize][old as usize]);
+                let b = base[part as usize];
+                p.extend(from.into_iter().map(|(ord, tf)| (ord + b, tf)));
+            }
+            // Ordinals follow the order documents came in: already in id order when they
+            // came in id order into one part.
             if !p.is_sorted_by_key(|e| ids[e.0 as usize]) {
                 p.sort_unstable_by_key(|e| ids[e.0 as usize]);
             }
-            for (ord, tf) in p {
+            for &(ord, tf) in &p {
                 let ord = ord as usize;
                 index.docs.push(ids[ord]);
                 index.tfs.push(tf);
-                index.lens.push(self.doc_lens[ord]);
+                index.lens.push(lens[ord]);
                 if let Some(st) = &mut index.statics {
-                    st.push(self.doc_statics[ord]);
+                    st.push(statics[ord]);
                 }
             }
             index.offsets.push(index.docs.len());
-            index.term_ids.insert(term, new_id as u32);
+            index
+                .term_ids
+                .insert(std::mem::take(&mut group[0].0), new_id as u32);
         }
         index
     }
@@ -746,12 +806,21 @@ mod tests {
                 .build()
                 .unwrap();
             let mut many = IndexBuilder::new(options, true);
-            // In two batches, as two input batches would come.
-            let (a, b) = view.split_at(n / 3);
+            // In two batches, as two input batches would come (each core keeps its part from
+            // one to the next), then a few documents one by one (into the builder's own part).
+            let (a, rest) = view.split_at(n / 3);
+            let (b, c) = rest.split_at(rest.len() - 10);
+            let mut sizes = vec![many.size_bytes()];
             pool.install(|| {
                 many.add_texts(&mut tok, a);
+                sizes.push(many.size_bytes());
                 many.add_texts(&mut tok, b);
+                sizes.push(many.size_bytes());
             });
+            for &(id, text, s) in c {
+                many.add_text(&mut tok, id, text, s);
+            }
+            assert!(sizes.is_sorted() && sizes[2] > sizes[0], "{sizes:?}");
             assert_eq!(many.docs(), n as u64);
             let (one, many) = (one.finish(), many.finish());
             assert_eq!(one.n_docs(), many.n_docs());
