@@ -184,6 +184,34 @@ impl TableProvider for HostScanned {
     }
 }
 
+/// The parts of [`ExecutionPlan`] both leaves here implement alike (no children, no
+/// expressions, their `properties` field).
+macro_rules! leaf_basics {
+    ($name:literal) => {
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        ) -> Result<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.properties
+        }
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![]
+        }
+        fn with_new_children(
+            self: Arc<Self>,
+            children: Vec<Arc<dyn ExecutionPlan>>,
+        ) -> Result<Arc<dyn ExecutionPlan>> {
+            match children.is_empty() {
+                true => Ok(self),
+                false => internal_err!("{} has no children", $name),
+            }
+        }
+    };
+}
+
 /// A table function's plan, optimized here and shown to the host as a leaf.
 ///
 /// The host's optimizer would otherwise rewrite inside it (a `RepartitionExec` of the host
@@ -239,27 +267,7 @@ impl ExecutionPlan for SealedExec {
     fn name(&self) -> &str {
         &self.label
     }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.is_empty() {
-            true => Ok(self),
-            false => internal_err!("SealedExec has no children"),
-        }
-    }
+    leaf_basics!("SealedExec");
     fn metrics(&self) -> Option<MetricsSet> {
         self.inner.metrics()
     }
@@ -520,27 +528,7 @@ impl ExecutionPlan for HostScanExec {
     fn name(&self) -> &str {
         "HostScanExec"
     }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.is_empty() {
-            true => Ok(self),
-            false => internal_err!("HostScanExec has no children"),
-        }
-    }
+    leaf_basics!("HostScanExec");
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
