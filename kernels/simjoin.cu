@@ -179,3 +179,237 @@ verify_large(const u32* __restrict__ tokens, const u64* __restrict__ starts,
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The whole join on the device: candidate generation and verification (`probe_join`).
+//
+// The inverted index over the sets' index prefixes (src/join/filter.rs) is on the device
+// too: token w's postings are post[3 * off[w] .. 3 * off[w + 1]], each (set, position of w
+// in it, set size), in the sets' global order (by size). A warp takes one probe set p at a
+// time (claimed from a counter, so long and short probes balance) and walks the postings of
+// its probe prefix, a lane per posting. A posting (q, pos) of token x[i] passes when q comes
+// before p, |q| reaches the smallest admissible size and the positional filter holds for a
+// first common token (1 + min(tokens left in x, tokens left in q) >= alpha). The pair is
+// then counted only at its *first* common token: x[0..i) and q[0..pos) share no token (each
+// earlier common token lies in both prefixes, so the pair also meets at it, and only the
+// first meeting verifies). Verification merges the rest of both sets from after x[i] and
+// q[pos], the early-terminating merge of `verify_merge`. The result is exactly the CPU
+// filter's pairs: its state arrays keep each pair once and prune only pairs that cannot
+// pass, and both verify the whole overlap.
+//
+// The thresholds are computed here as the CPU computes them (join/threshold.rs): the
+// similarity of (o, n, m) in f64 with correctly rounded operations (no contraction), and
+// min_overlap(n, m) the least o that passes.
+
+#define PROBE_THREADS 128
+#define M_JACCARD 0
+#define M_COSINE 1
+#define M_DICE 2
+#define M_OVERLAP 3
+// probe_join's counters: [0] probe sets claimed, [1] passing pairs, [2] a malformed posting
+// or set was met (the host refuses the answer), [3] candidates verified.
+#define PJ_NEXT 0
+#define PJ_PASS 1
+#define PJ_BAD 2
+#define PJ_CAND 3
+
+struct Sim {
+    double value;
+    int measure;
+    int gt;  // 1: score > value; 0: score >= value
+};
+
+__device__ __forceinline__ double sim_score(const Sim& s, u64 o, u64 n, u64 m) {
+    switch (s.measure) {
+        case M_JACCARD: {
+            u64 u = n + m - o;
+            return u == 0 ? 0.0 : __ddiv_rn((double)o, (double)u);
+        }
+        case M_COSINE:
+            if (n == 0 || m == 0) return 0.0;
+            return __ddiv_rn((double)o, __dsqrt_rn(__dmul_rn((double)n, (double)m)));
+        case M_DICE: {
+            u64 sum = n + m;
+            return sum == 0 ? 0.0 : __ddiv_rn((double)(2 * o), (double)sum);
+        }
+        default:
+            return (double)o;
+    }
+}
+
+__device__ __forceinline__ bool sim_passes(const Sim& s, u64 o, u64 n, u64 m) {
+    double v = sim_score(s, o, n, m);
+    return s.gt ? v > s.value : v >= s.value;
+}
+
+// The least overlap o <= min(n, m) with which sets of sizes n and m pass, or NONE. The guess
+// only saves steps: the two walks make the answer exact whatever it is.
+__device__ __forceinline__ u32 sim_min_overlap(const Sim& s, u32 n, u32 m) {
+    u32 cap = n < m ? n : m;
+    double t = s.value, nf = (double)n, mf = (double)m;
+    double guess;
+    switch (s.measure) {
+        case M_JACCARD: guess = t / (1.0 + t) * (nf + mf); break;
+        case M_COSINE: guess = t * sqrt(nf * mf); break;
+        case M_DICE: guess = t * (nf + mf) / 2.0; break;
+        default: guess = t; break;
+    }
+    double c = ceil(guess);
+    u32 o = !(c >= 0.0) ? 0u : c > (double)cap + 1.0 ? cap + 1 : (u32)c;
+    while (o > 0 && sim_passes(s, o - 1, n, m)) --o;
+    while (o <= cap && !sim_passes(s, o, n, m)) ++o;
+    return o <= cap ? o : NONE;
+}
+
+// The smallest partner size m <= n with which a set of size n can pass (at full overlap),
+// or 0 when none can.
+__device__ __forceinline__ u32 sim_min_partner(const Sim& s, u32 n) {
+    if (n == 0 || !sim_passes(s, n, n, n)) return 0;
+    u32 lo = 1, hi = n;
+    while (lo < hi) {
+        u32 mid = lo + (hi - lo) / 2;
+        if (sim_passes(s, mid, n, mid)) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+// Whether the ascending lists a[0..na) and b[0..nb) share a token.
+__device__ __forceinline__ bool share_any(const u32* a, u32 na, const u32* __restrict__ b,
+                                          u32 nb) {
+    u32 i = 0, j = 0;
+    while (i < na && j < nb) {
+        u32 x = a[i], y = b[j];
+        if (x == y) return true;
+        i += (x < y);
+        j += (y < x);
+    }
+    return false;
+}
+
+// First posting of post[3 * from .. 3 * to) whose field `f` (0: set, 2: size) is >= v (the
+// fields ascend along a list).
+__device__ __forceinline__ u64 posting_bound(const u32* __restrict__ post, u64 from, u64 to,
+                                             int f, u32 v) {
+    while (from < to) {
+        u64 mid = from + (to - from) / 2;
+        if (post[3 * mid + f] < v) from = mid + 1; else to = mid;
+    }
+    return from;
+}
+
+// Probe sets p0..p1 (global positions; each meets only sets before it). Index 0 serves a
+// self-join (self_join != 0) and the probes of side 1; index 1 the probes of side 0
+// (sides[p]). Each passing pair is written as (p, q, overlap) to out[3 * k ..] for k below
+// cap (the count may pass cap: the host then splits the range); with emit == 0 pairs are only
+// counted. exact == 0 lets a passing pair stop counting at its alpha.
+extern "C" __global__ void __launch_bounds__(PROBE_THREADS)
+probe_join(const u32* __restrict__ tokens, const u64* __restrict__ starts, u32 sets,
+           const unsigned char* __restrict__ sides, int self_join,
+           const u64* __restrict__ off0, u32 voc0, const u32* __restrict__ post0,
+           const u64* __restrict__ off1, u32 voc1, const u32* __restrict__ post1,
+           int measure, double value, int gt, u32 p0, u32 p1, int exact, int emit,
+           u32* __restrict__ counters, u32 cap, u32* __restrict__ out) {
+    Sim s;
+    s.value = value;
+    s.measure = measure;
+    s.gt = gt;
+    const u32 lane = threadIdx.x & 31;
+    u32 verified = 0;
+    for (;;) {
+        u32 p = 0;
+        if (lane == 0) p = p0 + atomicAdd(&counters[PJ_NEXT], 1u);
+        p = __shfl_sync(0xffffffffu, p, 0);
+        if (p >= p1 || p >= sets) break;
+        u64 xb = starts[p];
+        u64 xe = starts[p + 1];
+        if (xe < xb || xe - xb > 0xfffffffeull) {
+            if (lane == 0) atomicOr(&counters[PJ_BAD], 1u);
+            continue;
+        }
+        u32 n = (u32)(xe - xb);
+        const u32* x = tokens + xb;
+        u32 lo = sim_min_partner(s, n);
+        if (lo == 0) continue;
+        u32 alpha_lo = sim_min_overlap(s, n, lo);
+        if (alpha_lo == NONE) continue;
+        u32 plen = n - (alpha_lo > 1 ? alpha_lo : 1) + 1;
+        bool use1 = !self_join && sides[p] == 0;
+        const u64* off = use1 ? off1 : off0;
+        const u32* post = use1 ? post1 : post0;
+        u32 voc = use1 ? voc1 : voc0;
+        // The prefix in windows of 32 tokens: lane j bounds token i0 + j's postings (its two
+        // binary searches side by side with the other lanes'), a warp scan gives each list
+        // its place in the window's postings laid end to end, and the lanes take those
+        // postings 32 at a time, each finding its list by a five-step search over the lanes.
+        for (u32 i0 = 0; i0 < plen; i0 += 32) {
+            u32 i = i0 + lane;
+            u64 b = 0, e = 0;
+            if (i < plen) {
+                u32 w = x[i];
+                if (w < voc) {
+                    b = off[w];
+                    e = off[w + 1];
+                    if (e < b) {
+                        atomicOr(&counters[PJ_BAD], 1u);
+                        e = b;
+                    }
+                    b = posting_bound(post, b, e, 2, lo);
+                    e = posting_bound(post, b, e, 0, p);
+                }
+            }
+            // Lists past 2^32 postings in a window are not expected; cap the count (the
+            // host's build limits a side to 2^32 prefix tokens).
+            u32 len = (u32)(e - b);
+            u32 incl = len;
+            for (int d = 1; d < 32; d <<= 1) {
+                u32 v = __shfl_up_sync(0xffffffffu, incl, d);
+                if ((int)lane >= d) incl += v;
+            }
+            u32 total = __shfl_sync(0xffffffffu, incl, 31);
+            u32 excl = incl - len;
+            for (u32 base = 0; base < total; base += 32) {
+                u32 f = base + lane;
+                // The lane j whose list holds posting f: the last with excl <= f.
+                u32 j = 0;
+                for (u32 step = 16; step > 0; step >>= 1) {
+                    u32 ex = __shfl_sync(0xffffffffu, excl, j + step);
+                    if (ex <= f) j += step;
+                }
+                u32 jb_lo = __shfl_sync(0xffffffffu, (u32)b, j);
+                u32 jb_hi = __shfl_sync(0xffffffffu, (u32)(b >> 32), j);
+                u32 jex = __shfl_sync(0xffffffffu, excl, j);
+                if (f >= total) continue;
+                u32 ti = i0 + j;
+                u64 k = (((u64)jb_hi << 32) | jb_lo) + (f - jex);
+                u32 q = post[3 * k], pos = post[3 * k + 1], m = post[3 * k + 2];
+                if (q >= sets) {
+                    atomicOr(&counters[PJ_BAD], 1u);
+                    continue;
+                }
+                u64 yb = starts[q];
+                if (starts[q + 1] - yb != (u64)m || pos >= m || tokens[yb + pos] != x[ti]) {
+                    atomicOr(&counters[PJ_BAD], 1u);
+                    continue;
+                }
+                u32 a = sim_min_overlap(s, n, m);
+                if (a == NONE) continue;
+                if (a == 0) a = 1;
+                u32 left_x = n - ti - 1;
+                u32 left_y = m - pos - 1;
+                if (1 + (left_x < left_y ? left_x : left_y) < a) continue;
+                const u32* y = tokens + yb;
+                if (share_any(x, ti, y, pos)) continue;
+                ++verified;
+                u32 r = verify_merge(x + ti + 1, left_x, y + pos + 1, left_y, a - 1, exact);
+                if (r == NONE) continue;
+                u32 slot = atomicAdd(&counters[PJ_PASS], 1u);
+                if (emit && slot < cap) {
+                    out[3 * (u64)slot] = p;
+                    out[3 * (u64)slot + 1] = q;
+                    out[3 * (u64)slot + 2] = r + 1;
+                }
+            }
+        }
+    }
+    if (verified) atomicAdd(&counters[PJ_CAND], verified);
+}

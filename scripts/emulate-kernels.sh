@@ -3,7 +3,9 @@
 # CUDA thread a fiber on one OS thread, barriers for __syncthreads and shuffles) against a reference, on random
 # batches: tiny, empty, NULL, unsorted and tile-spanning rows, k = 2..4, u32 / i32 / u64,
 # values and counts; then kernels/bm25.cu's kernels (kernels/emu/bm25_check.cpp: random
-# corpora and query batches, whole and split into pieces, against a reference scorer). Needs
+# corpora and query batches, whole and split into pieces, against a reference scorer), and
+# kernels/simjoin.cu's probe_join (kernels/emu/simjoin_check.cpp: random collections, every
+# measure, against a nested loop over all pairs). Needs
 # only g++ (C++20); no GPU, no CUDA. Takes under a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../kernels/emu"
@@ -37,3 +39,8 @@ g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -o "$dir/bm25-check" bm25_c
 echo "bm25 top-k, AND through fences from 16 postings, packing by at most 3 blocks"
 g++ -std=c++20 -O1 -w -pthread -DTILE=256 -DEAGER=16 -DFENCE_MIN=16 -DAND_FENCE=4 -DAND_G=2 -DAND2_PIECE=64 -DPACK_BLOCKS=3 -DPLAN_CHUNK=2 -o "$dir/bm25-fence-check" bm25_check.cpp
 "$dir/bm25-fence-check"
+# The similarity join on the device: random collections against a nested loop, with output
+# capacities small enough that ranges overflow and are split.
+echo "similarity join: probe_join against a nested loop"
+g++ -std=c++20 -O1 -w -pthread -o "$dir/simjoin-check" simjoin_check.cpp
+"$dir/simjoin-check"

@@ -15,8 +15,9 @@
 //!   `backend::gpu::fault`).
 //! - The run-time overrides: with the feature, a benchmark that compares two settings in one
 //!   process sets them with `set_known_order`, `set_stage_piece`, `set_merge_marks`,
-//!   `set_bm25_device_plan`, `set_lent_max` and `set_sj_filter_only`; the getters
-//!   ([`known_order`], [`stage_piece`], [`merge_marks`], [`bm25_device_plan`], [`lent_max`])
+//!   `set_bm25_device_plan`, `set_lent_max`, `set_sj_filter_only` and `set_sj_device_filter`;
+//!   the getters ([`known_order`], [`stage_piece`], [`merge_marks`], [`bm25_device_plan`],
+//!   [`lent_max`], [`sj_device_filter`])
 //!   answer the override, else the environment, else the default, in every build.
 //!
 //! A knob that is `None` leaves the code that reads it to its own default, documented there;
@@ -197,6 +198,12 @@ pub struct Knobs {
     /// `SJ_FILTER_ONLY` (see [`SjFilterOnly`]).
     #[cfg(feature = "tuning")]
     pub sj_filter_only: SjFilterOnly,
+    /// `SJ_DEVICE_FILTER=0`: a join on the GPU filters on the CPU and sends the candidates
+    /// to the device for verification, instead of filtering there too.
+    pub sj_device_filter: bool,
+    /// `SJ_DEVICE_PAIRS`: the most pairs one call of the join on the device returns (at
+    /// most the default, 2^20; smaller makes ranges overflow and split, as tests want).
+    pub sj_device_pairs: Option<u64>,
 }
 
 impl Knobs {
@@ -244,6 +251,8 @@ impl Knobs {
         sj_large_from: None,
         #[cfg(feature = "tuning")]
         sj_filter_only: SjFilterOnly::Off,
+        sj_device_filter: true,
+        sj_device_pairs: None,
     };
 
     /// The knobs the environment sets (unset, or not a number: the default).
@@ -298,6 +307,8 @@ impl Knobs {
                 Some("serialize") => SjFilterOnly::Serialize,
                 _ => SjFilterOnly::Off,
             },
+            sj_device_filter: var("DFSETS_SJ_DEVICE_FILTER").is_none_or(|v| v.trim() != "0"),
+            sj_device_pairs: wide("DFSETS_SJ_DEVICE_PAIRS"),
         }
     }
 }
@@ -482,6 +493,27 @@ pub fn bm25_device_plan() -> bool {
 #[cfg(feature = "tuning")]
 pub fn set_bm25_device_plan(on: bool) {
     BM25_DEVICE_PLAN.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+static SJ_DEVICE_FILTER: AtomicU8 = AtomicU8::new(0);
+
+/// Whether a similarity join on the GPU filters its candidates there too (the whole join on
+/// the device) or on the CPU, verifying on the device: set by `set_sj_device_filter`
+/// (feature `tuning`), else the knob `sj_device_filter` (default on).
+#[inline]
+pub fn sj_device_filter() -> bool {
+    match SJ_DEVICE_FILTER.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => knobs().sj_device_filter,
+    }
+}
+
+/// Filter a GPU join's candidates on the device (`true`, the default) or on the CPU
+/// (benchmarks compare the two in one process).
+#[cfg(feature = "tuning")]
+pub fn set_sj_device_filter(on: bool) {
+    SJ_DEVICE_FILTER.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
 
 /// 0 not set, else 1 + the mode's position in [`SjFilterOnly`].

@@ -434,7 +434,11 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
         };
         let expected = brute_force(&left, (!self_join).then_some(&right[..]), m, t);
         let mut answers = Vec::new();
-        for backend in ["cpu", "gpu"] {
+        // "gpu": the whole join on the device; "gpu-verify": the CPU's filter, the device's
+        // verification.
+        for run in ["cpu", "gpu", "gpu-verify"] {
+            let backend = if run == "cpu" { "cpu" } else { "gpu" };
+            tuning::set_sj_device_filter(run != "gpu-verify");
             let ctx = session(partitions, backend, &rt);
             ctx.register_table("l", table(&left)).unwrap();
             ctx.register_table("r", table(&right)).unwrap();
@@ -452,28 +456,29 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
                         .await?;
                     Ok::<_, datafusion::common::DataFusionError>((rows, count))
                 })
-                .unwrap_or_else(|e| panic!("{call} on {backend}: {e}"));
+                .unwrap_or_else(|e| panic!("{call} on {run}: {e}"));
             let pairs = pairs_of(&rows);
             let counted = count[0].column(0).as_primitive::<Int64Type>().value(0);
-            assert_eq!(
-                counted as usize,
-                pairs.len(),
-                "{call} on {backend}: count(*)"
-            );
+            assert_eq!(counted as usize, pairs.len(), "{call} on {run}: count(*)");
             answers.push(pairs);
         }
+        tuning::set_sj_device_filter(true);
         assert_eq!(answers[0], expected, "{call}: cpu vs nested loop");
-        assert_eq!(answers[1], expected, "{call}: gpu vs nested loop");
+        assert_eq!(answers[1], expected, "{call}: gpu join vs nested loop");
+        assert_eq!(
+            answers[2], expected,
+            "{call}: gpu verification vs nested loop"
+        );
         eprintln!(
-            "{call}: {} pairs, cpu == gpu == nested loop",
+            "{call}: {} pairs, cpu == gpu join == gpu verification == nested loop",
             expected.len()
         );
     }
     let chunks = gpu::simjoin_chunks_run() - chunks_before;
     eprintln!("{chunks} chunks verified on the GPU");
     assert!(
-        chunks >= 2 * cases.len() as u64,
-        "every join (rows and count) verified at least one chunk on the GPU"
+        chunks >= 4 * cases.len() as u64,
+        "every join (rows and count, both GPU paths) ran at least one call on the GPU"
     );
 }
 
@@ -516,6 +521,9 @@ fn explain_analyze_shows_device_counters() {
             .unwrap_or(0)
     };
     assert!(metric("gpu_chunks") > 0, "{line}");
+    // The whole join on the device: a call per claimed range of at least 1,024 probe sets
+    // (a count needs no pair back, so no range overflows and splits).
+    assert!(metric("gpu_chunks") <= 8, "{line}");
     assert!(metric("gpu_pairs") > 0, "{line}");
     assert!(line.contains("bytes_to_device="), "{line}");
     assert!(line.contains("gpu_kernel_time="), "{line}");

@@ -1,5 +1,6 @@
-//! The list-intersection kernels of `kernels/intersect.cu` and the BM25 top-k kernels of
-//! `kernels/bm25.cu`, run on the CPU by
+//! The list-intersection kernels of `kernels/intersect.cu`, the BM25 top-k kernels of
+//! `kernels/bm25.cu` and the similarity join's `probe_join` of `kernels/simjoin.cu`, run on
+//! the CPU by
 //! `scripts/emulate-kernels.sh` (g++ only: each CUDA thread a fiber, barriers for
 //! `__syncthreads` and shuffles) on random batches and compared row by row with a reference. CI has no GPU:
 //! this is where a change to the kernels' logic meets a test there. Skipped, with a note, on a
@@ -33,15 +34,16 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
     // eighteen AND batches through `bm25_topk_and` (three k, with and without static scores:
     // host-planned whole and split, and planned on the device), then all again with AND's
     // fences on short lists; the answers' packing on six batch sizes in each BM25 build; every
-    // one without a bad row.
+    // one without a bad row; the similarity join: four suites (self and R-S joins, with and
+    // without a large set) against a nested loop.
     assert_eq!(
         stdout.matches(" bad=").count(),
-        54 + 64 + 36 + 12,
+        54 + 64 + 36 + 12 + 4,
         "{stdout}"
     );
     assert_eq!(
         stdout.matches(" bad=0\n").count(),
-        54 + 64 + 36 + 12,
+        54 + 64 + 36 + 12 + 4,
         "{stdout}"
     );
     assert_eq!(stdout.matches("AND kernel: ").count(), 36, "{stdout}");
@@ -63,5 +65,7 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
     assert_eq!(stdout.matches(" warp").count(), 30, "{stdout}");
     assert_eq!(stdout.matches("pieces per step").count(), 6, "{stdout}");
     assert_eq!(stdout.matches(" split=1 ").count(), 16 + 12, "{stdout}");
-    assert_eq!(stdout.matches("\nOK").count(), 4, "{stdout}");
+    assert_eq!(stdout.matches("\nprobe_join ").count(), 4, "{stdout}");
+    assert!(!stdout.contains(" 0 overflow splits"), "{stdout}");
+    assert_eq!(stdout.matches("\nOK").count(), 5, "{stdout}");
 }

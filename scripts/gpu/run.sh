@@ -31,8 +31,10 @@ if have gpu_bm25; then
     DFSETS_BM25_PIECE=16 /tmp/gpubin/gpu_bm25 --test-threads=1 2>&1 | tee "$out/gpu_bm25_pieces.log" || status=1
 fi
 if have gpu_simjoin; then
-    echo "== similarity_join: GPU verification == CPU == nested loop"
+    echo "== similarity_join: GPU join == GPU verification == CPU == nested loop"
     /tmp/gpubin/gpu_simjoin --test-threads=1 --nocapture 2>&1 | tee "$out/gpu_simjoin.log" || status=1
+    echo "== the same joins with at most 64 pairs a device call (ranges split, big probes on the CPU)"
+    DFSETS_SJ_DEVICE_PAIRS=64 /tmp/gpubin/gpu_simjoin --test-threads=1 --nocapture sql_gpu_equals 2>&1 | tee "$out/gpu_simjoin_small.log" || status=1
 fi
 if have gpu_faults; then
     echo "== injected faults (no driver / NVRTC / device, compile error, out of memory, kernel fault): CPU answers"
@@ -125,6 +127,8 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; t
         echo "== compute-sanitizer memcheck and racecheck on the similarity-join kernels"
         timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_simjoin --test-threads=1 engine_ 2>&1 | tail -6 | tee "$out/memcheck_simjoin.log" || status=1
         timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/gpubin/gpu_simjoin --test-threads=1 engine_ 2>&1 | tail -6 | tee "$out/racecheck_simjoin.log" || status=1
+        # probe_join (the whole join on the device) through one SQL join.
+        timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/gpubin/gpu_simjoin --test-threads=1 explain_analyze 2>&1 | tail -6 | tee "$out/memcheck_probe_join.log" || status=1
     fi
     if have gpu_bm25; then
         echo "== compute-sanitizer memcheck and racecheck on the BM25 kernel"

@@ -193,6 +193,20 @@ impl IdOrder {
         })
     }
 
+    /// Whether [`IdOrder::orient`] pairs every two distinct sets (integer ids, none NULL, no
+    /// two equal): then pairs can be counted without being oriented.
+    pub(crate) fn pairs_every_two_sets(&self) -> bool {
+        use rayon::slice::ParallelSliceMut;
+        match self {
+            IdOrder::Keys { keys, nulls: None } => {
+                let mut sorted = keys.clone();
+                sorted.par_sort_unstable();
+                sorted.windows(2).all(|w| w[0] != w[1])
+            }
+            _ => false,
+        }
+    }
+
     /// `(p, q)` or `(q, p)`, the set of smaller id first; `None` when they are not paired.
     #[inline]
     pub(crate) fn orient(&self, p: u32, q: u32) -> Option<(u32, u32)> {
@@ -238,6 +252,13 @@ pub(crate) struct Built {
     pub(crate) device_sets: std::sync::OnceLock<
         std::result::Result<Arc<crate::join::gpu::DeviceSets>, crate::backend::gpu::GpuError>,
     >,
+    /// The prefix indexes on the device beside the sets, uploaded by the first partition
+    /// that joins on the GPU (an error: every partition filters on the CPU).
+    pub(crate) device_join: std::sync::OnceLock<
+        std::result::Result<Arc<crate::join::gpu::DeviceJoin>, crate::backend::gpu::GpuError>,
+    >,
+    /// [`IdOrder::pairs_every_two_sets`], found by the first partition that asks.
+    pub(crate) every_pair_kept: std::sync::OnceLock<bool>,
 }
 
 impl Built {

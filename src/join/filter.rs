@@ -39,7 +39,9 @@ pub(crate) fn reserve(reservation: &MemoryReservation, bytes: usize, what: &str)
 }
 
 /// One posting: a set (global position), the position of the token in it and the set's
-/// size (read by the length and positional filters without another memory access).
+/// size (read by the length and positional filters without another memory access). Three
+/// `u32` in this order, as the device reads them (`probe_join` in kernels/simjoin.cu).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Posting {
     pub(super) set: u32,
@@ -60,6 +62,23 @@ impl Index {
     fn list(&self, w: u32) -> &[Posting] {
         let w = w as usize;
         &self.postings[self.offsets[w]..self.offsets[w + 1]]
+    }
+
+    /// The index as the device reads it: the offsets and the postings' words, three per
+    /// posting.
+    pub(crate) fn view(&self) -> crate::join::gpu::IndexView<'_> {
+        // SAFETY: `Posting` is `repr(C)` with three `u32` fields: 12 bytes, no padding,
+        // aligned as `u32`, so the postings are `3 * len` initialized `u32` in order.
+        let words = unsafe {
+            std::slice::from_raw_parts(
+                self.postings.as_ptr().cast::<u32>(),
+                self.postings.len() * 3,
+            )
+        };
+        crate::join::gpu::IndexView {
+            offsets: &self.offsets,
+            postings: words,
+        }
     }
 }
 
@@ -192,6 +211,17 @@ impl Collections {
     /// The input row of every set, in set order.
     pub fn rows(&self) -> &[u32] {
         &self.rows
+    }
+
+    /// The side of every set (0 = left, 1 = right), in set order.
+    pub fn sides(&self) -> &[u8] {
+        &self.sides
+    }
+
+    /// The prefix indexes as the device reads them: one for a self-join, else side 0's then
+    /// side 1's.
+    pub(crate) fn index_views(&self) -> Vec<crate::join::gpu::IndexView<'_>> {
+        self.indexes.iter().map(Index::view).collect()
     }
 
     /// Hint the CPU to fetch the tokens of set `q` from position `from` on (the first two

@@ -370,6 +370,8 @@ impl Shared {
             pair_rule,
             _reservation: Arc::clone(&self.reservation),
             device_sets: std::sync::OnceLock::new(),
+            device_join: std::sync::OnceLock::new(),
+            every_pair_kept: std::sync::OnceLock::new(),
         }))
     }
 }

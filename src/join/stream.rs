@@ -30,7 +30,7 @@ use super::threshold::Threshold;
 use crate::backend::cpu::BoundedKernel;
 use crate::config::BackendChoice;
 use crate::intersect::similarity::Measure;
-use crate::join::gpu::{self, DeviceSets, PairBuffer, PairToVerify};
+use crate::join::gpu::{self, DeviceJoin, DeviceSets, PairBuffer, PairToVerify};
 
 /// Work units (probes plus sets met in the index) done per poll before yielding.
 const WORK_PER_POLL: usize = 1 << 14;
@@ -39,6 +39,14 @@ const WORK_PER_POLL: usize = 1 << 14;
 const CHUNK_PAIRS: usize = 1 << 18;
 /// Smallest chunk when the memory pool refuses the default (smaller still: the CPU verifies).
 const MIN_CHUNK_PAIRS: usize = 1 << 14;
+/// The most pairs one call of the join on the device returns (a range of probe sets with more
+/// is probed again in halves), and the fewest when the memory pool refuses that many.
+const DEVICE_PAIRS: usize = 1 << 20;
+const MIN_DEVICE_PAIRS: usize = 1 << 12;
+/// The fewest probe sets a partition claims for one call of the join on the device (each
+/// call waits for the device once: ~0.7 ms a call beyond its kernel on the H200 host, with
+/// 16 partitions calling).
+const DEVICE_MIN_CLAIM: usize = MAX_CLAIM;
 
 /// GPU verification of one partition: the chunk being filled and the one at the device.
 /// A full chunk is queued on the device and the partition filters the next one meanwhile;
@@ -71,9 +79,21 @@ impl GpuVerify {
     }
 }
 
+/// The whole join on the device: each claimed range of probe sets is filtered and verified
+/// there ([`gpu::probe_sets`]) and only the passing pairs come back.
+struct DeviceProbe {
+    join: Arc<DeviceJoin>,
+    /// The most pairs one call returns (a range with more is probed again in halves).
+    cap: usize,
+    /// Whether the pairs come back (else the device only counts them).
+    emit: bool,
+    _reservation: MemoryReservation,
+}
+
 enum Verifier {
     Cpu,
     Gpu(Box<GpuVerify>),
+    Device(Box<DeviceProbe>),
 }
 
 /// The filter-only knob (feature `tuning`, benchmarks only; read when a partition starts):
@@ -166,11 +186,17 @@ impl Claims {
     /// left, then from the homes of the started partitions; an empty range at `len` when
     /// none is left.
     pub(crate) fn next(&self, len: usize) -> (usize, usize) {
+        self.next_at_least(len, MIN_CLAIM)
+    }
+
+    /// [`Claims::next`] with claims of at least `min` sets (while a home has that many
+    /// left): the device's calls, each a launch, want more work than a CPU's.
+    pub(crate) fn next_at_least(&self, len: usize, min: usize) -> (usize, usize) {
         let e = &self.execution;
         let partitions = e.taken.len();
         let home = |q: usize| (len * q / partitions, len * (q + 1) / partitions);
         let (lo, hi) = home(self.partition);
-        if let Some(r) = claim(&e.taken[self.partition], lo, hi, partitions) {
+        if let Some(r) = claim(&e.taken[self.partition], lo, hi, partitions, min) {
             return r;
         }
         for step in 1..partitions {
@@ -179,7 +205,7 @@ impl Claims {
                 continue;
             }
             let (lo, hi) = home(q);
-            if let Some(r) = claim(&e.taken[q], lo, hi, partitions) {
+            if let Some(r) = claim(&e.taken[q], lo, hi, partitions, min) {
                 return r;
             }
         }
@@ -188,11 +214,17 @@ impl Claims {
 }
 
 /// Claim the next range of the home `lo..hi` whose first `taken` sets are claimed: a
-/// `4 * partitions`-th of what is left, within [`MIN_CLAIM`, `MAX_CLAIM`] (everything for
-/// one partition); `None` when none is left. Homes differ in cost (the sets are ordered by
+/// `4 * partitions`-th of what is left, within [`min`, `MAX_CLAIM`] (everything for one
+/// partition); `None` when none is left. Homes differ in cost (the sets are ordered by
 /// length), and a quarter of the costliest home in one claim held up a 16-partition join by
 /// a fifth.
-fn claim(taken: &AtomicUsize, lo: usize, hi: usize, partitions: usize) -> Option<(usize, usize)> {
+fn claim(
+    taken: &AtomicUsize,
+    lo: usize,
+    hi: usize,
+    partitions: usize,
+    min: usize,
+) -> Option<(usize, usize)> {
     let size = hi - lo;
     let mut done = taken.load(Ordering::Relaxed);
     loop {
@@ -203,7 +235,9 @@ fn claim(taken: &AtomicUsize, lo: usize, hi: usize, partitions: usize) -> Option
         let n = if partitions <= 1 {
             left
         } else {
-            (left / (4 * partitions)).clamp(MIN_CLAIM, MAX_CLAIM).min(left)
+            (left / (4 * partitions))
+                .clamp(min.min(MAX_CLAIM), MAX_CLAIM)
+                .min(left)
         };
         match taken.compare_exchange_weak(done, done + n, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return Some((lo + done, lo + done + n)),
@@ -275,6 +309,8 @@ pub(crate) struct SimilarityJoinStream {
     gpu_kernel_time: Time,
     gpu_call_time: Time,
     gpu_wait_time: Time,
+    /// Copying the sets (and the prefix indexes) to the device, by the partition that did.
+    gpu_upload_time: Time,
 }
 
 /// A cheap count that grows with time, for splitting the probe loop's time between filtering
@@ -366,6 +402,8 @@ impl SimilarityJoinStream {
             gpu_kernel_time: MetricBuilder::new(metrics).subset_time("gpu_kernel_time", partition),
             gpu_call_time: MetricBuilder::new(metrics).subset_time("gpu_call_time", partition),
             gpu_wait_time: MetricBuilder::new(metrics).subset_time("gpu_wait_time", partition),
+            gpu_upload_time: MetricBuilder::new(metrics)
+                .subset_time("gpu_upload_time", partition),
         })
     }
 
@@ -379,7 +417,12 @@ impl SimilarityJoinStream {
         self.scratch_reservation = Some(reservation);
         self.verifier = self.choose_verifier(&built);
         let claims = self.claims.start(self.partition);
-        let (next, end) = claims.next(built.collections.len());
+        let len = built.collections.len();
+        let (next, end) = if matches!(self.verifier, Verifier::Device(_)) {
+            claims.next_at_least(len, DEVICE_MIN_CLAIM)
+        } else {
+            claims.next(len)
+        };
         self.state = State::Probing {
             built,
             claims,
@@ -405,6 +448,7 @@ impl SimilarityJoinStream {
         // counted once, by the partition that made it).
         let mut uploaded = 0;
         let sets = built.device_sets.get_or_init(|| {
+            let _timer = self.gpu_upload_time.timer();
             let sets = gpu::upload_sets(tokens, starts).map(Arc::new);
             uploaded = sets.as_ref().map_or(0, |s| s.bytes());
             sets
@@ -417,6 +461,11 @@ impl SimilarityJoinStream {
                 return Verifier::Cpu;
             }
         };
+        if crate::tuning::sj_device_filter()
+            && let Some(device) = self.device_probe(built, &sets)
+        {
+            return Verifier::Device(Box::new(device));
+        }
         let reservation =
             MemoryConsumer::new(format!("SimilarityJoinExec[gpu chunks {}]", self.partition))
                 .register(self.context.memory_pool());
@@ -445,6 +494,132 @@ impl SimilarityJoinStream {
             inflight: None,
             _reservation: reservation,
         }))
+    }
+
+    /// The whole join on the device, when its indexes go there (one partition uploads them,
+    /// the others share them) and the memory pool grants room for the pairs of a call; else
+    /// `None` (the reason in the debug log).
+    fn device_probe(&self, built: &Built, sets: &DeviceSets) -> Option<DeviceProbe> {
+        let coll = &built.collections;
+        let mut uploaded = 0;
+        let join = built.device_join.get_or_init(|| {
+            let _timer = self.gpu_upload_time.timer();
+            let views = coll.index_views();
+            let join = gpu::upload_join(sets, coll.sides(), &views).map(Arc::new);
+            uploaded = join.as_ref().map_or(0, |j| j.bytes());
+            join
+        });
+        self.bytes_to_device.add(uploaded as usize);
+        let join = match join {
+            Ok(j) => Arc::clone(j),
+            Err(e) => {
+                log::debug!("datafusion-sets: similarity_join filters on the CPU: {e}");
+                return None;
+            }
+        };
+        let reservation =
+            MemoryConsumer::new(format!("SimilarityJoinExec[gpu pairs {}]", self.partition))
+                .register(self.context.memory_pool());
+        // A call's pairs: in page-locked memory, then as a vector.
+        let per_pair = 2 * 3 * size_of::<u32>();
+        let mut cap = crate::tuning::knobs()
+            .sj_device_pairs
+            .map_or(DEVICE_PAIRS, |c| c.clamp(1, DEVICE_PAIRS as u64) as usize);
+        while reservation.try_grow(cap * per_pair).is_err() {
+            if cap <= MIN_DEVICE_PAIRS {
+                log::debug!(
+                    "datafusion-sets: similarity_join filters on the CPU: the memory pool \
+                     refused the buffers for the device's pairs"
+                );
+                return None;
+            }
+            cap = (cap / 4).max(MIN_DEVICE_PAIRS);
+        }
+        Some(DeviceProbe {
+            join,
+            cap,
+            // A count needs the pairs back only to orient or filter them.
+            emit: self.materialize
+                || built.pair_rule.is_some()
+                || built.id_order.as_ref().is_some_and(|order| {
+                    !*built
+                        .every_pair_kept
+                        .get_or_init(|| order.pairs_every_two_sets())
+                }),
+            _reservation: reservation,
+        })
+    }
+
+    /// Probe sets `from..to` on the device, filter and verification. A range whose pairs
+    /// pass a call's capacity is probed again in halves, a single probe set with that many
+    /// on the CPU; when the device fails, the CPU probes the range and the rest of the join.
+    fn probe_on_device(&mut self, built: &Built, from: usize, to: usize) {
+        let mut ranges = vec![(from, to)];
+        while let Some((a, b)) = ranges.pop() {
+            let Verifier::Device(device) = &self.verifier else {
+                // The device failed earlier in this range: the CPU probes what is left.
+                self.clock = ticks();
+                for p in a..b {
+                    self.probe(built, p);
+                }
+                continue;
+            };
+            let answer = gpu::probe_sets(
+                &device.join,
+                &self.threshold,
+                (a, b),
+                self.exact,
+                device.emit,
+                device.cap,
+            );
+            let emit = device.emit;
+            match answer {
+                Ok(found) if found.overflow => {
+                    if b - a > 1 {
+                        let mid = a + (b - a) / 2;
+                        ranges.push((mid, b));
+                        ranges.push((a, mid));
+                    } else {
+                        // One probe set with more pairs than a call returns.
+                        self.clock = ticks();
+                        let device = std::mem::replace(&mut self.verifier, Verifier::Cpu);
+                        self.probe(built, a);
+                        self.verifier = device;
+                    }
+                }
+                Ok(found) => {
+                    gpu::count_simjoin_chunk();
+                    let t = &found.timings;
+                    self.gpu_chunks.add(1);
+                    self.gpu_pairs.add(found.verified as usize);
+                    self.candidates.add(found.verified as usize);
+                    self.verified.add(found.verified as usize);
+                    self.bytes_from_device.add(t.d2h_bytes as usize);
+                    self.gpu_kernel_time
+                        .add_duration(Duration::from_secs_f64(t.kernel_ms / 1e3));
+                    self.gpu_call_time
+                        .add_duration(Duration::from_secs_f64(t.total_ms / 1e3));
+                    self.gpu_wait_time
+                        .add_duration(Duration::from_secs_f64(t.wait_ms / 1e3));
+                    if emit {
+                        for &(p, q, o) in &found.pairs {
+                            self.record(built, p, q, u64::from(o));
+                        }
+                    } else {
+                        self.pending += found.passed as usize;
+                    }
+                }
+                Err(e) => {
+                    log::debug!(
+                        "datafusion-sets: similarity_join on the GPU failed ({e}); the CPU \
+                         probes the rest"
+                    );
+                    self.verifier = Verifier::Cpu;
+                    ranges.push((a, b));
+                }
+            }
+        }
+        self.flush_probe_metrics();
     }
 
     /// Probe set `p`: its candidates are verified now (CPU) or queued for the device.
@@ -780,6 +955,14 @@ impl SimilarityJoinStream {
                 }
                 self.loop_start = Instant::now();
                 self.clock = ticks();
+                if matches!(self.verifier, Verifier::Device(_)) {
+                    // The device takes a claimed range at a time; the poll ends after it.
+                    if self.pending < self.batch_size && p < len {
+                        self.probe_on_device(&built, p, end);
+                        (p, end) = claims.next_at_least(len, DEVICE_MIN_CLAIM);
+                    }
+                    work = WORK_PER_POLL;
+                }
                 while self.pending < self.batch_size
                     && p < len
                     && work < WORK_PER_POLL

@@ -36,20 +36,25 @@ impl DevBuf {
         alloc: &'static str,
         copy: &'static str,
     ) -> Result<Self, GpuError> {
-        let bytes = Self::bytes_for(v.len());
+        let buf = Self::alloc(v.len(), alloc)?;
+        if !v.is_empty() {
+            // SAFETY: a synchronous copy of `v` into the buffer, which holds at least
+            // `v.len()` bytes (the context is bound by the caller).
+            unsafe { result::memcpy_htod_sync(buf.ptr, v) }.map_err(drv(copy))?;
+        }
+        Ok(buf)
+    }
+
+    /// A new device buffer for `len` bytes (at least 256; contents undefined); `alloc` names
+    /// the step in errors. The context must be bound.
+    pub(crate) fn alloc(len: usize, alloc: &'static str) -> Result<Self, GpuError> {
+        let bytes = Self::bytes_for(len);
         if fault::armed(Fault::OutOfMemory) {
             return Err(GpuError::OutOfMemory(alloc));
         }
-        // SAFETY: a plain allocation of `bytes` bytes, then a synchronous copy of `v` into
-        // it (the context is bound by the caller).
-        unsafe {
-            let ptr = result::malloc_sync(bytes).map_err(drv(alloc))?;
-            let buf = DevBuf { ptr, bytes };
-            if !v.is_empty() {
-                result::memcpy_htod_sync(ptr, v).map_err(drv(copy))?;
-            }
-            Ok(buf)
-        }
+        // SAFETY: a plain allocation of `bytes` bytes (the context is bound by the caller).
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(drv(alloc))?;
+        Ok(DevBuf { ptr, bytes })
     }
 }
 

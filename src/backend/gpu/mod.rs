@@ -80,7 +80,7 @@ pub(crate) use memory::{DevBuf, LentPinned, Workspace};
 pub(crate) use modules::Module;
 #[cfg(feature = "cuda")]
 pub(crate) use runtime::{
-    Gpu, align, arg, bytes_of, drv, launch_on, panic_message, view, view_mut,
+    Gpu, align, arg, bytes_of, drv, launch_on, panic_message, par_copy, view, view_mut,
 };
 
 /// The CUDA drivers (feature `cuda`): each driver's trait is implemented for it.

@@ -4,11 +4,18 @@
 //! [`verify_pairs`] and [`submit_pairs`]. The verifier uses the GPU runtime of
 //! `crate::backend::gpu` (its context, the kernel module, pooled memory).
 //!
-//! The entry points go through [`PairVerifier`], which the CUDA verifier and the stub (every
-//! call answers [`GpuError::NotCompiled`]) both implement; [`DeviceSets`] and
-//! [`PendingVerify`] wrap the selected one's sets and queued chunks.
+//! The whole join on the device (`probe`, with the feature `cuda`): the prefix indexes
+//! uploaded beside the sets ([`upload_join`]) and ranges of probe sets filtered and verified
+//! there ([`probe_sets`]), only the passing pairs coming back.
+//!
+//! The entry points go through [`PairVerifier`] and [`JoinProber`], which the CUDA drivers
+//! and the stub (every call answers [`GpuError::NotCompiled`]) both implement;
+//! [`DeviceSets`], [`PendingVerify`] and [`DeviceJoin`] wrap the selected one's sets, queued
+//! chunks and indexes.
 
 mod pair_buffer;
+#[cfg(feature = "cuda")]
+mod probe;
 #[cfg(feature = "cuda")]
 mod simjoin;
 
@@ -17,6 +24,7 @@ use std::sync::Arc;
 #[cfg(feature = "cuda")]
 use crate::backend::gpu::Cuda;
 use crate::backend::gpu::{GpuError, NoCuda, Selected};
+use crate::join::threshold::Threshold;
 
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
 pub use pair_buffer::{PairBuffer, PassOrder, in_chunk_order};
@@ -81,6 +89,148 @@ impl PairVerifier for Cuda {
     fn finish(pending: Self::Pending) -> VerifyAnswer {
         pending.finish()
     }
+}
+
+/// The whole join on the device: candidate generation and verification.
+pub(crate) trait JoinProber: PairVerifier {
+    /// One join's prefix indexes on the device.
+    type Index: Send + Sync + std::fmt::Debug;
+
+    /// See [`upload_join`].
+    fn upload_index(
+        sets: &Arc<Self::Sets>,
+        sides: &[u8],
+        indexes: &[IndexView<'_>],
+    ) -> Result<Self::Index, GpuError>;
+    /// Bytes copied to the device for the indexes.
+    fn index_bytes(index: &Self::Index) -> u64;
+    /// See [`probe_sets`].
+    fn probe(
+        index: &Self::Index,
+        threshold: &Threshold,
+        range: (usize, usize),
+        exact: bool,
+        emit: bool,
+        cap: usize,
+    ) -> Result<Probed, GpuError>;
+}
+
+#[cfg(feature = "cuda")]
+impl JoinProber for Cuda {
+    type Index = probe::Index;
+
+    fn upload_index(
+        sets: &Arc<Self::Sets>,
+        sides: &[u8],
+        indexes: &[IndexView<'_>],
+    ) -> Result<Self::Index, GpuError> {
+        probe::upload_index(sets, sides, indexes)
+    }
+
+    fn index_bytes(index: &Self::Index) -> u64 {
+        index.bytes()
+    }
+
+    fn probe(
+        index: &Self::Index,
+        threshold: &Threshold,
+        range: (usize, usize),
+        exact: bool,
+        emit: bool,
+        cap: usize,
+    ) -> Result<Probed, GpuError> {
+        probe::probe(index, threshold, range, exact, emit, cap)
+    }
+}
+
+/// Without the `cuda` feature: no index reaches a device.
+impl JoinProber for NoCuda {
+    type Index = NoSets;
+
+    fn upload_index(
+        _sets: &Arc<Self::Sets>,
+        _sides: &[u8],
+        _indexes: &[IndexView<'_>],
+    ) -> Result<Self::Index, GpuError> {
+        Err(GpuError::NotCompiled)
+    }
+
+    fn index_bytes(_index: &Self::Index) -> u64 {
+        0
+    }
+
+    fn probe(
+        _index: &Self::Index,
+        _threshold: &Threshold,
+        _range: (usize, usize),
+        _exact: bool,
+        _emit: bool,
+        _cap: usize,
+    ) -> Result<Probed, GpuError> {
+        Err(GpuError::NotCompiled)
+    }
+}
+
+/// One side's prefix index as the device reads it: token `w`'s postings are
+/// `postings[3 * offsets[w]..3 * offsets[w + 1]]`, each (set, position of `w` in it, set
+/// size), in the sets' global order.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexView<'a> {
+    pub offsets: &'a [usize],
+    pub postings: &'a [u32],
+}
+
+/// What [`probe_sets`] found for a range of probe sets.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Probed {
+    /// Pairs that passed.
+    pub passed: u64,
+    /// The pairs (probe set, partner, overlap), when asked for and at most `cap` passed.
+    pub pairs: Vec<(u32, u32, u32)>,
+    /// More than `cap` pairs passed (or too many to count): `pairs` is empty, and the range
+    /// must be probed again in parts.
+    pub overflow: bool,
+    /// Candidates that survived the filters and were verified.
+    pub verified: u64,
+    pub timings: VerifyTimings,
+}
+
+/// One join's sets and prefix indexes on the device (freed when the last holder drops them).
+#[derive(Debug)]
+pub struct DeviceJoin(<Selected as JoinProber>::Index);
+
+impl DeviceJoin {
+    /// Bytes copied to the device for the indexes (the sets' are [`DeviceSets::bytes`]).
+    pub fn bytes(&self) -> u64 {
+        <Selected as JoinProber>::index_bytes(&self.0)
+    }
+}
+
+/// Copy a join's prefix indexes to the device beside its `sets`: one index for a self-join,
+/// else one per side (index 0 over side 0's sets, read by side 1's probe sets), with each
+/// set's side (0 or 1). They stay there while the [`DeviceJoin`] lives.
+pub fn upload_join(
+    sets: &DeviceSets,
+    sides: &[u8],
+    indexes: &[IndexView<'_>],
+) -> Result<DeviceJoin, GpuError> {
+    <Selected as JoinProber>::upload_index(&sets.0, sides, indexes).map(DeviceJoin)
+}
+
+/// Filter and verify the probe sets `range` (global positions) on the device: every pair of
+/// a probe set with a set before it (of the other side, for an R-S join) that passes
+/// `threshold`, exactly the pairs of the CPU's filter and verification. With `emit` the pairs
+/// come back when at most `cap` passed, else only their count; `exact = false` lets a
+/// passing pair's overlap stop at its minimum.
+pub fn probe_sets(
+    join: &DeviceJoin,
+    threshold: &Threshold,
+    range: (usize, usize),
+    exact: bool,
+    emit: bool,
+    cap: usize,
+) -> Result<Probed, GpuError> {
+    <Selected as JoinProber>::probe(&join.0, threshold, range, exact, emit, cap)
 }
 
 /// Sets on the device: never made without the `cuda` feature.

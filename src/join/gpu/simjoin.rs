@@ -28,7 +28,7 @@ use super::{
 };
 use crate::backend::gpu::{
     DevBuf, Gpu, GpuError, Module, Workspace, align, arg, bytes_of, drv, launch_on, panic_message,
-    ready, view,
+    par_copy, ready, view,
 };
 use crate::tuning::knobs;
 /// Threads of the two kernels (`GROUP_THREADS`, `LARGE_THREADS` in the source).
@@ -40,12 +40,15 @@ const LARGE_FROM: u64 = 1024;
 /// The kernels' counters: large pairs, passing pairs, the bad-pair flag.
 const COUNTERS: usize = 3;
 
-struct Kernels {
+pub(super) struct Kernels {
     groups: CudaFunction,
     large: CudaFunction,
+    /// The whole join's probe (`probe_join`, driven by `probe.rs`).
+    pub(super) probe: CudaFunction,
     /// Blocks of a full grid of each (resident blocks on every SM).
     groups_grid: u32,
     large_grid: u32,
+    pub(super) probe_grid: u32,
 }
 
 static KERNELS: OnceLock<Result<Kernels, GpuError>> = OnceLock::new();
@@ -55,7 +58,8 @@ fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
         .get_or_init(|| {
             let module = g.module(Module::Simjoin, Vec::new)?;
             let f = |name: &str| module.load_function(name).map_err(drv("kernel lookup"));
-            let (groups, large) = (f("verify_groups")?, f("verify_large")?);
+            let (groups, large, probe) =
+                (f("verify_groups")?, f("verify_large")?, f("probe_join")?);
             let grid = |k: &CudaFunction, threads: u32| -> Result<u32, GpuError> {
                 let per_sm = k
                     .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
@@ -66,8 +70,10 @@ fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
             Ok(Kernels {
                 groups_grid: grid(&groups, GROUP_THREADS)?,
                 large_grid: grid(&large, LARGE_THREADS)?,
+                probe_grid: grid(&probe, super::probe::PROBE_THREADS)?,
                 groups,
                 large,
+                probe,
             })
         })
         .as_ref()
@@ -75,9 +81,9 @@ fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
 }
 
 /// One lane: a stream and the pooled device and pinned buffers of the chunks it runs.
-struct Lane {
-    stream: Arc<CudaStream>,
-    ws: Workspace,
+pub(super) struct Lane {
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) ws: Workspace,
     /// How many passing pairs to copy back with the counters, before knowing how many
     /// passed (twice the last chunk's, at least [`MIN_GUESS`]); more take a second copy.
     guess: usize,
@@ -94,6 +100,9 @@ unsafe impl Send for Lane {}
 
 /// Lanes not in use. A call takes one (or makes one when none is free) and puts it back.
 static LANE_POOL: Mutex<Vec<Lane>> = Mutex::new(Vec::new());
+/// The lanes of uploads ([`upload_staged`]), apart from the calls' so that their two staging
+/// buffers stay allocated from join to join (page-locking 16 MB anew cost an upload ~10 ms).
+static UPLOAD_LANES: Mutex<Vec<Lane>> = Mutex::new(Vec::new());
 
 fn large_from() -> u64 {
     knobs().sj_large_from.unwrap_or(LARGE_FROM)
@@ -101,8 +110,8 @@ fn large_from() -> u64 {
 
 /// One join's sets on the device (freed when dropped).
 pub(crate) struct Sets {
-    tokens: Option<DevBuf>,
-    starts: Option<DevBuf>,
+    pub(super) tokens: Option<DevBuf>,
+    pub(super) starts: Option<DevBuf>,
     /// Number of sets.
     sets: usize,
     bytes: u64,
@@ -124,7 +133,6 @@ impl Sets {
     }
 
     /// Number of sets.
-    #[cfg_attr(not(feature = "tuning"), allow(dead_code))] // device tests and probes (tuning)
     pub(super) fn len(&self) -> usize {
         self.sets
     }
@@ -132,17 +140,23 @@ impl Sets {
 
 impl Drop for Sets {
     fn drop(&mut self) {
-        // The buffers are freed with the context bound to this thread (any thread may drop).
-        if let Ok(g) = ready() {
-            let _lock = g.workspace.lock();
-            if g.ctx.bind_to_thread().is_ok() {
-                self.tokens = None;
-                self.starts = None;
+        free_on_device(&mut [&mut self.tokens, &mut self.starts]);
+    }
+}
+
+/// Free device buffers from any thread: with the context bound to it, else (no usable
+/// context) by leaking them rather than freeing them in the wrong context.
+pub(super) fn free_on_device(bufs: &mut [&mut Option<DevBuf>]) {
+    if let Ok(g) = ready() {
+        let _lock = g.workspace.lock();
+        if g.ctx.bind_to_thread().is_ok() {
+            for b in bufs.iter_mut() {
+                **b = None;
             }
         }
-        // Without a usable context the buffers leak rather than free in the wrong context.
-        std::mem::forget(self.tokens.take());
-        std::mem::forget(self.starts.take());
+    }
+    for b in bufs.iter_mut() {
+        std::mem::forget(b.take());
     }
 }
 
@@ -157,24 +171,73 @@ pub(super) fn upload_sets(tokens: &[u32], starts: &[usize]) -> Result<Sets, GpuE
     {
         return Err(GpuError::Unsupported("malformed set offsets".into()));
     }
-    let g = ready()?;
-    let _ws = g.workspace.lock().unwrap_or_else(|p| p.into_inner());
-    g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let starts64: Vec<u64> = starts.iter().map(|&s| s as u64).collect();
-    let up = |v: &[u8]| DevBuf::upload(v, "set allocation", "set upload");
-    let res = catch_unwind(AssertUnwindSafe(|| -> Result<Sets, GpuError> {
-        Ok(Sets {
-            tokens: Some(up(bytes_of(tokens))?),
-            starts: Some(up(bytes_of(&starts64))?),
-            sets: starts.len() - 1,
-            bytes: (tokens.len() * 4 + starts64.len() * 8) as u64,
-        })
-    }))
-    .unwrap_or_else(|p| Err(GpuError::Panic(panic_message(p))));
-    if let Err(e @ (GpuError::Panic(_) | GpuError::Driver { .. })) = &res {
-        g.mark_broken(e);
-    }
-    res
+    let mut bufs = upload_staged(&[bytes_of(tokens), bytes_of(&starts64)], "set")?.into_iter();
+    Ok(Sets {
+        tokens: bufs.next(),
+        starts: bufs.next(),
+        sets: starts.len() - 1,
+        bytes: (tokens.len() * 4 + starts64.len() * 8) as u64,
+    })
+}
+
+/// Bytes of each piece [`upload_staged`] stages.
+const STAGE_PIECE: usize = 8 << 20;
+
+/// New device buffers holding copies of `parts`, through a lane's two page-locked staging
+/// buffers: the CPU's threads copy a piece into one (`par_copy`) while the device takes the
+/// other's, so a join's tens of megabytes go up at the bus's speed (a synchronous copy from
+/// pageable memory goes through the driver's own staging, on one thread). `what` names the
+/// data in errors. The buffers are plain allocations: dropped, each frees itself.
+pub(super) fn upload_staged(parts: &[&[u8]], what: &'static str) -> Result<Vec<DevBuf>, GpuError> {
+    let (g, _, lane) = take_lane_from(&UPLOAD_LANES)?;
+    let (lane, bufs) = guarded(g, lane, |lane| {
+        let bufs = parts
+            .iter()
+            .map(|p| DevBuf::alloc(p.len(), what))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stream = &lane.stream;
+        let cs = stream.cu_stream();
+        let ws = &mut lane.ws;
+        Workspace::pinned(&mut ws.pin_in, STAGE_PIECE)?;
+        Workspace::pinned(&mut ws.pin_aux, STAGE_PIECE)?;
+        // The event after each staging buffer's last copy: the buffer is free once it passed.
+        let mut copied: [Option<CudaEvent>; 2] = [None, None];
+        let mut k = 0;
+        for (part, buf) in parts.iter().zip(&bufs) {
+            for (i, piece) in part.chunks(STAGE_PIECE).enumerate() {
+                let slot = k % 2;
+                if let Some(e) = copied[slot].take() {
+                    e.synchronize().map_err(drv("event synchronize"))?;
+                }
+                let pin = if slot == 0 { &mut ws.pin_in } else { &mut ws.pin_aux };
+                let pin = pin
+                    .as_mut()
+                    .ok_or(GpuError::OutOfMemory("pinned allocation"))?
+                    .as_mut_slice();
+                let staged = &mut pin[..piece.len()];
+                par_copy(staged, piece);
+                // SAFETY: `piece.len()` bytes into `buf` at `i * STAGE_PIECE` (within its
+                // `part.len()` bytes) from the staging buffer, which is not written again
+                // before the event recorded next has passed.
+                unsafe {
+                    result::memcpy_htod_async(buf.ptr + (i * STAGE_PIECE) as u64, &*staged, cs)
+                        .map_err(drv("host-to-device copy"))?;
+                }
+                let e = g.event()?;
+                e.record(stream).map_err(drv("event record"))?;
+                copied[slot] = Some(e);
+                k += 1;
+            }
+        }
+        g.wait_asleep(stream)?;
+        Ok(bufs)
+    })?;
+    UPLOAD_LANES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(lane);
+    Ok(bufs)
 }
 
 /// Verify a chunk of candidate pairs against sets on the device. The answer lists the pairs
@@ -342,11 +405,17 @@ fn check_chunk(
 
 /// The device, bound to this thread, its kernels and a lane from the pool (a new one when
 /// none is free). The kernels are compiled first, so a compile failure costs no lane.
-fn take_lane() -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
+pub(super) fn take_lane() -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
+    take_lane_from(&LANE_POOL)
+}
+
+fn take_lane_from(
+    pool: &Mutex<Vec<Lane>>,
+) -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
     let g = ready()?;
     g.ctx.bind_to_thread().map_err(drv("bind context"))?;
     let k = kernels(g)?;
-    let free = LANE_POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let free = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
     let lane = match free {
         Some(lane) => lane,
         None => Lane {
@@ -359,7 +428,7 @@ fn take_lane() -> Result<(&'static Gpu, &'static Kernels, Lane), GpuError> {
     Ok((g, k, lane))
 }
 
-fn give_back(lane: Lane) {
+pub(super) fn give_back(lane: Lane) {
     LANE_POOL
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -370,7 +439,7 @@ fn give_back(lane: Lane) {
 /// the result; on failure it goes back to the pool (out of memory: after its stream is idle
 /// and its buffers freed) or, when the stream's state is unknown, is kept for good, and the
 /// device is marked broken for driver, kernel and panic failures.
-fn guarded<R>(
+pub(super) fn guarded<R>(
     g: &Gpu,
     mut lane: Lane,
     f: impl FnOnce(&mut Lane) -> Result<R, GpuError>,
@@ -644,7 +713,7 @@ fn collect(
     Ok((passed, t))
 }
 
-fn bytes_of_mut(s: &mut [u32]) -> &mut [u8] {
+pub(super) fn bytes_of_mut(s: &mut [u32]) -> &mut [u8] {
     // SAFETY: a u32 slice viewed as its bytes (no padding; every bit pattern is a valid u32).
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
 }
