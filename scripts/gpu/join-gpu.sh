@@ -3,7 +3,9 @@
 # session over the sets' Parquet file, `sets.backend = 'cpu'` and `'gpu'` alternated ROUNDS
 # times on all cores, then the CPU on one partition; every answer checked equal. The query is
 # the issue's: SELECT count(*) FROM s r JOIN s u ON r.id < u.id AND f(r.tokens, u.tokens) >= t
-# (the rewrite plans it as the join). EXPLAIN=1 adds an EXPLAIN ANALYZE of each backend.
+# (the rewrite plans it as the join), and once per backend the pairs' count and two checksums
+# of their ids (the pairs themselves then come back). EXPLAIN=1 adds an EXPLAIN ANALYZE of
+# each backend.
 # Here first: scripts/gpu/join-gpu.sh pack (DFSETS_BIN: a release dfsets built with
 # `cargo build --release --features cli --bin dfsets`; the data of benches/data/build.sh in
 # SETS_BENCH_DATA); then through the device tool: command `bash scripts/gpu/join-gpu.sh run`,
@@ -45,6 +47,13 @@ for case in cases:
     if explain:
         for b in ("cpu", "gpu"):
             stmts += [("setup", f"SET sets.backend = '{b}'"), ("explain", "EXPLAIN ANALYZE " + q)]
+    # The pairs themselves, once per backend: count and two checksums of the id pairs (the
+    # pairs come back from the device for these).
+    check = (f"SELECT count(*), sum(CAST(r.id AS BIGINT) * 1000003 + u.id), "
+             f"sum(CAST(r.id % 1009 AS BIGINT) * (u.id % 997)) FROM s r JOIN s u "
+             f"ON r.id < u.id AND {measure}(r.tokens, u.tokens) >= {t}")
+    for b in ("cpu", "gpu"):
+        stmts += [("setup", f"SET sets.backend = '{b}'"), ("check", check)]
     stmts += [("setup", "SET datafusion.execution.target_partitions = 1"),
               ("setup", "SET sets.backend = 'cpu'"), ("cpu1", q)]
     sql = "".join(s + ";\n" for _, s in stmts)
@@ -64,6 +73,10 @@ for case in cases:
     if len(counts) != n_queries or len(set(counts)) != 1:
         print(text[-4000:])
         sys.exit(f"{case}: answers differ or are missing: {counts}")
+    sums = re.findall(r"^\| (\d+) +\| (\d+) +\| (\d+) +\|$", text, re.M)
+    if len(sums) != 2 or sums[0] != sums[1] or int(sums[0][0]) != counts[0]:
+        print(text[-4000:])
+        sys.exit(f"{case}: the pairs differ between the backends: {sums}")
     if explain:
         for line in text.splitlines():
             if "SimilarityJoinExec" in line:
@@ -71,7 +84,7 @@ for case in cases:
                 print("   ", line[line.find("backend="):].split(",")[0], line[at:].strip(" |]")[:700])
     fmt = lambda v: " ".join(f"{x:.0f}" for x in v)
     best = {k: min(v) for k, v in times.items() if k != "setup"}
-    print(f"{data} {measure} >= {t}: {counts[0]} pairs (all runs equal); {cores} cores: "
+    print(f"{data} {measure} >= {t}: {counts[0]} pairs (all runs equal, pair checksums equal); {cores} cores: "
           f"cpu ms {fmt(times['cpu'])}, gpu ms {fmt(times['gpu'])}; 1 partition cpu "
           f"{fmt(times['cpu1'])} ms; best cpu/gpu {best['cpu'] / best['gpu']:.1f}x")
 EOF
