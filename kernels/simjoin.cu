@@ -337,70 +337,37 @@ probe_join(const u32* __restrict__ tokens, const u64* __restrict__ starts, u32 s
         const u64* off = use1 ? off1 : off0;
         const u32* post = use1 ? post1 : post0;
         u32 voc = use1 ? voc1 : voc0;
-        // The prefix in windows of 32 tokens: lane j bounds token i0 + j's postings (its two
-        // binary searches side by side with the other lanes'), a warp scan gives each list
-        // its place in the window's postings laid end to end, and the lanes take those
-        // postings 32 at a time, each finding its list by a five-step search over the lanes.
-        for (u32 i0 = 0; i0 < plen; i0 += 32) {
-            u32 i = i0 + lane;
-            u64 b = 0, e = 0;
-            if (i < plen) {
-                u32 w = x[i];
-                if (w < voc) {
-                    b = off[w];
-                    e = off[w + 1];
-                    if (e < b) {
-                        atomicOr(&counters[PJ_BAD], 1u);
-                        e = b;
-                    }
-                    b = posting_bound(post, b, e, 2, lo);
-                    e = posting_bound(post, b, e, 0, p);
-                }
+        for (u32 i = 0; i < plen; ++i) {
+            u32 w = x[i];
+            if (w >= voc) continue;
+            u64 b = off[w], e = off[w + 1];
+            if (e < b) {
+                if (lane == 0) atomicOr(&counters[PJ_BAD], 1u);
+                continue;
             }
-            // Lists past 2^32 postings in a window are not expected; cap the count (the
-            // host's build limits a side to 2^32 prefix tokens).
-            u32 len = (u32)(e - b);
-            u32 incl = len;
-            for (int d = 1; d < 32; d <<= 1) {
-                u32 v = __shfl_up_sync(0xffffffffu, incl, d);
-                if ((int)lane >= d) incl += v;
-            }
-            u32 total = __shfl_sync(0xffffffffu, incl, 31);
-            u32 excl = incl - len;
-            for (u32 base = 0; base < total; base += 32) {
-                u32 f = base + lane;
-                // The lane j whose list holds posting f: the last with excl <= f.
-                u32 j = 0;
-                for (u32 step = 16; step > 0; step >>= 1) {
-                    u32 ex = __shfl_sync(0xffffffffu, excl, j + step);
-                    if (ex <= f) j += step;
-                }
-                u32 jb_lo = __shfl_sync(0xffffffffu, (u32)b, j);
-                u32 jb_hi = __shfl_sync(0xffffffffu, (u32)(b >> 32), j);
-                u32 jex = __shfl_sync(0xffffffffu, excl, j);
-                if (f >= total) continue;
-                u32 ti = i0 + j;
-                u64 k = (((u64)jb_hi << 32) | jb_lo) + (f - jex);
+            b = posting_bound(post, b, e, 2, lo);
+            e = posting_bound(post, b, e, 0, p);
+            u32 left_x = n - i - 1;
+            for (u64 k = b + lane; k < e; k += 32) {
                 u32 q = post[3 * k], pos = post[3 * k + 1], m = post[3 * k + 2];
                 if (q >= sets) {
                     atomicOr(&counters[PJ_BAD], 1u);
                     continue;
                 }
                 u64 yb = starts[q];
-                if (starts[q + 1] - yb != (u64)m || pos >= m || tokens[yb + pos] != x[ti]) {
+                if (starts[q + 1] - yb != (u64)m || pos >= m || tokens[yb + pos] != w) {
                     atomicOr(&counters[PJ_BAD], 1u);
                     continue;
                 }
                 u32 a = sim_min_overlap(s, n, m);
                 if (a == NONE) continue;
                 if (a == 0) a = 1;
-                u32 left_x = n - ti - 1;
                 u32 left_y = m - pos - 1;
                 if (1 + (left_x < left_y ? left_x : left_y) < a) continue;
                 const u32* y = tokens + yb;
-                if (share_any(x, ti, y, pos)) continue;
+                if (share_any(x, i, y, pos)) continue;
                 ++verified;
-                u32 r = verify_merge(x + ti + 1, left_x, y + pos + 1, left_y, a - 1, exact);
+                u32 r = verify_merge(x + i + 1, left_x, y + pos + 1, left_y, a - 1, exact);
                 if (r == NONE) continue;
                 u32 slot = atomicAdd(&counters[PJ_PASS], 1u);
                 if (emit && slot < cap) {
