@@ -1,7 +1,7 @@
 //! The similarity join's GPU verification against the CPU: the device's pair verifier
 //! called directly (both layouts, exact and early-stopping) against a plain merge, and the
-//! join through SQL with `sets.backend = 'gpu'` against `'cpu'` and a brute-force nested
-//! loop (several chunks in flight, long sets, every measure, self and R-S joins, `count(*)`,
+//! join through SQL with `sets.backend = 'gpu'` (the whole join on the device, and the CPU's
+//! filter with the device's verification) against `'cpu'` and a brute-force nested loop (several chunks in flight, long sets, every measure, self and R-S joins, `count(*)`,
 //! partitions); EXPLAIN ANALYZE's device counters; and, `#[ignore]`d, the benchmark on
 //! `gcide_words` (Jaccard and Dice 0.5).
 //!
