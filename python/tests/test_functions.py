@@ -121,6 +121,17 @@ def test_bm25_index_and_topk_table_function(ctx):
     assert got == [(1, 30)]
     got = rows(ctx, "SELECT rank, doc_id FROM topk_bm25('idx', 'fox', 10)")
     assert sorted(d for _, d in got) == [10, 40]
+    # The host hands an in-memory table's own buffers over: the index is loaded once.
+    before = dfs._internal.index_loads()
+    for _ in range(3):
+        assert rows(ctx, "SELECT rank, doc_id FROM topk_bm25('idx', 'quick dog', 10, 'and')") == [(1, 30)]
+    assert dfs._internal.index_loads() == before
+    # Replaced under the same name: the new rows are read and answer.
+    ctx.sql("INSERT INTO docs VALUES (70, 'quick dog dog')").collect()
+    ctx.sql("CREATE OR REPLACE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'body')").collect()
+    got = rows(ctx, "SELECT rank, doc_id FROM topk_bm25('idx', 'quick dog', 10, 'and')")
+    assert sorted(d for _, d in got) == [30, 70]
+    assert dfs._internal.index_loads() == before + 1
 
 
 def test_table_functions_read_file_backed_tables(ctx, tmp_path):

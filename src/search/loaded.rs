@@ -7,7 +7,9 @@
 //! ([`same_version`]: the same in-memory buffers, or the same files by location, size,
 //! modification time and e-tag), so an `INSERT`, a replaced table or a rewritten file is
 //! seen by the next search. A table whose scan has no such identity (a custom provider, a
-//! view with a volatile expression) is read again for every query.
+//! view with a volatile expression) is read at every query, and its rows are matched instead:
+//! when they are the very same buffers as a cached read's (what a host's in-memory table hands
+//! over through FFI, without a copy), that read's index serves ([`RowsEntry`]).
 //!
 //! Memory: the rows read from files are reserved in the session's `MemoryPool` as they
 //! arrive and the index before it is built, so a load over the limit fails with
@@ -19,6 +21,8 @@
 
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
+use datafusion::arrow::array::{ArrayData, RecordBatch};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::Result;
 use datafusion::execution::TaskContext;
@@ -88,6 +92,79 @@ struct Entry {
 }
 
 static CACHE: LazyLock<Mutex<Vec<Entry>>> = LazyLock::new(Default::default);
+
+/// Reads of index tables whose scans have no identity (a table a host hands over through FFI,
+/// a custom provider) that [`ROWS_KEPT`] at most are kept of, most recently used first.
+static BY_ROWS: LazyLock<Mutex<Vec<RowsEntry>>> = LazyLock::new(Default::default);
+
+/// Index tables without a scan identity whose last read is kept, with its index.
+pub const ROWS_KEPT: usize = 4;
+
+/// An index built from rows that are matched by their buffers. Holding the batches keeps
+/// their addresses from being reused, so a later read that shows the same addresses shows the
+/// same data (Arrow buffers do not change once shared). Rows that a read decodes afresh (a
+/// file) never match again; a miss for the same table name drops the entry, so such a table
+/// keeps at most its last read here.
+struct RowsEntry {
+    name: String,
+    key: Vec<Vec<(usize, usize)>>,
+    _batches: Vec<RecordBatch>,
+    _rows: MemoryReservation,
+    loaded: Arc<LoadedIndex>,
+}
+
+/// Each batch's buffers (address and length, children and null masks included), the batches
+/// sorted: a scan over several partitions hands the same batches over in any order.
+fn rows_key(batches: &[RecordBatch]) -> Vec<Vec<(usize, usize)>> {
+    fn walk(data: &ArrayData, out: &mut Vec<(usize, usize)>) {
+        out.push((data.offset(), data.len()));
+        if let Some(nulls) = data.nulls() {
+            let b = nulls.buffer();
+            out.push((b.as_ptr() as usize, b.len()));
+        }
+        for b in data.buffers() {
+            out.push((b.as_ptr() as usize, b.len()));
+        }
+        for c in data.child_data() {
+            walk(c, out);
+        }
+    }
+    let mut key: Vec<Vec<(usize, usize)>> = batches
+        .iter()
+        .map(|batch| {
+            let mut k = vec![(batch.num_rows(), batch.num_columns())];
+            for column in batch.columns() {
+                walk(&column.to_data(), &mut k);
+            }
+            k
+        })
+        .collect();
+    key.sort_unstable();
+    key
+}
+
+/// The cached index of rows `key` read from table `name` (moved to the front), or `None`, and
+/// then an entry of the same name, which read other rows, is dropped (returned, to be freed
+/// after the lock).
+fn find_rows(name: &str, key: &[Vec<(usize, usize)>]) -> (Option<Arc<LoadedIndex>>, Vec<RowsEntry>) {
+    let mut cache = lock(&BY_ROWS);
+    if let Some(i) = cache.iter().position(|e| e.key == key) {
+        let e = cache.remove(i);
+        let loaded = Arc::clone(&e.loaded);
+        cache.insert(0, e);
+        return (Some(loaded), Vec::new());
+    }
+    let mut gone = Vec::new();
+    let mut i = 0;
+    while i < cache.len() {
+        if cache[i].name == name {
+            gone.push(cache.remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    (None, gone)
+}
 
 static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -176,7 +253,10 @@ impl IndexScan {
     /// The index, loaded in `ctx` (or from the cache when its data are unchanged).
     pub async fn open(&self, ctx: Arc<TaskContext>, who: &str) -> Result<Arc<LoadedIndex>> {
         let Self { table, scan, name } = self;
-        let Some(table) = table.as_ref().filter(|_| has_identity(scan)) else {
+        if !has_identity(scan) {
+            return open_by_rows(ctx, Arc::clone(scan), who, name).await;
+        }
+        let Some(table) = table.as_ref() else {
             return Ok(Arc::new(load(ctx, Arc::clone(scan), who, name).await?));
         };
         {
@@ -227,6 +307,90 @@ pub async fn load_index(
     scan.open(session.task_ctx(), who).await
 }
 
+/// The index of a scan without identity: its rows are read, and a cached index built from the
+/// very same buffers serves; else the rows are indexed, and kept with the index
+/// ([`RowsEntry`]).
+async fn open_by_rows(
+    ctx: Arc<TaskContext>,
+    scan: Arc<dyn ExecutionPlan>,
+    who: &str,
+    name: &str,
+) -> Result<Arc<LoadedIndex>> {
+    let rows = read(&ctx, scan, who, name).await?;
+    let key = rows_key(&rows.batches);
+    let (found, gone) = find_rows(name, &key);
+    drop(gone);
+    if let Some(loaded) = found {
+        return Ok(loaded);
+    }
+    // The kept rows stay reserved while they are cached.
+    let mut rows = rows;
+    let batches = rows.batches.clone();
+    let reservation = rows.reservation.split(rows.bytes);
+    rows.bytes = 0;
+    let loaded = Arc::new(build(ctx, rows, who, name)?);
+    let mut cache = lock(&BY_ROWS);
+    if let Some(e) = cache.iter().find(|e| e.key == key) {
+        // Loaded meanwhile by another query: keep one copy.
+        return Ok(Arc::clone(&e.loaded));
+    }
+    cache.insert(
+        0,
+        RowsEntry {
+            name: name.to_string(),
+            key,
+            _batches: batches,
+            _rows: reservation,
+            loaded: Arc::clone(&loaded),
+        },
+    );
+    let keep = cache.len().min(ROWS_KEPT);
+    let gone = cache.split_off(keep);
+    drop(cache);
+    drop(gone);
+    Ok(loaded)
+}
+
+/// An index table's rows, read; those read from files are reserved (`bytes`).
+struct Rows {
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+    reservation: MemoryReservation,
+    bytes: usize,
+}
+
+/// Read `scan`, reserving the rows read from files as they arrive.
+async fn read(
+    ctx: &Arc<TaskContext>,
+    scan: Arc<dyn ExecutionPlan>,
+    who: &str,
+    name: &str,
+) -> Result<Rows> {
+    let reservation =
+        MemoryConsumer::new(format!("{who} index '{name}'")).register(ctx.memory_pool());
+    // Batches of in-memory tables are the table's own, not new memory.
+    let count_rows = !only_memory(&scan);
+    let schema = scan.schema();
+    let mut stream = execute_stream(scan, Arc::clone(ctx))?;
+    let mut batches = Vec::new();
+    let mut bytes = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if count_rows {
+            let b = batch.get_array_memory_size();
+            reservation.try_grow(b)?;
+            bytes += b;
+        }
+        batches.push(batch);
+    }
+    Ok(Rows {
+        schema,
+        batches,
+        reservation,
+        bytes,
+    })
+}
+
 /// Read `scan` and build its index, reserving the rows read from files as they arrive and
 /// the index before it is built.
 async fn load(
@@ -235,36 +399,30 @@ async fn load(
     who: &str,
     name: &str,
 ) -> Result<LoadedIndex> {
-    let pool = Arc::clone(ctx.memory_pool());
-    let label = format!("{who} index '{name}'");
-    let reservation = MemoryConsumer::new(label.clone()).register(&pool);
-    // Batches of in-memory tables are the table's own, not new memory.
-    let count_rows = !only_memory(&scan);
-    let schema = scan.schema();
-    let mut stream = execute_stream(scan, ctx)?;
-    let mut batches = Vec::new();
-    let mut rows_bytes = 0;
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        if count_rows {
-            let bytes = batch.get_array_memory_size();
-            reservation.try_grow(bytes)?;
-            rows_bytes += bytes;
-        }
-        batches.push(batch);
-    }
-    drop(stream);
+    let rows = read(&ctx, scan, who, name).await?;
+    build(ctx, rows, who, name)
+}
+
+/// Build the index of `rows`, reserving it before it is built; the rows' reservation then
+/// goes.
+fn build(ctx: Arc<TaskContext>, rows: Rows, who: &str, name: &str) -> Result<LoadedIndex> {
+    let Rows {
+        schema,
+        batches,
+        reservation,
+        bytes,
+    } = rows;
     reservation.try_grow(InvertedIndex::load_bytes(&batches))?;
     let index = InvertedIndex::from_batches(&schema, &batches, who, name)?;
     LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     drop(batches);
-    reservation.shrink(rows_bytes);
+    reservation.shrink(bytes);
     reservation.resize(index.size_bytes());
     Ok(LoadedIndex {
         index,
         scored: Mutex::new(Vec::new()),
-        pool,
-        name: label,
+        pool: Arc::clone(ctx.memory_pool()),
+        name: format!("{who} index '{name}'"),
         _reservation: reservation,
     })
 }
