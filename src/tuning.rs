@@ -204,6 +204,10 @@ pub struct Knobs {
     /// `SJ_DEVICE_PAIRS`: the most pairs one call of the join on the device returns (at
     /// most the default, 2^20; smaller makes ranges overflow and split, as tests want).
     pub sj_device_pairs: Option<u64>,
+    /// `SJ_DEVICE_PARTITIONS`: how many output partitions of a join that `auto` runs on the
+    /// GPU take their probe ranges to the device (default all; the others probe on the
+    /// CPU, claiming from the same counters).
+    pub sj_device_partitions: Option<u64>,
 }
 
 impl Knobs {
@@ -253,6 +257,7 @@ impl Knobs {
         sj_filter_only: SjFilterOnly::Off,
         sj_device_filter: true,
         sj_device_pairs: None,
+        sj_device_partitions: None,
     };
 
     /// The knobs the environment sets (unset, or not a number: the default).
@@ -309,6 +314,7 @@ impl Knobs {
             },
             sj_device_filter: var("DFSETS_SJ_DEVICE_FILTER").is_none_or(|v| v.trim() != "0"),
             sj_device_pairs: wide("DFSETS_SJ_DEVICE_PAIRS"),
+            sj_device_partitions: wide("DFSETS_SJ_DEVICE_PARTITIONS"),
         }
     }
 }
@@ -514,6 +520,47 @@ pub fn sj_device_filter() -> bool {
 #[cfg(feature = "tuning")]
 pub fn set_sj_device_filter(on: bool) {
     SJ_DEVICE_FILTER.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// `u64::MAX`: not set.
+static SJ_AUTO_GPU_FROM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// The probe work from which `auto` uses the GPU for a similarity join, when a test or a
+/// benchmark set one ([`set_sj_auto_gpu_from`]); else the placement policy's own.
+#[inline]
+pub fn sj_auto_gpu_from() -> Option<u64> {
+    match SJ_AUTO_GPU_FROM.load(Ordering::Relaxed) {
+        u64::MAX => None,
+        w => Some(w),
+    }
+}
+
+/// Let `auto` use the GPU for similarity joins from `work` posting pairs (`None`: the
+/// policy's threshold again): tests run its CPU-and-GPU join on small data.
+#[cfg(feature = "tuning")]
+pub fn set_sj_auto_gpu_from(work: Option<u64>) {
+    SJ_AUTO_GPU_FROM.store(work.unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// `u64::MAX`: not set.
+static SJ_DEVICE_PARTITIONS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// How many output partitions of a join `auto` runs on the GPU probe there, when a test
+/// ([`set_sj_device_partitions`]) or the knob `sj_device_partitions` says; else all.
+#[inline]
+pub fn sj_device_partitions() -> Option<u64> {
+    match SJ_DEVICE_PARTITIONS.load(Ordering::Relaxed) {
+        u64::MAX => knobs().sj_device_partitions,
+        k => Some(k),
+    }
+}
+
+/// Let `auto` send only `k` partitions of a GPU join to the device, the others probing on the
+/// CPU (`None`: the knob, else all).
+#[cfg(feature = "tuning")]
+pub fn set_sj_device_partitions(k: Option<u64>) {
+    SJ_DEVICE_PARTITIONS.store(k.unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 /// 0 not set, else 1 + the mode's position in [`SjFilterOnly`].

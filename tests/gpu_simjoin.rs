@@ -435,10 +435,17 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
         let expected = brute_force(&left, (!self_join).then_some(&right[..]), m, t);
         let mut answers = Vec::new();
         // "gpu": the whole join on the device; "gpu-verify": the CPU's filter, the device's
-        // verification.
-        for run in ["cpu", "gpu", "gpu-verify"] {
-            let backend = if run == "cpu" { "cpu" } else { "gpu" };
+        // verification; "auto": from any size, one partition on the device, the others on
+        // the CPU, claiming from the same counters.
+        for run in ["cpu", "gpu", "gpu-verify", "auto"] {
+            let backend = match run {
+                "cpu" | "auto" => run,
+                _ => "gpu",
+            };
             tuning::set_sj_device_filter(run != "gpu-verify");
+            tuning::set_sj_auto_gpu_from((run == "auto").then_some(0));
+            tuning::set_sj_device_partitions((run == "auto").then_some(1));
+            let chunks_before_run = gpu::simjoin_chunks_run();
             let ctx = session(partitions, backend, &rt);
             ctx.register_table("l", table(&left)).unwrap();
             ctx.register_table("r", table(&right)).unwrap();
@@ -457,20 +464,36 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
                     Ok::<_, datafusion::common::DataFusionError>((rows, count))
                 })
                 .unwrap_or_else(|e| panic!("{call} on {run}: {e}"));
+            if run == "auto" {
+                // With one partition the device probes every set; with more, the CPU's
+                // partitions may have taken every range while the device's uploaded.
+                let calls = gpu::simjoin_chunks_run() - chunks_before_run;
+                eprintln!("{call} on auto, {partitions} partitions: {calls} device calls");
+                assert!(
+                    partitions > 1 || calls > 0,
+                    "{call} on auto: the device took no probe range"
+                );
+            }
             let pairs = pairs_of(&rows);
             let counted = count[0].column(0).as_primitive::<Int64Type>().value(0);
             assert_eq!(counted as usize, pairs.len(), "{call} on {run}: count(*)");
             answers.push(pairs);
         }
         tuning::set_sj_device_filter(true);
+        tuning::set_sj_auto_gpu_from(None);
+        tuning::set_sj_device_partitions(None);
         assert_eq!(answers[0], expected, "{call}: cpu vs nested loop");
         assert_eq!(answers[1], expected, "{call}: gpu join vs nested loop");
         assert_eq!(
             answers[2], expected,
             "{call}: gpu verification vs nested loop"
         );
+        assert_eq!(
+            answers[3], expected,
+            "{call}: cpu and gpu together vs nested loop"
+        );
         eprintln!(
-            "{call}: {} pairs, cpu == gpu join == gpu verification == nested loop",
+            "{call}: {} pairs, cpu == gpu join == gpu verification == cpu and gpu together == nested loop",
             expected.len()
         );
     }

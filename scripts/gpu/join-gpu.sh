@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The similarity join through SQL on the GPU machine's host, the release dfsets: per case one
-# session over the sets' Parquet file, `sets.backend = 'cpu'` and `'gpu'` alternated ROUNDS
-# times on all cores, then the CPU on one partition; every answer checked equal. The query is
+# session over the sets' Parquet file, `sets.backend` = each of BACKENDS (default 'cpu gpu
+# auto') alternated ROUNDS times on all cores, then the CPU on one partition; every answer checked equal. The query is
 # the issue's: SELECT count(*) FROM s r JOIN s u ON r.id < u.id AND f(r.tokens, u.tokens) >= t
 # (the rewrite plans it as the join), and once per backend the pairs' count and two checksums
 # of their ids (the pairs themselves then come back). EXPLAIN=1 adds an EXPLAIN ANALYZE of
@@ -18,7 +18,7 @@ pack)
     data=${SETS_BENCH_DATA:-bench-data}
     bin=${DFSETS_BIN:-${CARGO_TARGET_DIR:-target}/release/dfsets}
     rm -rf "$carry" && mkdir -p "$carry/gcide_words" "$carry/debian_deps"
-    strip -o "$carry/dfsets" "$bin" && xz -T0 -9e -f "$carry/dfsets"
+    strip -o "$carry/dfsets" "$bin" && xz -T0 ${XZ_LEVEL:--9e} -f "$carry/dfsets"
     cp "$data/gcide_words/sets.parquet" "$carry/gcide_words/"
     cp "$data/debian_deps/sets.parquet" "$carry/debian_deps/"
     du -sh "$carry"
@@ -30,9 +30,10 @@ run)
     grep -m1 "model name" /proc/cpuinfo
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
     CASES=${CASES:-"gcide_words:jaccard:0.5 gcide_words:dice:0.5 debian_deps:dice:0.5 gcide_words:jaccard:0.8"}
-    python3 - "$carry" "$CASES" "${ROUNDS:-3}" "${EXPLAIN:-0}" <<'EOF'
+    python3 - "$carry" "$CASES" "${ROUNDS:-3}" "${EXPLAIN:-0}" "${BACKENDS:-cpu gpu auto}" <<'EOF'
 import re, subprocess, sys, os
 carry, cases, rounds, explain = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4] == "1"
+backends = sys.argv[5].split()
 cores = os.cpu_count()
 for case in cases:
     data, measure, t = case.split(":")
@@ -42,17 +43,17 @@ for case in cases:
     stmts = [("setup", f"SET datafusion.execution.target_partitions = {cores}"),
              ("setup", f"CREATE EXTERNAL TABLE s STORED AS PARQUET LOCATION '{path}'")]
     for _ in range(rounds):
-        for b in ("cpu", "gpu"):
+        for b in backends:
             stmts += [("setup", f"SET sets.backend = '{b}'"), (b, q)]
     if explain:
-        for b in ("cpu", "gpu"):
+        for b in backends:
             stmts += [("setup", f"SET sets.backend = '{b}'"), ("explain", "EXPLAIN ANALYZE " + q)]
     # The pairs themselves, once per backend: count and two checksums of the id pairs (the
     # pairs come back from the device for these).
     check = (f"SELECT count(*), sum(CAST(r.id AS BIGINT) * 1000003 + u.id), "
              f"sum(CAST(r.id % 1009 AS BIGINT) * (u.id % 997)) FROM s r JOIN s u "
              f"ON r.id < u.id AND {measure}(r.tokens, u.tokens) >= {t}")
-    for b in ("cpu", "gpu"):
+    for b in backends:
         stmts += [("setup", f"SET sets.backend = '{b}'"), ("check", check)]
     stmts += [("setup", "SET datafusion.execution.target_partitions = 1"),
               ("setup", "SET sets.backend = 'cpu'"), ("cpu1", q)]
@@ -69,12 +70,12 @@ for case in cases:
     times = {}
     for (kind, _), ms in zip(stmts, elapsed):
         times.setdefault(kind, []).append(ms)
-    n_queries = sum(1 for k, _ in stmts if k in ("cpu", "gpu", "cpu1"))
+    n_queries = sum(1 for k, _ in stmts if k in backends or k == "cpu1")
     if len(counts) != n_queries or len(set(counts)) != 1:
         print(text[-4000:])
         sys.exit(f"{case}: answers differ or are missing: {counts}")
     sums = re.findall(r"^\| (\d+) +\| (\d+) +\| (\d+) +\|$", text, re.M)
-    if len(sums) != 2 or sums[0] != sums[1] or int(sums[0][0]) != counts[0]:
+    if len(sums) != len(backends) or len(set(sums)) != 1 or int(sums[0][0]) != counts[0]:
         print(text[-4000:])
         sys.exit(f"{case}: the pairs differ between the backends: {sums}")
     if explain:
@@ -85,8 +86,9 @@ for case in cases:
     fmt = lambda v: " ".join(f"{x:.0f}" for x in v)
     best = {k: min(v) for k, v in times.items() if k != "setup"}
     print(f"{data} {measure} >= {t}: {counts[0]} pairs (all runs equal, pair checksums equal); {cores} cores: "
-          f"cpu ms {fmt(times['cpu'])}, gpu ms {fmt(times['gpu'])}; 1 partition cpu "
-          f"{fmt(times['cpu1'])} ms; best cpu/gpu {best['cpu'] / best['gpu']:.1f}x")
+          + "; ".join(f"{b} ms {fmt(times[b])}" for b in backends)
+          + f"; 1 partition cpu {fmt(times['cpu1'])} ms; best cpu / best of each: "
+          + ", ".join(f"{b} {best['cpu'] / best[b]:.1f}x" for b in backends if b != "cpu"))
 EOF
     ;;
 *)

@@ -308,6 +308,8 @@ impl Collections {
     where
         P::Native: SetElem,
     {
+        // Each step's time, for the debug log (where a build's serial part is).
+        let t0 = std::time::Instant::now();
         // 1. Sets, deduplicated, in pieces of consecutive rows: done by the read tasks
         // for a side `prepared` (its rows numbered across batches here), else here.
         let mut raw: Vec<Vec<RawPiece<P::Native>>> = Vec::with_capacity(sides.len());
@@ -368,7 +370,9 @@ impl Collections {
         }
 
         // 2. Ranks by increasing frequency (ties by value).
+        let t1 = std::time::Instant::now();
         let rank = Ranks::new(&raw, reservation, threads, crew)?;
+        let t2 = std::time::Instant::now();
         let distinct = rank.distinct;
 
         // 3. Global order by (size, side, row).
@@ -391,6 +395,7 @@ impl Collections {
             listed.extend(piece.starts.windows(2).map(|w| (w[1] - w[0]) as u32));
         }
         let slot_of = size_order(&listed);
+        let t3a = std::time::Instant::now();
         drop(listed);
         let mut sizes = vec![0u32; sets];
         let mut side_of = vec![0u8; sets];
@@ -419,6 +424,7 @@ impl Collections {
             end
         }));
         let mut tokens = vec![0u32; total];
+        let t3b = std::time::Instant::now();
         // Each set's tokens renamed into its slot, in pieces of consecutive slots of about
         // equal token counts.
         let cuts = cut_by_weight(&starts, threads * 4);
@@ -451,6 +457,7 @@ impl Collections {
         drop(rank);
 
         // 4. Index prefixes, one index per side.
+        let t4 = std::time::Instant::now();
         // A set's prefix length depends on its size only, and the sets are in size order:
         // computed once per run of equal sizes.
         let prefix_len = |n: u32| {
@@ -559,6 +566,19 @@ impl Collections {
             reservation.shrink(ranges * distinct * size_of::<u32>());
             indexes.push(Index { offsets, postings });
         }
+        let ms = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64() * 1e3;
+        let t5 = std::time::Instant::now();
+        log::debug!(
+            "datafusion-sets: similarity_join build on {threads} threads, {sets} sets, {total} \
+             tokens, {distinct} distinct: sets {:.2} ms, ranks {:.2} ms, size order {:.2} ms, \
+             slots {:.2} ms, renaming {:.2} ms, prefix indexes {:.2} ms",
+            ms(t0, t1),
+            ms(t1, t2),
+            ms(t2, t3a),
+            ms(t3a, t3b),
+            ms(t3b, t4),
+            ms(t4, t5)
+        );
         Ok(Self {
             tokens,
             starts,

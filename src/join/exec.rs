@@ -259,6 +259,8 @@ pub(crate) struct Built {
     >,
     /// [`IdOrder::pairs_every_two_sets`], found by the first partition that asks.
     pub(crate) every_pair_kept: std::sync::OnceLock<bool>,
+    /// [`Collections::probe_work`], found by the first partition that asks.
+    pub(crate) probe_work: std::sync::OnceLock<u64>,
 }
 
 impl Built {
@@ -516,8 +518,8 @@ impl SimilarityJoinExec {
         })
     }
 
-    /// This join with candidates verified by `backend` (`sets.backend`; the default is
-    /// `auto`: the GPU when one is present and the sets hold at least a million tokens).
+    /// This join run where `backend` says (`sets.backend`; the default is `auto`: see
+    /// [`crate::placement::join_partition_on_gpu`]).
     pub fn with_backend(mut self, backend: BackendChoice) -> Self {
         self.backend = backend;
         self
@@ -586,7 +588,8 @@ impl SimilarityJoinExec {
 
     /// Where candidates are verified, as `EXPLAIN` shows it.
     fn backend_label(&self) -> String {
-        crate::placement::join_verifier_label(self.backend)
+        let partitions = self.cache.output_partitioning().partition_count();
+        crate::placement::join_verifier_label(self.backend, partitions)
     }
 
     /// The threshold.

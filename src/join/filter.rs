@@ -224,6 +224,21 @@ impl Collections {
         self.indexes.iter().map(Index::view).collect()
     }
 
+    /// How many pairs of postings share a token in the prefix indexes: the order of the
+    /// number of index entries the probes walk (each pair of sets sharing an indexed token is
+    /// met once from the later set). Within a side for a self-join, across sides for an R-S
+    /// join. What the backend policy weighs the join by.
+    pub fn probe_work(&self) -> u64 {
+        fn lens(i: &Index) -> impl Iterator<Item = u64> + '_ {
+            i.offsets.windows(2).map(|w| (w[1] - w[0]) as u64)
+        }
+        match self.indexes.as_slice() {
+            [one] => lens(one).map(|l| l * l.saturating_sub(1) / 2).sum(),
+            [a, b] => lens(a).zip(lens(b)).map(|(x, y)| x * y).sum(),
+            _ => 0,
+        }
+    }
+
     /// Hint the CPU to fetch the tokens of set `q` from position `from` on (the first two
     /// cache lines: a verification's merge starts there).
     #[inline]

@@ -264,6 +264,7 @@ impl Shared {
     /// Every read is in: concatenate the kept columns and build (the leader's work; the
     /// build's parallel steps go to the crew).
     fn assemble(&self) -> Result<Arc<Built>> {
+        let started = std::time::Instant::now();
         let reads = std::mem::take(&mut *lock(&self.reads));
         // Every token is an id now: the strings' map is no longer needed.
         if lock(&self.strings).take().is_some() {
@@ -320,6 +321,7 @@ impl Shared {
             tokens.push(side_tokens);
         }
         let _timer = self.build_time.timer();
+        let gathered = std::time::Instant::now();
         let collections = Collections::build(
             &tokens,
             prepared,
@@ -329,6 +331,7 @@ impl Shared {
             &self.crew,
         )?;
         drop(tokens);
+        let collected = std::time::Instant::now();
         let id_order = match (self_join, self.inputs[0].id) {
             (true, Some(id)) => match columns[0].get(id) {
                 Some(Some(ids)) => Some(IdOrder::new(Arc::clone(ids), collections.rows())?),
@@ -363,6 +366,13 @@ impl Shared {
             }
             None => None,
         };
+        log::debug!(
+            "datafusion-sets: similarity_join assembled: columns gathered {:.2} ms, sets built \
+             {:.2} ms, ids and pair rule {:.2} ms",
+            (gathered - started).as_secs_f64() * 1e3,
+            (collected - gathered).as_secs_f64() * 1e3,
+            collected.elapsed().as_secs_f64() * 1e3
+        );
         Ok(Arc::new(Built {
             collections,
             columns,
@@ -372,6 +382,7 @@ impl Shared {
             device_sets: std::sync::OnceLock::new(),
             device_join: std::sync::OnceLock::new(),
             every_pair_kept: std::sync::OnceLock::new(),
+            probe_work: std::sync::OnceLock::new(),
         }))
     }
 }

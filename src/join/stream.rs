@@ -153,6 +153,11 @@ impl ProbeClaims {
         }
     }
 
+    /// The output partitions whose homes the probe sets are cut into.
+    pub(crate) fn partitions(&self) -> usize {
+        self.runs.len()
+    }
+
     /// `partition`'s claims in its next execution; the partition counts as started from now.
     pub(crate) fn start(&self, partition: usize) -> Claims {
         let partitions = self.runs.len();
@@ -304,6 +309,8 @@ pub(crate) struct SimilarityJoinStream {
     candidates_verified: usize,
     gpu_chunks: Count,
     gpu_pairs: Count,
+    /// Probe sets the device probed (the join on the device).
+    gpu_probe_sets: Count,
     bytes_to_device: Count,
     bytes_from_device: Count,
     gpu_kernel_time: Time,
@@ -397,6 +404,7 @@ impl SimilarityJoinStream {
             candidates_verified: 0,
             gpu_chunks: MetricBuilder::new(metrics).counter("gpu_chunks", partition),
             gpu_pairs: MetricBuilder::new(metrics).counter("gpu_pairs", partition),
+            gpu_probe_sets: MetricBuilder::new(metrics).counter("gpu_probe_sets", partition),
             bytes_to_device: MetricBuilder::new(metrics).counter("bytes_to_device", partition),
             bytes_from_device: MetricBuilder::new(metrics).counter("bytes_from_device", partition),
             gpu_kernel_time: MetricBuilder::new(metrics).subset_time("gpu_kernel_time", partition),
@@ -415,8 +423,10 @@ impl SimilarityJoinStream {
         reserve(&reservation, Scratch::bytes_for(sets), "the probe buffers")?;
         self.scratch = Scratch::new(sets);
         self.scratch_reservation = Some(reservation);
-        self.verifier = self.choose_verifier(&built);
+        // Started first: while this partition uploads to the device, the others may take
+        // its home.
         let claims = self.claims.start(self.partition);
+        self.verifier = self.choose_verifier(&built);
         let len = built.collections.len();
         let (next, end) = if matches!(self.verifier, Verifier::Device(_)) {
             claims.next_at_least(len, DEVICE_MIN_CLAIM)
@@ -436,8 +446,26 @@ impl SimilarityJoinStream {
     /// sets; else the CPU (the reason in the debug log).
     fn choose_verifier(&self, built: &Built) -> Verifier {
         let (tokens, starts) = built.collections.raw();
-        let wanted = crate::placement::join_verifies_on_gpu(self.backend, tokens.len());
+        let work = *built
+            .probe_work
+            .get_or_init(|| built.collections.probe_work());
+        let partitions = self.claims.partitions();
+        let wanted =
+            crate::placement::join_partition_on_gpu(self.backend, work, self.partition, partitions);
+        log::debug!(
+            "datafusion-sets: similarity_join probe work {work}: partition {} of {partitions} \
+             on the {}",
+            self.partition,
+            if wanted { "gpu" } else { "cpu" }
+        );
         if !wanted || built.collections.len() == 0 {
+            return Verifier::Cpu;
+        }
+        // `auto` never makes a join wait for the kernels' first compile: the CPU takes this
+        // join while they compile, for the next ones.
+        if self.backend == BackendChoice::Auto && !gpu::kernels_ready() {
+            gpu::prepare_kernels();
+            log::debug!("datafusion-sets: similarity_join on the CPU while its kernels compile");
             return Verifier::Cpu;
         }
         #[cfg(feature = "tuning")]
@@ -592,6 +620,7 @@ impl SimilarityJoinStream {
                     let t = &found.timings;
                     self.gpu_chunks.add(1);
                     self.gpu_pairs.add(found.verified as usize);
+                    self.gpu_probe_sets.add(b - a);
                     self.candidates.add(found.verified as usize);
                     self.verified.add(found.verified as usize);
                     self.bytes_from_device.add(t.d2h_bytes as usize);

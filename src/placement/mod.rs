@@ -247,28 +247,68 @@ pub fn topk_batch_on_gpu(backend: BackendChoice, and: bool, n: usize) -> bool {
     }
 }
 
-/// With `sets.backend = 'auto'`, the similarity join's GPU verifies candidates when the sets
-/// hold at least this many tokens (smaller joins do not repay the upload and the launches).
-pub const AUTO_JOIN_GPU_MIN_TOKENS: usize = 1 << 20;
+/// With `sets.backend = 'auto'`, the similarity join uses the GPU when its probes would walk
+/// at least this many pairs of postings ([`join_partition_on_gpu`]). Smaller joins do not
+/// repay the upload and a wait per device call. Calibrated on the H200 machine through SQL
+/// (benches/README.md, "The similarity join on the device, through SQL"): the GPU join was
+/// 1.8-6.2x the 16-core CPU at 20 M (debian_deps Dice >= 0.5), 45 M (gcide_words Jaccard >=
+/// 0.5) and 297 M (gcide_words Dice >= 0.5) posting pairs, and 0.8x at 1.2 M (gcide_words
+/// Jaccard >= 0.8).
+pub const AUTO_JOIN_GPU_MIN_WORK: u64 = 1 << 22;
 
-/// Whether a similarity join over sets of `tokens` tokens in all wants its candidates
-/// verified on the GPU (the device may still refuse the sets; the join then verifies on the
-/// CPU).
-pub fn join_verifies_on_gpu(backend: BackendChoice, tokens: usize) -> bool {
+/// Of a join's `partitions` output partitions, how many `auto` sends to the device when it
+/// uses the GPU: all of them, unless the knob `sj_device_partitions` says fewer (then the
+/// others probe on the CPU, claiming their probe ranges from the same counters as the
+/// device's). Measured on the H100 machine through SQL (benches/README.md), a quarter of the
+/// partitions on the device and the rest on the CPU was 5-13% slower than the device alone on
+/// every join where the GPU wins: the device does most of the probing either way, and fewer
+/// partitions keep fewer of its calls in flight.
+pub fn auto_join_device_partitions(partitions: usize) -> usize {
+    let partitions = partitions.max(1);
+    crate::tuning::sj_device_partitions()
+        .map_or(partitions, |k| k as usize)
+        .clamp(1, partitions)
+}
+
+/// Whether output partition `partition` of `partitions` of a similarity join whose prefix
+/// indexes hold `work` pairs of postings sharing a token (`Collections::probe_work`, known
+/// once the join is built) probes on the GPU (the device may still refuse the join; the
+/// partition then probes on the CPU). `gpu`: every partition; `auto`, from
+/// [`AUTO_JOIN_GPU_MIN_WORK`]: the first [`auto_join_device_partitions`].
+pub fn join_partition_on_gpu(
+    backend: BackendChoice,
+    work: u64,
+    partition: usize,
+    partitions: usize,
+) -> bool {
     match backend {
         BackendChoice::Cpu => false,
         BackendChoice::Gpu => true,
-        BackendChoice::Auto => tokens >= AUTO_JOIN_GPU_MIN_TOKENS,
+        BackendChoice::Auto => {
+            let from = crate::tuning::sj_auto_gpu_from().unwrap_or(AUTO_JOIN_GPU_MIN_WORK);
+            work >= from
+                && partition < auto_join_device_partitions(partitions)
+                && gpu::is_available()
+        }
     }
 }
 
-/// Where a similarity join verifies its candidates, as `EXPLAIN` shows it.
-pub fn join_verifier_label(backend: BackendChoice) -> String {
+/// Where a similarity join runs, as `EXPLAIN` shows it.
+pub fn join_verifier_label(backend: BackendChoice, partitions: usize) -> String {
     let gpu = gpu::is_available;
     match backend {
         BackendChoice::Cpu => "cpu".into(),
         BackendChoice::Auto if gpu() => {
-            format!("auto (gpu verification from {AUTO_JOIN_GPU_MIN_TOKENS} tokens)")
+            let k = auto_join_device_partitions(partitions);
+            let from = crate::tuning::sj_auto_gpu_from().unwrap_or(AUTO_JOIN_GPU_MIN_WORK);
+            if k < partitions {
+                format!(
+                    "auto (gpu from {from} posting pairs: {k} of {partitions} partitions, the \
+                     others on the cpu)"
+                )
+            } else {
+                format!("auto (gpu from {from} posting pairs)")
+            }
         }
         BackendChoice::Auto => "cpu".into(),
         BackendChoice::Gpu if gpu() => "gpu".into(),
@@ -304,6 +344,34 @@ mod tests {
             rows,
             batch_rows: 8192,
         }
+    }
+
+    #[test]
+    #[cfg(feature = "tuning")]
+    fn a_join_shares_its_partitions_between_cpu_and_gpu_under_auto() {
+        use BackendChoice::{Auto, Cpu, Gpu};
+        let big = AUTO_JOIN_GPU_MIN_WORK;
+        let on = |b, work, partitions| {
+            (0..partitions)
+                .filter(|&p| join_partition_on_gpu(b, work, p, partitions))
+                .count()
+        };
+        assert_eq!(on(Cpu, big, 16), 0);
+        assert_eq!(on(Gpu, 0, 16), 16);
+        assert_eq!(on(Auto, big - 1, 16), 0, "too little work for the upload");
+        if !gpu::is_available() {
+            assert_eq!(on(Auto, big, 16), 0, "no device");
+            return;
+        }
+        assert_eq!(on(Auto, big, 16), 16);
+        assert_eq!(on(Auto, big, 1), 1);
+        // With fewer device partitions set, the first ones.
+        crate::tuning::set_sj_device_partitions(Some(4));
+        assert_eq!(on(Auto, big, 16), 4);
+        assert!(join_partition_on_gpu(Auto, big, 3, 16));
+        assert!(!join_partition_on_gpu(Auto, big, 4, 16));
+        assert_eq!(on(Auto, big, 2), 2);
+        crate::tuning::set_sj_device_partitions(None);
     }
 
     #[test]

@@ -206,6 +206,26 @@ impl DeviceJoin {
     }
 }
 
+/// Whether the join's kernels are compiled, so that a first device call does not wait 0.4-5 s
+/// for NVRTC (never without the `cuda` feature).
+pub fn kernels_ready() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        simjoin::kernels_ready()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
+/// Start compiling the join's kernels in the background (once per process; nothing without
+/// the `cuda` feature), for [`kernels_ready`].
+pub fn prepare_kernels() {
+    #[cfg(feature = "cuda")]
+    simjoin::prepare_kernels();
+}
+
 /// Copy a join's prefix indexes to the device beside its `sets`: one index for a self-join,
 /// else one per side (index 0 over side 0's sets, read by side 1's probe sets), with each
 /// set's side (0 or 1). They stay there while the [`DeviceJoin`] lives.

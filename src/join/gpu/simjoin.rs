@@ -80,6 +80,35 @@ fn kernels(g: &Gpu) -> Result<&'static Kernels, GpuError> {
         .map_err(Clone::clone)
 }
 
+/// Whether the join's kernels are compiled and loaded (their first use compiles them, 0.4 to
+/// 5 s).
+pub(super) fn kernels_ready() -> bool {
+    matches!(KERNELS.get(), Some(Ok(_)))
+}
+
+/// Compile the join's kernels on a thread of their own, once per process (a failure is kept,
+/// as a first use's would be).
+pub(super) fn prepare_kernels() {
+    static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if KERNELS.get().is_some() || STARTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("dfsets-simjoin-compile".into())
+        .spawn(|| {
+            let compiled = ready().and_then(|g| {
+                g.ctx.bind_to_thread().map_err(drv("bind context"))?;
+                kernels(g).map(|_| ())
+            });
+            if let Err(e) = compiled {
+                log::debug!("datafusion-sets: the similarity join's kernels: {e}");
+            }
+        });
+    if spawned.is_err() {
+        STARTED.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// One lane: a stream and the pooled device and pinned buffers of the chunks it runs.
 pub(super) struct Lane {
     pub(super) stream: Arc<CudaStream>,
