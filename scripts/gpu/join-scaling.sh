@@ -3,7 +3,7 @@
 # case one session over the sets' Parquet file, the issue's query on the CPU backend at
 # target_partitions 1, 2, 4, 8 and every core (ROUNDS runs each, all answers checked equal),
 # then EXPLAIN ANALYZE at 1 partition and at every core, the join's and the scan's metrics
-# printed. Uses the carry of join-gpu.sh: here `scripts/gpu/join-gpu.sh pack`, there command
+# printed, and the planning alone (EXPLAIN). Uses the carry of join-gpu.sh: here `scripts/gpu/join-gpu.sh pack`, there command
 # `bash scripts/gpu/join-scaling.sh`, carry ["carry/join-gpu"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +32,8 @@ for case in cases:
     for p in (1, cores):
         stmts += [("setup", f"SET datafusion.execution.target_partitions = {p}"),
                   ("explain", "EXPLAIN ANALYZE " + q)]
+    # Planning alone: EXPLAIN plans the query without running it.
+    stmts += [("plan", "EXPLAIN " + q)] * rounds
     with open("/tmp/join-scaling.sql", "w") as f:
         f.write("".join(s + ";\n" for _, s in stmts))
     out = subprocess.run(["/tmp/dfsets", "-f", "/tmp/join-scaling.sql"],
@@ -51,9 +53,12 @@ for case in cases:
         print(f"  {p:2} partitions: " + " ".join(f"{x:.0f}" for x in times[p])
               + f" ms; best 1 / best {p}: {best1 / min(times[p]):.1f}x")
     print("  EXPLAIN ANALYZE, explain wall ms:", " ".join(f"{x:.0f}" for x in times["explain"]))
+    print(f"  planning alone (EXPLAIN, {cores} partitions):",
+          " ".join(f"{x:.1f}" for x in times["plan"]), "ms")
     for line in text.splitlines():
-        for node in ("SimilarityJoinExec", "DataSourceExec"):
-            if node in line and "metrics=" in line:
-                m = line[line.find("metrics="):].strip(" |")
-                print(f"    {node}: {m[:900]}")
+        if "SimilarityJoinExec" in line and "metrics=" in line:
+            print("    SimilarityJoinExec:", line[line.find("metrics="):].strip(" |")[:900])
+        if "DataSourceExec" in line and "metrics=" in line:
+            keep = re.findall(r"(?:time_elapsed_\w+|bytes_scanned|files_opened|output_batches)=[^,\]]+", line)
+            print("    DataSourceExec:", ", ".join(keep))
 EOF

@@ -630,8 +630,9 @@ fn first_slots(
         heads.push(head);
         rest = tail;
     }
-    let work: Vec<Mutex<(&mut [usize], Vec<&mut [u32]>)>> =
-        heads.into_iter().zip(parts).map(Mutex::new).collect();
+    // Per slice: its offsets, and its part of every range's counter.
+    type Slice<'a> = (&'a mut [usize], Vec<&'a mut [u32]>);
+    let work: Vec<Mutex<Slice<'_>>> = heads.into_iter().zip(parts).map(Mutex::new).collect();
     crew.for_each(slices, |i| {
         let mut guard = lock(&work[i]);
         let (offs, counts) = &mut *guard;
