@@ -519,7 +519,7 @@ impl SimilarityJoinExec {
     }
 
     /// This join run where `backend` says (`sets.backend`; the default is `auto`: see
-    /// [`crate::placement::join_partition_on_gpu`]).
+    /// `placement::join_partition_on_gpu`).
     pub fn with_backend(mut self, backend: BackendChoice) -> Self {
         self.backend = backend;
         self
