@@ -505,6 +505,69 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
     );
 }
 
+/// The SQL join with a strict threshold (`f(a, b) > t`), at thresholds many pairs reach
+/// exactly: the CPU equals the nested loop everywhere, and the GPU join equals both where a
+/// GPU is present (with 1 and 3 partitions).
+#[test]
+fn sql_join_with_a_strict_threshold_gpu_equals_cpu_and_nested_loop() {
+    let gpu = gpu_or_skip("sql_join_with_a_strict_threshold_gpu_equals_cpu_and_nested_loop");
+    let rt = runtime(3);
+    let mut rng = StdRng::seed_from_u64(23);
+    let rows = collection(&mut rng, 1200, 0);
+    let cases: &[(Measure, f64)] = &[
+        (Measure::Jaccard, 0.5),
+        (Measure::Cosine, 0.5),
+        (Measure::Dice, 0.5),
+        (Measure::Overlap, 5.0),
+    ];
+    for &(m, t) in cases {
+        let at_threshold = |bits: u64| match m {
+            Measure::Overlap => bits as f64 == t,
+            _ => f64::from_bits(bits) == t,
+        };
+        let all = brute_force(&rows, None, m, t);
+        let exact = all.iter().filter(|p| at_threshold(p.2)).count();
+        assert!(exact > 0, "{}: no pair exactly at {t}", m.name());
+        let want: Vec<(i64, i64)> = all
+            .iter()
+            .filter(|p| !at_threshold(p.2))
+            .map(|p| (p.0, p.1))
+            .collect();
+        let sql = format!(
+            "SELECT r.id, u.id FROM l r JOIN l u ON r.id < u.id AND {}(r.tokens, u.tokens) > {t}",
+            m.name()
+        );
+        let backends: &[&str] = if gpu { &["cpu", "gpu"] } else { &["cpu"] };
+        for &backend in backends {
+            for partitions in [1, 3] {
+                let ctx = session(partitions, backend, &rt);
+                ctx.register_table("l", table(&rows)).unwrap();
+                let before = gpu::simjoin_chunks_run();
+                let batches = rt
+                    .block_on(async { ctx.sql(&sql).await?.collect().await })
+                    .unwrap_or_else(|e| panic!("{sql} on {backend}: {e}"));
+                let mut got: Vec<(i64, i64)> = batches
+                    .iter()
+                    .flat_map(|b| {
+                        let l = b.column(0).as_primitive::<Int64Type>().clone();
+                        let r = b.column(1).as_primitive::<Int64Type>().clone();
+                        (0..b.num_rows()).map(move |i| (l.value(i), r.value(i)))
+                    })
+                    .collect();
+                got.sort_unstable();
+                assert_eq!(got, want, "{sql} on {backend}, {partitions} partitions");
+                if backend == "gpu" {
+                    assert!(gpu::simjoin_chunks_run() > before, "{sql}: no device call");
+                }
+            }
+        }
+        eprintln!(
+            "{sql}: {} pairs ({exact} exactly at the threshold left out), equal on {backends:?}",
+            want.len()
+        );
+    }
+}
+
 #[test]
 fn explain_analyze_shows_device_counters() {
     if !gpu_or_skip("explain_analyze_shows_device_counters") {
