@@ -45,6 +45,10 @@ pub struct Env {
     /// `DFSETS_GPU_COLUMN_BUDGET`: device memory (bytes) the resident list columns may take
     /// when `sets.gpu_column_budget` is 0; `None`: a quarter of the device's memory.
     pub gpu_column_budget: Option<usize>,
+    /// `DFSETS_KERNEL_CACHE`: the directory compiled GPU kernels are kept in across processes
+    /// (`off`, `0` or empty: none); unset, `$XDG_CACHE_HOME/datafusion-sets/kernels`, else
+    /// `$HOME/.cache/datafusion-sets/kernels`.
+    pub kernel_cache: Option<std::path::PathBuf>,
 }
 
 impl Env {
@@ -59,7 +63,31 @@ impl Env {
                 .and_then(|s| s.trim().parse::<usize>().ok()),
             gpu_index_budget: bytes("DFSETS_GPU_INDEX_BUDGET"),
             gpu_column_budget: bytes("DFSETS_GPU_COLUMN_BUDGET"),
+            kernel_cache: kernel_cache_dir(
+                std::env::var_os("DFSETS_KERNEL_CACHE").as_deref(),
+                std::env::var_os("XDG_CACHE_HOME").as_deref(),
+                std::env::var_os("HOME").as_deref(),
+            ),
         }
+    }
+}
+
+/// [`Env::kernel_cache`] from the values of `DFSETS_KERNEL_CACHE`, `XDG_CACHE_HOME` and
+/// `HOME`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA driver only
+fn kernel_cache_dir(
+    kernel_cache: Option<&std::ffi::OsStr>,
+    xdg_cache_home: Option<&std::ffi::OsStr>,
+    home: Option<&std::ffi::OsStr>,
+) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let set = |v: Option<&std::ffi::OsStr>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    match kernel_cache {
+        Some(v) if v.is_empty() || v == "off" || v == "0" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => set(xdg_cache_home)
+            .or_else(|| set(home).map(|h| h.join(".cache")))
+            .map(|c| c.join("datafusion-sets").join("kernels")),
     }
 }
 
@@ -608,6 +636,29 @@ mod tests {
     /// The knob `gpu_search_ratio` and `set_known_order`: every mode survives its encoding
     /// (no search ratio read as the warp mode or a marker), and the environment's spellings
     /// mean what the docs say.
+    #[test]
+    fn the_kernel_cache_directory_follows_the_environment() {
+        use std::ffi::OsStr;
+        use std::path::PathBuf;
+        let s = |v: &'static str| Some(OsStr::new(v));
+        assert_eq!(kernel_cache_dir(s("off"), s("/x"), s("/h")), None);
+        assert_eq!(kernel_cache_dir(s("0"), None, s("/h")), None);
+        assert_eq!(kernel_cache_dir(s(""), None, s("/h")), None);
+        assert_eq!(
+            kernel_cache_dir(s("/c/k"), s("/x"), s("/h")),
+            Some(PathBuf::from("/c/k"))
+        );
+        assert_eq!(
+            kernel_cache_dir(None, s("/x"), s("/h")),
+            Some(PathBuf::from("/x/datafusion-sets/kernels"))
+        );
+        assert_eq!(
+            kernel_cache_dir(None, s(""), s("/h")),
+            Some(PathBuf::from("/h/.cache/datafusion-sets/kernels"))
+        );
+        assert_eq!(kernel_cache_dir(None, None, None), None);
+    }
+
     #[test]
     fn known_order_modes_round_trip() {
         for k in [

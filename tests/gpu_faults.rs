@@ -28,13 +28,15 @@ const WORKLOAD: &str = "DFSETS_FAULT_WORKLOAD";
 const LATE: &str = "DFSETS_FAULT_LATE";
 /// "1" when the parent found a usable GPU.
 const HAS_GPU: &str = "DFSETS_FAULT_HAS_GPU";
+/// Set in the children of the kernel cache's test.
+const CACHE_CHILD: &str = "DFSETS_CACHE_CHILD";
 const WORKLOADS: [&str; 3] = ["intersect", "bm25", "simjoin"];
 /// Far above a child's run (about a second without a GPU, a few with one).
 const CHILD_LIMIT: Duration = Duration::from_secs(300);
 
 #[test]
 fn every_fault_ends_on_the_cpu_with_the_same_answer() {
-    if std::env::var_os(CHILD).is_some() {
+    if std::env::var_os(CHILD).is_some() || std::env::var_os(CACHE_CHILD).is_some() {
         return;
     }
     let has_gpu = gpu::device().is_ok();
@@ -68,34 +70,11 @@ fn every_fault_ends_on_the_cpu_with_the_same_answer() {
             .env(WORKLOAD, workload)
             .env(HAS_GPU, if has_gpu { "1" } else { "0" })
             .env("DFSETS_GPU_FAULT", env_faults)
-            .env_remove("DFSETS_DISABLE_GPU")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env_remove("DFSETS_DISABLE_GPU");
         if let Some(f) = late {
             cmd.env(LATE, f.name());
         }
-        let started = Instant::now();
-        let mut child = cmd.spawn().expect("spawn the child test");
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("wait for the child") {
-                break Some(s);
-            }
-            if started.elapsed() > CHILD_LIMIT {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut out);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        let secs = started.elapsed().as_secs_f64();
+        let (status, out, err, secs) = wait_for(cmd);
         match status {
             Some(s) if s.success() && out.contains("child: done") => {
                 let state = out
@@ -112,6 +91,159 @@ fn every_fault_ends_on_the_cpu_with_the_same_answer() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n----\n"));
+}
+
+/// Runs `cmd` (a child of this test binary) under `CHILD_LIMIT`: its exit status (`None`
+/// when it had to be killed), stdout, stderr and seconds.
+fn wait_for(mut cmd: Command) -> (Option<std::process::ExitStatus>, String, String, f64) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("spawn the child test");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for the child") {
+            break Some(s);
+        }
+        if started.elapsed() > CHILD_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    (status, out, err, started.elapsed().as_secs_f64())
+}
+
+/// The compiled kernels kept on disk (`DFSETS_KERNEL_CACHE`): a first process compiles every
+/// module it uses and stores it, a second loads them all and compiles none, a damaged entry is
+/// compiled again, and `off` keeps nothing. Every process checks its GPU answers against the
+/// CPU's (the child `cache_child`), so a cached kernel is shown to compute what a compiled
+/// one does. Needs a GPU; passes trivially without one.
+#[test]
+fn compiled_kernels_are_kept_across_processes() {
+    if std::env::var_os(CHILD).is_some() || std::env::var_os(CACHE_CHILD).is_some() {
+        return;
+    }
+    if let Err(e) = gpu::device() {
+        println!("gpu_faults: no GPU ({e}); the kernel cache is not exercised");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let exe = std::env::current_exe().expect("test binary path");
+    // `home`: HOME and XDG_CACHE_HOME for the child (where the default cache would go).
+    let child = |cache: &std::ffi::OsStr, home: Option<&std::path::Path>| -> (u64, u64) {
+        let mut cmd = Command::new(&exe);
+        if let Some(h) = home {
+            cmd.env("HOME", h).env("XDG_CACHE_HOME", h.join("cache"));
+        }
+        cmd.args(["--exact", "cache_child", "--ignored", "--nocapture"])
+            .env(CACHE_CHILD, "1")
+            .env("DFSETS_KERNEL_CACHE", cache)
+            .env_remove("DFSETS_GPU_FAULT")
+            .env_remove("DFSETS_DISABLE_GPU");
+        let (status, out, err, secs) = wait_for(cmd);
+        assert!(
+            status.is_some_and(|s| s.success()) && out.contains("cache_child: done"),
+            "cache child: {status:?}\n{out}\n{err}"
+        );
+        let counts = out
+            .lines()
+            .find_map(|l| l.strip_prefix("cache_child: modules compiled, from cache: "))
+            .expect("the child's counts");
+        let (c, f) = counts.split_once(' ').expect("two counts");
+        let counts = (c.parse().unwrap(), f.parse().unwrap());
+        println!(
+            "gpu_faults: kernel cache child in {secs:.1} s: (compiled, from cache) {counts:?}"
+        );
+        counts
+    };
+    let entries = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path())
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let (compiled, from_cache) = child(dir.path().as_os_str(), None);
+    assert!(
+        compiled >= 2,
+        "the workloads compile their modules: {compiled}"
+    );
+    assert_eq!(from_cache, 0, "an empty cache holds nothing");
+    let files = entries();
+    assert_eq!(
+        files.len() as u64,
+        compiled,
+        "one entry per module: {files:?}"
+    );
+    assert!(
+        files
+            .iter()
+            .all(|f| f.extension().is_some_and(|e| e == "cubin"))
+    );
+    assert_eq!(
+        child(dir.path().as_os_str(), None),
+        (0, compiled),
+        "all from the cache"
+    );
+    // A damaged entry (one byte of its image flipped) is compiled again and replaced.
+    for f in &files {
+        let mut bytes = std::fs::read(f).unwrap();
+        *bytes.last_mut().unwrap() ^= 0x5a;
+        std::fs::write(f, bytes).unwrap();
+    }
+    assert_eq!(
+        child(dir.path().as_os_str(), None),
+        (compiled, 0),
+        "damaged entries"
+    );
+    assert_eq!(
+        child(dir.path().as_os_str(), None),
+        (0, compiled),
+        "replaced entries"
+    );
+    // `off`: nothing read, nothing written, not even where the default cache would be.
+    let home = tempfile::tempdir().expect("a temporary directory");
+    let off = std::ffi::OsStr::new("off");
+    assert_eq!(
+        child(off, Some(home.path())),
+        (compiled, 0),
+        "DFSETS_KERNEL_CACHE=off"
+    );
+    assert!(std::fs::read_dir(home.path()).unwrap().next().is_none());
+}
+
+/// Runs the three workloads on the GPU and on the CPU, checks the answers equal and the GPU
+/// used, and prints the kernel modules compiled and loaded from the cache; does nothing
+/// unless started by the test above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a child process of compiled_kernels_are_kept_across_processes"]
+async fn cache_child() {
+    if std::env::var_os(CACHE_CHILD).is_none() {
+        return;
+    }
+    for workload in WORKLOADS {
+        let before = counters();
+        let (sql, setup) = workload_sql(workload);
+        let cpu = run(&setup, sql, "cpu").await;
+        let got = run(&setup, sql, "gpu").await;
+        assert_eq!(got, cpu, "{workload}: the GPU differs from the CPU");
+        let after = counters();
+        assert!(
+            after.iter().zip(&before).any(|(a, b)| a > b),
+            "{workload} ran on the GPU: {before:?} -> {after:?}"
+        );
+    }
+    let (compiled, from_cache) = gpu::kernel_modules();
+    println!("cache_child: modules compiled, from cache: {compiled} {from_cache}");
+    println!("cache_child: done");
 }
 
 /// One (fault, workload) pair; does nothing unless started by the test above.

@@ -6,7 +6,8 @@
 //!   without a driver or a device every entry point returns a [`GpuError`] and the caller
 //!   stays on the CPU (the reason goes to the debug log). `runtime`: one context and stream
 //!   per process, launches and waits; `modules`: the kernels of kernels/*.cu, embedded in the
-//!   binary, each compiled once per process with NVRTC for the device's own architecture;
+//!   binary, each compiled once per process with NVRTC for the device's own architecture,
+//!   or loaded from `kernel_cache`, the compiled modules kept on disk across processes;
 //!   `memory`: pooled device and page-locked memory (the results lent to Arrow buffers within
 //!   [`crate::tuning::lent_max`]); `graph`: one submission for a sequence of launches;
 //!   `fault`: fault injection (feature `tuning`); `probes`: the device's transfer ceilings
@@ -36,6 +37,8 @@ mod intersect;
 
 #[cfg(feature = "cuda")]
 mod graph;
+#[cfg(feature = "cuda")]
+mod kernel_cache;
 #[cfg(feature = "cuda")]
 pub(crate) mod memory;
 #[cfg(feature = "cuda")]
@@ -284,6 +287,21 @@ pub(crate) static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 /// Batches the SQL functions ran on the GPU in this process (for tests and diagnostics).
 pub fn batches_run() -> u64 {
     BATCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Kernel modules this process compiled with NVRTC, and loaded from the kernel cache
+/// (`DFSETS_KERNEL_CACHE`), in that order (for tests and diagnostics).
+pub fn kernel_modules() -> (u64, u64) {
+    #[cfg(feature = "cuda")]
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            modules::COMPILED.load(Relaxed),
+            modules::FROM_CACHE.load(Relaxed),
+        )
+    }
+    #[cfg(not(feature = "cuda"))]
+    (0, 0)
 }
 
 /// Measured transfer ceilings of the device (GB/s).

@@ -1,19 +1,25 @@
 //! The kernel modules: the CUDA sources of kernels/*.cu, embedded in the binary, each
-//! compiled with NVRTC for the device's own architecture once per process, on first use, and
-//! loaded into the context (candle keeps its CUDA modules the same way). A compile failure
-//! carries NVRTC's log and is kept: the module is not compiled again.
+//! compiled with NVRTC into a CUBIN for the device's own architecture (`sm_XY`) once per
+//! process, on first use, and loaded into the context (candle keeps its CUDA modules the same
+//! way). A compile failure carries NVRTC's log and is kept: the module is not compiled again.
+//! Compiled images are kept on disk (`super::kernel_cache`), so a later process loads them
+//! instead of compiling: NVRTC takes from a fraction of a second to several seconds per module.
 //!
 //! The driver that asks for a module first gives its compile options (the `-D` shapes its
 //! kernels take, from the measurement knobs); the runtime compiles the base module,
 //! kernels/intersect.cu, when it starts (`super::ready`).
 
 use std::borrow::Cow;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaModule};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use super::GpuError;
+use super::kernel_cache::{self, Key};
 #[cfg(feature = "tuning")]
 use super::fault::{self, Fault};
 use super::runtime::drv;
@@ -80,16 +86,22 @@ impl Module {
     }
 }
 
-/// The process's modules, each compiled once for `arch` (e.g. `compute_90`).
+/// Modules compiled by NVRTC in this process.
+pub(crate) static COMPILED: AtomicU64 = AtomicU64::new(0);
+/// Modules loaded from the kernel cache in this process.
+pub(crate) static FROM_CACHE: AtomicU64 = AtomicU64::new(0);
+
+/// The process's modules, each compiled once for `arch` (e.g. `sm_90`).
 pub(crate) struct Modules {
-    arch: &'static str,
+    arch: String,
     slots: [OnceLock<Result<Arc<CudaModule>, GpuError>>; Module::COUNT],
 }
 
 impl Modules {
-    pub(crate) fn new(arch: &'static str) -> Self {
+    /// The modules of a device of compute capability `major.minor`.
+    pub(crate) fn new((major, minor): (i32, i32)) -> Self {
         Modules {
-            arch,
+            arch: format!("sm_{major}{minor}"),
             slots: std::array::from_fn(|_| OnceLock::new()),
         }
     }
@@ -105,7 +117,7 @@ impl Modules {
         self.slots[m.slot()]
             .get_or_init(|| {
                 let source = m.source()?;
-                compile(ctx, self.arch, &source, m.file(), options())
+                load(ctx, &self.arch, &source, m.file(), options())
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -118,16 +130,20 @@ impl Modules {
     }
 }
 
-/// Compiles `source` with NVRTC for `arch` as C++17 plus `extra` options, and loads it into
-/// `ctx`; a compile failure carries NVRTC's log.
-fn compile(
+/// Loads `source` compiled for `arch` as C++17 plus `extra` options into `ctx`: from the
+/// kernel cache when it holds the image, else compiled by NVRTC (and stored in the cache). A
+/// compile failure carries NVRTC's log.
+fn load(
     ctx: &Arc<CudaContext>,
-    arch: &'static str,
+    arch: &str,
     source: &str,
     name: &str,
     extra: Vec<String>,
 ) -> Result<Arc<CudaModule>, GpuError> {
-    let mut options = vec!["--std=c++17".to_string()];
+    let mut options = vec![
+        "--std=c++17".to_string(),
+        format!("--gpu-architecture={arch}"),
+    ];
     options.extend(extra);
     #[cfg(feature = "tuning")]
     let injected;
@@ -138,20 +154,105 @@ fn compile(
     } else {
         source
     };
-    let ptx = compile_ptx_with_opts(
-        source,
-        CompileOptions {
-            arch: Some(arch),
-            options,
-            name: Some(name.into()),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            GpuError::Compile(log.to_string_lossy().into_owned())
+    let dir = crate::tuning::env().kernel_cache.as_deref();
+    let key = Key::of(
+        [
+            env!("CARGO_PKG_VERSION").as_bytes(),
+            nvrtc_version().as_bytes(),
+            name.as_bytes(),
+            source.as_bytes(),
+        ]
+        .into_iter()
+        .chain(options.iter().map(|o| o.as_bytes())),
+    );
+    if let Some(image) = dir.and_then(|d| kernel_cache::read(d, &key)) {
+        let started = Instant::now();
+        match ctx.load_module(Ptx::from_binary(image)) {
+            Ok(m) => {
+                FROM_CACHE.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "GPU: {name} loaded from the kernel cache in {:.1} ms",
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+                return Ok(m);
+            }
+            // An image the driver refuses (a driver older than the compiler that wrote it,
+            // say) is compiled again and replaced.
+            Err(e) => log::debug!("GPU: {name} from the kernel cache did not load ({e}); compiling"),
         }
-        other => GpuError::Compile(format!("{other:?}")),
-    })?;
-    ctx.load_module(ptx).map_err(drv("module load"))
+    }
+    let started = Instant::now();
+    let image = compile(source, name, &options)?;
+    COMPILED.fetch_add(1, Ordering::Relaxed);
+    log::debug!(
+        "GPU: {name} compiled by NVRTC for {arch} in {:.1} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    if let Some(d) = dir
+        && let Err(e) = kernel_cache::write(d, &key, &image)
+    {
+        log::debug!("GPU: the kernel cache {d:?} is not writable ({e}); compiling every process");
+    }
+    ctx.load_module(Ptx::from_binary(image))
+        .map_err(drv("module load"))
+}
+
+/// NVRTC's version, `major.minor` (part of the cache key: another compiler, another image).
+fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC writes two ints through the pointers, which are valid for the call.
+    match unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result() {
+        Ok(()) => format!("{major}.{minor}"),
+        Err(_) => "unknown".into(),
+    }
+}
+
+/// An NVRTC program, destroyed when dropped.
+struct Program(nvrtc_sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by `nvrtc::create_program` and is destroyed once.
+        let _ = unsafe { nvrtc::destroy_program(self.0) };
+    }
+}
+
+/// Compiles `source` with NVRTC and `options` (the architecture among them, an `sm_XY`) into
+/// a CUBIN; a compile failure carries NVRTC's log.
+fn compile(source: &str, name: &str, options: &[String]) -> Result<Vec<u8>, GpuError> {
+    let failed = |what: &str, e: nvrtc::NvrtcError| GpuError::Compile(format!("{name}: {what}: {e:?}"));
+    let src = CString::new(source)
+        .map_err(|_| GpuError::Compile(format!("{name}: the source holds a NUL byte")))?;
+    let cname = CString::new(name)
+        .map_err(|_| GpuError::Compile(format!("{name}: the name holds a NUL byte")))?;
+    if options.iter().any(|o| o.contains('\0')) {
+        return Err(GpuError::Compile(format!("{name}: an option holds a NUL byte")));
+    }
+    let prog = Program(nvrtc::create_program(&src, Some(&cname)).map_err(|e| failed("create", e))?);
+    // SAFETY: `prog` is a live program; the options hold no NUL byte (checked above), so the
+    // conversion inside cannot fail.
+    if let Err(e) = unsafe { nvrtc::compile_program(prog.0, options) } {
+        // SAFETY: `prog` is a live program.
+        let log = unsafe { nvrtc::get_program_log(prog.0) }
+            .map(|l| {
+                let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_else(|_| format!("{e:?}"));
+        return Err(GpuError::Compile(log));
+    }
+    let mut size = 0usize;
+    // SAFETY: `prog` is compiled; NVRTC writes the image's size through the pointer.
+    unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(|e| failed("CUBIN size", e))?;
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` holds the `size` bytes NVRTC said the CUBIN takes.
+    unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast()) }
+        .result()
+        .map_err(|e| failed("CUBIN", e))?;
+    if image.is_empty() {
+        return Err(GpuError::Compile(format!("{name}: NVRTC returned no CUBIN")));
+    }
+    Ok(image)
 }

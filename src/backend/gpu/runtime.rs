@@ -140,7 +140,6 @@ fn init() -> Result<Gpu, GpuError> {
     let (major, minor) = ctx
         .compute_capability()
         .map_err(drv("compute capability"))?;
-    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
     let sms = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(drv("device attribute"))?
@@ -153,7 +152,7 @@ fn init() -> Result<Gpu, GpuError> {
         multiprocessors: sms,
     };
     Ok(Gpu {
-        modules: Modules::new(arch),
+        modules: Modules::new((major, minor)),
         ctx,
         stream,
         info,
