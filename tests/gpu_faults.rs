@@ -229,6 +229,21 @@ async fn cache_child() {
     if std::env::var_os(CACHE_CHILD).is_none() {
         return;
     }
+    // First, before any join kernel is loaded: `auto` (told to use the GPU for any join)
+    // takes the GPU at once when the kernel cache holds the join's kernels, and runs the join
+    // on the CPU while they compile when it does not.
+    datafusion_sets::tuning::set_sj_auto_gpu_from(Some(0));
+    let (sql, setup) = workload_sql("simjoin");
+    let cpu = run(&setup, sql, "cpu").await;
+    let before = counters();
+    assert_eq!(
+        run(&setup, sql, "auto").await,
+        cpu,
+        "auto differs from the CPU"
+    );
+    let on_gpu = counters()[2] > before[2];
+    datafusion_sets::tuning::set_sj_auto_gpu_from(None);
+    println!("cache_child: first auto join on the GPU: {on_gpu}");
     for workload in WORKLOADS {
         let before = counters();
         let (sql, setup) = workload_sql(workload);

@@ -10,6 +10,8 @@ carry=${CARRY:-carry/gpu}
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out" /tmp/gpubin
 export DFSETS_REQUIRE_GPU=1 RUST_BACKTRACE=1
+# A kernel cache of its own, empty at the start: the first binary compiles, the rest load.
+export DFSETS_KERNEL_CACHE=${DFSETS_KERNEL_CACHE:-/tmp/dfsets-kernels-$$}
 export DFSETS_UPSTREAM_SLT="$PWD/$carry/upstream" DFSETS_SQL_TESTS="$PWD/$carry/sql-tests"
 for f in "$carry"/*.xz; do
     b=/tmp/gpubin/$(basename "$f" .xz)

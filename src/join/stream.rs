@@ -462,8 +462,9 @@ impl SimilarityJoinStream {
             return Verifier::Cpu;
         }
         // `auto` never makes a join wait for the kernels' first compile: the CPU takes this
-        // join while they compile, for the next ones.
-        if self.backend == BackendChoice::Auto && !gpu::kernels_ready() {
+        // join while they compile, for the next ones. Kernels an earlier process compiled load
+        // from the kernel cache in milliseconds, and this join takes them.
+        if self.backend == BackendChoice::Auto && !gpu::kernels_ready_or_cached() {
             gpu::prepare_kernels();
             log::debug!("datafusion-sets: similarity_join on the CPU while its kernels compile");
             return Verifier::Cpu;

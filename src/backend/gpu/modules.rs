@@ -123,10 +123,68 @@ impl Modules {
             .map_err(Clone::clone)
     }
 
+    /// Whether module `m` (with `options`) is loaded, or its compiled image is in the kernel
+    /// cache, whole: then [`get`](Self::get) takes milliseconds, not an NVRTC compile.
+    pub(crate) fn loads_fast(&self, m: Module, options: impl FnOnce() -> Vec<String>) -> bool {
+        if self.slots[m.slot()].get().is_some() {
+            return true;
+        }
+        let Ok(source) = m.source() else {
+            return false;
+        };
+        let job = Job::new(&self.arch, &source, m.file(), options());
+        crate::tuning::env()
+            .kernel_cache
+            .as_deref()
+            .is_some_and(|d| kernel_cache::read(d, &job.key).is_some())
+    }
+
     /// Module `m` if it was compiled.
     #[cfg(feature = "tuning")]
     pub(crate) fn compiled(&self, m: Module) -> Option<&Arc<CudaModule>> {
         self.slots[m.slot()].get()?.as_ref().ok()
+    }
+}
+
+/// One module to load: its source (with an injected fault, feature `tuning`), NVRTC's
+/// options and the kernel cache's key of both.
+struct Job<'a> {
+    source: Cow<'a, str>,
+    options: Vec<String>,
+    key: Key,
+}
+
+impl<'a> Job<'a> {
+    /// `source` compiled for `arch` as C++17 plus `extra` options.
+    fn new(arch: &str, source: &'a str, name: &'a str, extra: Vec<String>) -> Self {
+        let mut options = vec![
+            "--std=c++17".to_string(),
+            format!("--gpu-architecture={arch}"),
+        ];
+        options.extend(extra);
+        #[cfg(feature = "tuning")]
+        let source: Cow<'a, str> = if fault::armed(Fault::Compile) {
+            Cow::Owned(format!("#error injected fault (DFSETS_GPU_FAULT=nvrtc)\n{source}"))
+        } else {
+            Cow::Borrowed(source)
+        };
+        #[cfg(not(feature = "tuning"))]
+        let source = Cow::Borrowed(source);
+        let key = Key::of(
+            [
+                env!("CARGO_PKG_VERSION").as_bytes(),
+                nvrtc_version().as_bytes(),
+                name.as_bytes(),
+                source.as_bytes(),
+            ]
+            .into_iter()
+            .chain(options.iter().map(|o| o.as_bytes())),
+        );
+        Job {
+            source,
+            options,
+            key,
+        }
     }
 }
 
@@ -140,32 +198,9 @@ fn load(
     name: &str,
     extra: Vec<String>,
 ) -> Result<Arc<CudaModule>, GpuError> {
-    let mut options = vec![
-        "--std=c++17".to_string(),
-        format!("--gpu-architecture={arch}"),
-    ];
-    options.extend(extra);
-    #[cfg(feature = "tuning")]
-    let injected;
-    #[cfg(feature = "tuning")]
-    let source = if fault::armed(Fault::Compile) {
-        injected = format!("#error injected fault (DFSETS_GPU_FAULT=nvrtc)\n{source}");
-        injected.as_str()
-    } else {
-        source
-    };
+    let job = Job::new(arch, source, name, extra);
     let dir = crate::tuning::env().kernel_cache.as_deref();
-    let key = Key::of(
-        [
-            env!("CARGO_PKG_VERSION").as_bytes(),
-            nvrtc_version().as_bytes(),
-            name.as_bytes(),
-            source.as_bytes(),
-        ]
-        .into_iter()
-        .chain(options.iter().map(|o| o.as_bytes())),
-    );
-    if let Some(image) = dir.and_then(|d| kernel_cache::read(d, &key)) {
+    if let Some(image) = dir.and_then(|d| kernel_cache::read(d, &job.key)) {
         let started = Instant::now();
         match ctx.load_module(Ptx::from_binary(image)) {
             Ok(m) => {
@@ -178,18 +213,20 @@ fn load(
             }
             // An image the driver refuses (a driver older than the compiler that wrote it,
             // say) is compiled again and replaced.
-            Err(e) => log::debug!("GPU: {name} from the kernel cache did not load ({e}); compiling"),
+            Err(e) => {
+                log::debug!("GPU: {name} from the kernel cache did not load ({e}); compiling")
+            }
         }
     }
     let started = Instant::now();
-    let image = compile(source, name, &options)?;
+    let image = compile(&job.source, name, &job.options)?;
     COMPILED.fetch_add(1, Ordering::Relaxed);
     log::debug!(
         "GPU: {name} compiled by NVRTC for {arch} in {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3
     );
     if let Some(d) = dir
-        && let Err(e) = kernel_cache::write(d, &key, &image)
+        && let Err(e) = kernel_cache::write(d, &job.key, &image)
     {
         log::debug!("GPU: the kernel cache {d:?} is not writable ({e}); compiling every process");
     }

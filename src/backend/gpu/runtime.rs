@@ -210,6 +210,16 @@ impl Gpu {
         self.modules.get(&self.ctx, m, options)
     }
 
+    /// Whether [`module`](Self::module) would answer in milliseconds: `m` is loaded, or its
+    /// image is in the kernel cache.
+    pub(crate) fn module_loads_fast(
+        &self,
+        m: Module,
+        options: impl FnOnce() -> Vec<String>,
+    ) -> bool {
+        self.modules.loads_fast(m, options)
+    }
+
     /// Turns the backend off for the rest of the process (the reason goes with every later
     /// [`GpuError::Broken`]).
     pub(crate) fn mark_broken(&self, why: &GpuError) {

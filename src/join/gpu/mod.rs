@@ -219,6 +219,20 @@ pub fn kernels_ready() -> bool {
     }
 }
 
+/// Whether the join's kernels are ready, or were just loaded from the kernel cache (an image
+/// compiled by an earlier process: milliseconds); `false` when they still need NVRTC (or
+/// without the `cuda` feature).
+pub fn kernels_ready_or_cached() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        simjoin::kernels_ready() || simjoin::kernels_load_fast()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
 /// Start compiling the join's kernels in the background (once per process; nothing without
 /// the `cuda` feature), for [`kernels_ready`].
 pub fn prepare_kernels() {

@@ -86,6 +86,18 @@ pub(super) fn kernels_ready() -> bool {
     matches!(KERNELS.get(), Some(Ok(_)))
 }
 
+/// Whether the join's kernels are loaded or load from the kernel cache (milliseconds); then
+/// they are loaded now, and the answer is whether that worked.
+pub(super) fn kernels_load_fast() -> bool {
+    let Ok(g) = ready() else {
+        return false;
+    };
+    if !g.module_loads_fast(Module::Simjoin, Vec::new) {
+        return false;
+    }
+    g.ctx.bind_to_thread().is_ok() && kernels(g).is_ok()
+}
+
 /// Compile the join's kernels on a thread of their own, once per process (a failure is kept,
 /// as a first use's would be).
 pub(super) fn prepare_kernels() {
