@@ -120,6 +120,10 @@ const SHAPES: &[(&str, &str)] = &[
         "Bm25IndexExec",
     ),
     (
+        "SELECT shard, term, doc_ids, df FROM bm25_index('docs', 'id', 'body', 'shards=2')",
+        "shards=2",
+    ),
+    (
         "SELECT rank, doc_id, score FROM topk_bm25('idx', 'quick fox', 3)",
         "TopkBm25Exec",
     ),

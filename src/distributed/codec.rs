@@ -177,6 +177,9 @@ struct Bm25IndexNode {
     /// The parts' bucket count.
     #[prost(uint32, tag = "4")]
     buckets: u32,
+    /// `Bm25IndexExec`'s shards (0: unsharded).
+    #[prost(uint32, tag = "5")]
+    shards: u32,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -315,22 +318,23 @@ impl SetsCodec {
                 buckets: r.buckets,
             }));
         }
-        let index = |stage: &str, tokenizer: TokenizerOptions, with_static, buckets| {
+        let index = |stage: &str, tokenizer: TokenizerOptions, with_static, buckets, shards| {
             Ok(Node::Bm25Index(Bm25IndexNode {
                 tokenizer: tokenizer.to_string(),
                 with_static,
                 stage: stage.to_string(),
                 buckets,
+                shards,
             }))
         };
         if let Some(b) = node.downcast_ref::<Bm25IndexExec>() {
-            return index("", b.tokenizer, b.with_static, 0);
+            return index("", b.tokenizer, b.with_static, 0, b.shards);
         }
         if let Some(b) = node.downcast_ref::<Bm25PartsExec>() {
-            return index("parts", b.tokenizer, b.with_static, b.buckets);
+            return index("parts", b.tokenizer, b.with_static, b.buckets, 0);
         }
         if let Some(b) = node.downcast_ref::<Bm25MergeExec>() {
-            return index("merge", b.tokenizer, b.with_static, 0);
+            return index("merge", b.tokenizer, b.with_static, 0, 0);
         }
         if let Some(t) = node.downcast_ref::<TopkOneExec>() {
             let scan = physical_plan_to_bytes_with_proto_converter(
@@ -394,6 +398,7 @@ impl SetsCodec {
                         child("Bm25IndexExec")?,
                         tokenizer,
                         b.with_static,
+                        b.shards,
                     )),
                     "parts" => Arc::new(Bm25PartsExec::try_new(
                         child("Bm25PartsExec")?,

@@ -11,9 +11,11 @@
 //! empty document) and optional `key=value` options: the tokenizer's (`tokenizer=unicode|ascii`,
 //! `fold=ascii|none`, `stopwords=<language>|none`, `stem=<language>|none`, `qgrams=N`,
 //! `shingles=N`; see `search::tokenize`: the Unicode tokenizer unless `tokenizer=ascii`) and
-//! `static=<column>` (a numeric column of static scores, e.g. PageRank; NULL counts as 0). The
-//! result is the index table described in `index`, one row per term; its `tokenizer` column
-//! records the tokenizer options in full, so `topk_bm25` tokenizes queries the same way.
+//! `static=<column>` (a numeric column of static scores, e.g. PageRank; NULL counts as 0) and
+//! `shards=N` (1 to 65,536: the documents split into N shards by a hash of their ids). The
+//! result is the index table described in `index`, one row per term (per shard and term when
+//! sharded, with the `shard` and `df` columns); its `tokenizer` column records the tokenizer
+//! options in full, so `topk_bm25` tokenizes queries the same way.
 
 use std::sync::Arc;
 
@@ -31,7 +33,7 @@ use crate::catalog::resolve_table;
 use crate::config::{IndexDistributionChoice, SetsConfig, under_distributed};
 use crate::functions::args::string_arg;
 use crate::search::build::{Bm25IndexExec, Bm25MergeExec, Bm25PartsExec, by_term};
-use crate::search::index::index_schema;
+use crate::search::index::{index_schema, sharded_index_schema};
 use crate::search::tokenize::TokenizerOptions;
 
 /// The table function's SQL name.
@@ -47,7 +49,7 @@ impl TableFunctionImpl for Bm25IndexFunction {
         let session = args.session();
         if !(3..=4).contains(&exprs.len()) {
             return plan_err!(
-                "{BM25_INDEX}: expected 3 or 4 arguments, got {}; usage: {BM25_INDEX}('table', 'id_column', 'text_column' [, 'tokenizer=unicode, fold=ascii, stopwords=english, stem=english, static=column'])",
+                "{BM25_INDEX}: expected 3 or 4 arguments, got {}; usage: {BM25_INDEX}('table', 'id_column', 'text_column' [, 'tokenizer=unicode, fold=ascii, stopwords=english, stem=english, static=column, shards=N'])",
                 exprs.len()
             );
         }
@@ -81,6 +83,7 @@ impl TableFunctionImpl for Bm25IndexFunction {
         }
         let mut tokenizer_spec = Vec::new();
         let mut static_col = None;
+        let mut shards = 0u32;
         let spec = match exprs.len() {
             4 => string_arg(BM25_INDEX, exprs, 3, "options")?,
             _ => String::new(),
@@ -106,6 +109,17 @@ impl TableFunctionImpl for Bm25IndexFunction {
                         }
                         static_col = Some(i);
                     }
+                    Some((k, v)) if k.trim().eq_ignore_ascii_case("shards") => {
+                        shards = match v.trim().parse::<u32>() {
+                            Ok(n @ 1..=65536) => n,
+                            _ => {
+                                return plan_err!(
+                                    "{BM25_INDEX}: argument 4 (options): shards must be an integer from 1 to 65536, got '{}'",
+                                    v.trim()
+                                );
+                            }
+                        };
+                    }
                     _ => tokenizer_spec.push(part),
                 }
             }
@@ -118,7 +132,11 @@ impl TableFunctionImpl for Bm25IndexFunction {
                 .flatten()
                 .collect(),
             tokenizer,
-            schema: index_schema(static_col.is_some()),
+            shards,
+            schema: match shards {
+                0 => index_schema(static_col.is_some()),
+                _ => sharded_index_schema(static_col.is_some()),
+            },
         }))
     }
 }
@@ -129,6 +147,8 @@ struct Bm25IndexTable {
     /// id, text and (optional) static score columns of `source`.
     columns: Vec<usize>,
     tokenizer: TokenizerOptions,
+    /// Shards of the index (0: unsharded).
+    shards: u32,
     schema: SchemaRef,
 }
 
@@ -154,8 +174,15 @@ impl TableProvider for Bm25IndexTable {
         let with_static = self.columns.len() == 3;
         let options = state.config_options();
         let spread = match SetsConfig::from_options(options)?.bm25_index_distribution {
-            IndexDistributionChoice::Auto => under_distributed(options),
+            // A sharded index is built in one task (the per-term merge writes unsharded rows).
+            IndexDistributionChoice::Auto => under_distributed(options) && self.shards == 0,
             IndexDistributionChoice::Single => false,
+            IndexDistributionChoice::Terms if self.shards > 0 => {
+                return plan_err!(
+                    "{BM25_INDEX}: a sharded index ('shards={}') is built in one task; set sets.bm25_index_distribution to 'single' or 'auto'",
+                    self.shards
+                );
+            }
             IndexDistributionChoice::Terms => true,
         };
         let exec: Arc<dyn ExecutionPlan> = if spread {
@@ -167,7 +194,12 @@ impl TableProvider for Bm25IndexTable {
             let merge = Bm25MergeExec::try_new(Arc::new(parts), self.tokenizer, with_static)?;
             Arc::new(SortPreservingMergeExec::new(by_term(), Arc::new(merge)))
         } else {
-            Arc::new(Bm25IndexExec::new(input, self.tokenizer, with_static))
+            Arc::new(Bm25IndexExec::new(
+                input,
+                self.tokenizer,
+                with_static,
+                self.shards,
+            ))
         };
         match projection {
             Some(p)

@@ -44,7 +44,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use super::index::{IndexBuilder, index_batch, index_schema};
+use super::index::{IndexBuilder, index_batch, index_schema, sharded_index_schema};
 use super::tokenize::{Tokenizer, TokenizerOptions};
 
 /// The SQL name these operators build for, in errors.
@@ -53,12 +53,14 @@ const WHO: &str = "bm25_index";
 /// The bucket column of [`Bm25PartsExec`]'s output.
 pub const BUCKET: &str = "__sets_bucket";
 
-/// Reads every row of its input and emits the index as one batch.
+/// Reads every row of its input and emits the index as one batch (sharded into `shards`
+/// shards when that is not 0).
 #[derive(Debug)]
 pub struct Bm25IndexExec {
     input: Arc<dyn ExecutionPlan>,
     pub tokenizer: TokenizerOptions,
     pub with_static: bool,
+    pub shards: u32,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -69,8 +71,12 @@ impl Bm25IndexExec {
         input: Arc<dyn ExecutionPlan>,
         tokenizer: TokenizerOptions,
         with_static: bool,
+        shards: u32,
     ) -> Self {
-        let schema = index_schema(with_static);
+        let schema = match shards {
+            0 => index_schema(with_static),
+            _ => sharded_index_schema(with_static),
+        };
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
             Partitioning::UnknownPartitioning(1),
@@ -81,6 +87,7 @@ impl Bm25IndexExec {
             input,
             tokenizer,
             with_static,
+            shards,
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -90,7 +97,11 @@ impl Bm25IndexExec {
 
 impl DisplayAs for Bm25IndexExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "Bm25IndexExec: {}", options(self.tokenizer, self.with_static))
+        write!(f, "Bm25IndexExec: {}", options(self.tokenizer, self.with_static))?;
+        match self.shards {
+            0 => Ok(()),
+            n => write!(f, ", shards={n}"),
+        }
     }
 }
 
@@ -141,6 +152,7 @@ impl ExecutionPlan for Bm25IndexExec {
             Arc::clone(&children[0]),
             self.tokenizer,
             self.with_static,
+            self.shards,
         )))
     }
     fn execute(
@@ -159,7 +171,7 @@ impl ExecutionPlan for Bm25IndexExec {
             };
         let stream = input.execute(0, Arc::clone(&context))?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let (tokenizer, with_static) = (self.tokenizer, self.with_static);
+        let (tokenizer, with_static, shards) = (self.tokenizer, self.with_static, self.shards);
         let reservation = MemoryConsumer::new(WHO).register(context.memory_pool());
         let fut = async move {
             let (builder, _, reservation) =
@@ -168,7 +180,15 @@ impl ExecutionPlan for Bm25IndexExec {
             // The index is built beside the builder (which it empties as it goes), then
             // moved into the output batch uncopied: reserve both before building.
             reservation.try_grow(builder.finished_bytes())?;
-            let out = builder.finish().into_batch()?;
+            let index = builder.finish();
+            let out = match shards {
+                0 => index.into_batch()?,
+                // The shards' rows are a second copy of the postings.
+                n => {
+                    reservation.try_grow(index.size_bytes())?;
+                    index.into_sharded_batch(n)?
+                }
+            };
             baseline.record_output(out.num_rows());
             Ok::<_, DataFusionError>(out)
         };

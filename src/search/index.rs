@@ -16,6 +16,22 @@
 //!
 //! Document lengths (and static scores) ride along with each posting so one table holds
 //! everything a ranking needs, and a postings list read from Parquet is scored without a join.
+//!
+//! A sharded index (`bm25_index(..., 'shards=N')`) splits the documents into N shards by a
+//! hash of their ids and holds one row per (shard, term): the same columns, each row's lists
+//! only that shard's postings, plus
+//!
+//! | column | type | meaning |
+//! | --- | --- | --- |
+//! | `shard` | UInt32 | the shard, `0..N` |
+//! | `df` | UInt64 | documents holding the term in the whole corpus (every row of the term the same) |
+//!
+//! rows sorted by shard, then term. `n_docs` and `total_len` stay the whole corpus's, so the
+//! rows of any set of whole shards load as an index that ranks its documents with the global
+//! statistics (N, avgdl and each term's document frequency, as Elasticsearch's DFS phase
+//! gathers them): every document's score equals the unsharded index's bit for bit, and the
+//! shards' top-k lists merge exactly into the whole index's. The whole sharded table loads as
+//! the unsharded index.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +59,9 @@ pub struct InvertedIndex {
     tfs: Vec<u32>,
     lens: Vec<u32>,
     statics: Option<Vec<f64>>,
+    /// Each term's document frequency in the whole corpus, when the index was loaded from a
+    /// sharded table (its `df` column); else a term's postings are all its documents.
+    dfs: Option<Vec<u64>>,
     n_docs: u64,
     total_len: u64,
     tokenizer: TokenizerOptions,
@@ -75,6 +94,24 @@ pub fn index_schema(with_static: bool) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// The Arrow schema of a sharded index table: [`index_schema`] plus `shard` and `df`.
+pub fn sharded_index_schema(with_static: bool) -> SchemaRef {
+    let mut fields: Vec<Field> = index_schema(with_static)
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("shard", DataType::UInt32, false));
+    fields.push(Field::new("df", DataType::UInt64, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// The shard of document `doc` among `shards`: a multiplicative hash of the id, so that
+/// consecutive ids spread over every shard.
+pub fn shard_of(doc: u32, shards: u32) -> u32 {
+    (((doc as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % shards.max(1) as u64) as u32
+}
+
 impl InvertedIndex {
     /// Index `docs` (ids must be distinct; the caller checks).
     pub fn build(docs: &[IndexedDoc<'_>], tokenizer: TokenizerOptions, with_static: bool) -> Self {
@@ -89,6 +126,7 @@ impl InvertedIndex {
     /// (the order of [`IndexBuilder::finish`]: by term), its postings moved into the Arrow
     /// arrays uncopied, so the batch costs no second copy of the index.
     pub fn into_batch(self) -> Result<RecordBatch> {
+        self.check_whole()?;
         let Self {
             term_ids,
             offsets,
@@ -96,6 +134,7 @@ impl InvertedIndex {
             tfs,
             lens,
             statics,
+            dfs: _,
             n_docs,
             total_len,
             tokenizer,
@@ -110,8 +149,90 @@ impl InvertedIndex {
         )
     }
 
+    /// The index as the batch of a sharded index table ([`sharded_index_schema`]): one row per
+    /// (shard, term) holding that shard's postings of the term, sorted by shard then term,
+    /// each row with the term's document frequency over the whole index.
+    pub fn into_sharded_batch(self, shards: u32) -> Result<RecordBatch> {
+        let shards = shards.max(1);
+        let names = term_names(&self.term_ids);
+        // Per shard: its rows' terms, where each row's postings start, and the postings.
+        #[derive(Default)]
+        struct Shard {
+            terms: Vec<u32>,
+            starts: Vec<usize>,
+            docs: Vec<u32>,
+            tfs: Vec<u32>,
+            lens: Vec<u32>,
+            statics: Vec<f64>,
+        }
+        let mut parts: Vec<Shard> = (0..shards).map(|_| Shard::default()).collect();
+        for t in 0..self.terms() as u32 {
+            for p in self.range(t) {
+                let part = &mut parts[shard_of(self.docs[p], shards) as usize];
+                if part.terms.last() != Some(&t) {
+                    part.terms.push(t);
+                    part.starts.push(part.docs.len());
+                }
+                part.docs.push(self.docs[p]);
+                part.tfs.push(self.tfs[p]);
+                part.lens.push(self.lens[p]);
+                if let Some(s) = &self.statics {
+                    part.statics.push(s[p]);
+                }
+            }
+        }
+        let mut row_names = Vec::new();
+        let mut offsets = vec![0usize];
+        let (mut docs, mut tfs, mut lens) = (Vec::new(), Vec::new(), Vec::new());
+        let mut statics = self.statics.as_ref().map(|_| Vec::new());
+        let (mut shard_col, mut df_col) = (Vec::new(), Vec::new());
+        for (s, mut part) in parts.into_iter().enumerate() {
+            let base = docs.len();
+            for (i, &t) in part.terms.iter().enumerate() {
+                let end = part.starts.get(i + 1).copied().unwrap_or(part.docs.len());
+                row_names.push(names[t as usize]);
+                offsets.push(base + end);
+                shard_col.push(s as u32);
+                df_col.push(self.df(t));
+            }
+            docs.append(&mut part.docs);
+            tfs.append(&mut part.tfs);
+            lens.append(&mut part.lens);
+            if let Some(st) = &mut statics {
+                st.append(&mut part.statics);
+            }
+        }
+        let batch = index_batch(
+            &row_names,
+            &offsets,
+            [docs, tfs, lens],
+            statics,
+            (self.n_docs, self.total_len),
+            self.tokenizer,
+        )?;
+        let mut columns = batch.columns().to_vec();
+        columns.push(Arc::new(UInt32Array::from(shard_col)));
+        columns.push(Arc::new(UInt64Array::from(df_col)));
+        Ok(RecordBatch::try_new(
+            sharded_index_schema(self.statics.is_some()),
+            columns,
+        )?)
+    }
+
+    /// An error unless every term's postings are all its documents: the unsharded table of
+    /// some shards of an index would give their terms the wrong document frequencies.
+    fn check_whole(&self) -> Result<()> {
+        match (0..self.terms() as u32).find(|&t| self.df(t) != self.postings_len(t) as u64) {
+            None => Ok(()),
+            Some(_) => datafusion::common::internal_err!(
+                "bm25_index: an index of some shards cannot be written as an unsharded table"
+            ),
+        }
+    }
+
     /// [`into_batch`](Self::into_batch) of a copy.
     pub fn to_batch(&self) -> Result<RecordBatch> {
+        self.check_whole()?;
         index_batch(
             &term_names(&self.term_ids),
             &self.offsets,
@@ -129,6 +250,12 @@ impl InvertedIndex {
     /// term that holds it, a term's frequency in a document is at least 1 and at most the
     /// document's length, `n_docs` covers every document and `total_len` their lengths.
     /// Deleting whole term rows keeps an index valid.
+    ///
+    /// A table with a `df` column is a sharded index (see the module docs): a term may have a
+    /// row in each shard, and its rows' postings are merged (a document in two of them is an
+    /// error); its idf is taken from `df`, which must be the same in each of its rows, at
+    /// least its postings and at most `n_docs`. Its terms are numbered in term order, so that
+    /// scores are summed in the same order whichever shards are loaded.
     pub fn from_batches(
         schema: &SchemaRef,
         batches: &[RecordBatch],
@@ -155,10 +282,25 @@ impl InvertedIndex {
                 _ => {}
             }
         }
+        let sharded = match schema.column_with_name("df") {
+            None => false,
+            Some((_, f)) if f.data_type() == &DataType::UInt64 => true,
+            Some((_, f)) => {
+                return not_index(format!(
+                    "column 'df' is {}, expected {}",
+                    f.data_type(),
+                    DataType::UInt64
+                ));
+            }
+        };
         let mut index = Self {
             statics: with_static.then(Vec::new),
+            dfs: sharded.then(Vec::new),
             ..Self::empty()
         };
+        // A sharded index's postings of terms met again, by term id: (doc, tf, len, static).
+        let mut more: HashMap<u32, Vec<(u32, u32, u32, f64)>, foldhash::fast::RandomState> =
+            HashMap::default();
         let mut tokenizer: Option<String> = None;
         let mut stats: Option<(u64, u64)> = None;
         // Each document's length and static score (as bits), as first met, and the sum of
@@ -193,6 +335,11 @@ impl InvertedIndex {
             let total = col("total_len")?;
             let total = total.as_primitive::<UInt64Type>();
             let toks = cast_utf8(&col("tokenizer")?)?;
+            let dfs = match sharded {
+                true => Some(col("df")?),
+                false => None,
+            };
+            let dfs = dfs.as_ref().map(|d| d.as_primitive::<UInt64Type>());
             for r in 0..batch.num_rows() {
                 if terms.is_null(r) || docs.is_null(r) || tfs.is_null(r) || lens.is_null(r) {
                     return not_index(format!("NULL in row {r}"));
@@ -228,9 +375,31 @@ impl InvertedIndex {
                 if tokenizer.get_or_insert_with(|| tok.to_string()) != tok {
                     return not_index("tokenizer differs between rows".into());
                 }
-                let t = index.offsets.len() as u32 - 1;
-                if index.term_ids.insert(term.to_string(), t).is_some() {
-                    return not_index(format!("term '{term}' appears twice"));
+                let row_df = match dfs {
+                    Some(d) if d.is_null(r) => {
+                        return not_index(format!("term '{term}': NULL df"));
+                    }
+                    Some(d) => Some(d.value(r)),
+                    None => None,
+                };
+                let new_t = index.offsets.len() as u32 - 1;
+                let (t, again) = match index.term_ids.get(term) {
+                    Some(&t) if sharded => (t, true),
+                    Some(_) => return not_index(format!("term '{term}' appears twice")),
+                    None => {
+                        index.term_ids.insert(term.to_string(), new_t);
+                        (new_t, false)
+                    }
+                };
+                if let (Some(all), Some(df)) = (&mut index.dfs, row_df) {
+                    if !again {
+                        all.push(df);
+                    } else if all[t as usize] != df {
+                        return not_index(format!(
+                            "term '{term}': df differs between its rows ({} and {df})",
+                            all[t as usize]
+                        ));
+                    }
                 }
                 let static_row = match &statics {
                     Some(s) => {
@@ -276,6 +445,16 @@ impl InvertedIndex {
                         ));
                     }
                 }
+                if again {
+                    let rows = more.entry(t).or_default();
+                    for (i, ((&doc, &tf), &len)) in
+                        d.values().iter().zip(f.values()).zip(l.values()).enumerate()
+                    {
+                        let st = static_row.as_ref().map_or(0.0, |s| s.value(i));
+                        rows.push((doc, tf, len, st));
+                    }
+                    continue;
+                }
                 index.docs.extend_from_slice(d.values());
                 index.tfs.extend_from_slice(f.values());
                 index.lens.extend_from_slice(l.values());
@@ -284,6 +463,9 @@ impl InvertedIndex {
                 }
                 index.offsets.push(index.docs.len());
             }
+        }
+        if sharded {
+            index = index.merged(more, stats.map_or(0, |s| s.0), &not_index)?;
         }
         let (n_docs, total_len) = stats.unwrap_or((0, 0));
         if (doc_seen.len() as u64) > n_docs {
@@ -306,6 +488,86 @@ impl InvertedIndex {
         Ok(index)
     }
 
+    /// A sharded load's index with each term's postings from every row merged (`more`: the
+    /// postings of rows after a term's first), its terms numbered in term order, and every
+    /// `df` checked against the postings and `n_docs`.
+    fn merged(
+        self,
+        mut more: HashMap<u32, Vec<(u32, u32, u32, f64)>, foldhash::fast::RandomState>,
+        n_docs: u64,
+        not_index: &dyn Fn(String) -> Result<Self>,
+    ) -> Result<Self> {
+        let old_dfs = self.dfs.as_deref().unwrap_or_default();
+        let mut names: Vec<(&str, u32)> =
+            self.term_ids.iter().map(|(k, &t)| (k.as_str(), t)).collect();
+        names.sort_unstable();
+        let extra: usize = more.values().map(Vec::len).sum();
+        let total = self.docs.len() + extra;
+        let mut out = Self {
+            term_ids: HashMap::with_capacity(names.len()),
+            offsets: Vec::with_capacity(names.len() + 1),
+            docs: Vec::with_capacity(total),
+            tfs: Vec::with_capacity(total),
+            lens: Vec::with_capacity(total),
+            statics: self.statics.as_ref().map(|_| Vec::with_capacity(total)),
+            dfs: Some(Vec::with_capacity(names.len())),
+            n_docs: self.n_docs,
+            total_len: self.total_len,
+            tokenizer: self.tokenizer,
+        };
+        out.offsets.push(0);
+        let mut postings: Vec<(u32, u32, u32, f64)> = Vec::new();
+        for (new_t, &(name, t)) in names.iter().enumerate() {
+            let df = old_dfs[t as usize];
+            let first = self.range(t);
+            let len = first.len();
+            match more.remove(&t) {
+                None => {
+                    out.docs.extend_from_slice(&self.docs[first.clone()]);
+                    out.tfs.extend_from_slice(&self.tfs[first.clone()]);
+                    out.lens.extend_from_slice(&self.lens[first.clone()]);
+                    if let (Some(dst), Some(src)) = (&mut out.statics, &self.statics) {
+                        dst.extend_from_slice(&src[first]);
+                    }
+                }
+                Some(rest) => {
+                    postings.clear();
+                    postings.extend(first.map(|p| {
+                        let st = self.statics.as_ref().map_or(0.0, |s| s[p]);
+                        (self.docs[p], self.tfs[p], self.lens[p], st)
+                    }));
+                    postings.extend(rest);
+                    postings.sort_unstable_by_key(|e| e.0);
+                    if let Some(w) = postings.windows(2).find(|w| w[0].0 == w[1].0) {
+                        return not_index(format!(
+                            "document {} is in two rows of term '{name}'",
+                            w[0].0
+                        ));
+                    }
+                    for &(doc, tf, len, st) in &postings {
+                        out.docs.push(doc);
+                        out.tfs.push(tf);
+                        out.lens.push(len);
+                        if let Some(dst) = &mut out.statics {
+                            dst.push(st);
+                        }
+                    }
+                }
+            }
+            let held = out.docs.len() - out.offsets[new_t];
+            debug_assert!(held >= len);
+            if df < held as u64 || df > n_docs {
+                return not_index(format!(
+                    "term '{name}': df {df} but {held} postings of {n_docs} documents"
+                ));
+            }
+            out.offsets.push(out.docs.len());
+            out.dfs.as_mut().expect("set above").push(df);
+            out.term_ids.insert(name.to_string(), new_t as u32);
+        }
+        Ok(out)
+    }
+
     /// An upper bound of the bytes [`from_batches`](Self::from_batches) holds while it loads
     /// `batches` (the index and its checks), reserved before it runs.
     pub fn load_bytes(batches: &[RecordBatch]) -> usize {
@@ -318,10 +580,12 @@ impl InvertedIndex {
                 .and_then(|i| b.column(i).as_list_opt::<i32>().map(|l| l.values().len()))
                 .unwrap_or(0);
             let statics = b.schema().index_of("static_scores").is_ok() as usize;
+            // A sharded index is merged into a second copy of its postings.
+            let copies = 1 + b.schema().index_of("df").is_ok() as usize;
             let terms = b.column_by_name("term").map_or(0, |t| t.get_array_memory_size());
             // Postings (12 bytes, 20 with static scores), the document check (up to one entry
             // per posting), and per term its name, offset and map slot.
-            bytes += postings * (12 + 8 * statics + 24) + terms + b.num_rows() * 48;
+            bytes += postings * (copies * (12 + 8 * statics) + 24) + terms + b.num_rows() * 48;
         }
         bytes
     }
@@ -334,6 +598,7 @@ impl InvertedIndex {
             tfs: Vec::new(),
             lens: Vec::new(),
             statics: None,
+            dfs: None,
             n_docs: 0,
             total_len: 0,
             tokenizer: TokenizerOptions::default(),
@@ -345,6 +610,14 @@ impl InvertedIndex {
     }
     pub fn terms(&self) -> usize {
         self.offsets.len() - 1
+    }
+    /// Documents holding term `t` in the whole corpus: its postings, or the `df` a sharded
+    /// index table gave it.
+    pub fn df(&self, t: u32) -> u64 {
+        match &self.dfs {
+            Some(d) => d[t as usize],
+            None => self.postings_len(t) as u64,
+        }
     }
     pub fn postings_len(&self, t: u32) -> usize {
         self.offsets[t as usize + 1] - self.offsets[t as usize]
@@ -631,6 +904,7 @@ impl IndexBuilder {
             tfs: Vec::with_capacity(total),
             lens: Vec::with_capacity(total),
             statics: with_static.then(|| Vec::with_capacity(total)),
+            dfs: None,
             n_docs: n_docs as u64,
             total_len,
             tokenizer: self.tokenizer,
@@ -829,5 +1103,144 @@ mod tests {
             assert_eq!(a, b, "{n} docs");
             assert_eq!(many.into_batch().unwrap(), b, "{n} docs, moved");
         }
+    }
+
+    /// A sharded index: its whole table loads as the unsharded index, in any row order and
+    /// batch split; each shard alone ranks its documents with the global statistics, so every
+    /// hit's score is the unsharded index's bit for bit, and the shards' top-k lists merged
+    /// (best score first, ties to the smaller id) are the unsharded top-k. AND-then-OR is not
+    /// merged this way: its fallback to OR is decided per shard.
+    #[test]
+    fn shards_rank_with_the_global_statistics() {
+        use crate::search::scoring::{Bm25Params, Scored};
+        use crate::search::topk::{Hit, Mode, query_terms, top};
+        use datafusion::arrow::compute::{filter_record_batch, take_record_batch};
+        let docs = docs(3_000, 11);
+        let mut builder = IndexBuilder::new(TokenizerOptions::default(), true);
+        let mut tok = Tokenizer::new(TokenizerOptions::default());
+        for (id, text, s) in &docs {
+            builder.add_text(&mut tok, *id, text.as_deref(), *s);
+        }
+        let plain = builder.finish().into_batch().unwrap();
+        let load = |b: &[RecordBatch]| InvertedIndex::from_batches(&b[0].schema(), b, "t", "idx");
+        let reference = load(std::slice::from_ref(&plain)).unwrap();
+        let shards = 5;
+        let sharded = load(std::slice::from_ref(&plain))
+            .unwrap()
+            .into_sharded_batch(shards)
+            .unwrap();
+        assert_eq!(sharded.schema(), sharded_index_schema(true));
+        assert!(sharded.num_rows() > plain.num_rows());
+        // The whole table, as written and reversed in three batches: the unsharded index.
+        assert_eq!(load(std::slice::from_ref(&sharded)).unwrap().to_batch().unwrap(), plain);
+        let n = sharded.num_rows() as u32;
+        let reversed = take_record_batch(&sharded, &UInt32Array::from_iter_values((0..n).rev()))
+            .unwrap();
+        let (a, b) = (n as usize / 3, 2 * n as usize / 3);
+        let split = [reversed.slice(0, a), reversed.slice(a, b - a), reversed.slice(b, n as usize - b)];
+        assert_eq!(load(&split).unwrap().to_batch().unwrap(), plain);
+        // Each shard alone.
+        let shard_col = sharded.column_by_name("shard").unwrap().as_primitive::<UInt32Type>().clone();
+        let alone: Vec<InvertedIndex> = (0..shards)
+            .map(|s| {
+                let rows = datafusion::arrow::compute::kernels::cmp::eq(
+                    &shard_col,
+                    &UInt32Array::new_scalar(s),
+                )
+                .unwrap();
+                let part = filter_record_batch(&sharded, &rows).unwrap();
+                assert!(part.num_rows() > 0, "shard {s} holds documents");
+                load(&[part]).unwrap()
+            })
+            .collect();
+        // Some shards' unsharded table would carry wrong document frequencies.
+        assert!(alone[0].to_batch().is_err());
+        let params = Bm25Params::default();
+        let scored_ref = Scored::new(&reference, params);
+        let scored: Vec<Scored> = alone.iter().map(|i| Scored::new(i, params)).collect();
+        let words = ["gpu", "set", "simd", "intersect", "join", "the", "running", "x1", "absent"];
+        let bits = |h: &[Hit]| h.iter().map(|h| (h.doc, h.score.to_bits())).collect::<Vec<_>>();
+        for q in 0..60usize {
+            let query: Vec<&str> = (0..1 + q % 3).map(|i| words[(q * 5 + i * 3) % words.len()]).collect();
+            for mode in [Mode::Or, Mode::And] {
+                for k in [1, 10, 3_000] {
+                    let (terms, unknown) = query_terms(&reference, query.iter().copied());
+                    let want = top(&reference, &scored_ref, &terms, unknown, k, mode);
+                    let every = top(&reference, &scored_ref, &terms, unknown, 10_000, mode);
+                    let score_of: HashMap<u32, u64> =
+                        every.iter().map(|h| (h.doc, h.score.to_bits())).collect();
+                    let mut merged = Vec::new();
+                    for (index, scored) in alone.iter().zip(&scored) {
+                        let (terms, unknown) = query_terms(index, query.iter().copied());
+                        let hits = top(index, scored, &terms, unknown, k, mode);
+                        for h in &hits {
+                            assert_eq!(Some(&h.score.to_bits()), score_of.get(&h.doc), "{query:?} {mode:?}");
+                        }
+                        merged.extend(hits);
+                    }
+                    merged.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.doc.cmp(&b.doc)));
+                    merged.truncate(k);
+                    assert_eq!(bits(&merged), bits(&want), "{query:?} {mode:?} k={k}");
+                }
+            }
+        }
+    }
+
+    /// A hand-edited sharded table is refused with the reason.
+    #[test]
+    fn broken_sharded_tables_are_refused() {
+        let docs = docs(500, 3);
+        let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
+        let mut tok = Tokenizer::new(TokenizerOptions::default());
+        for (id, text, _) in &docs {
+            builder.add_text(&mut tok, *id, text.as_deref(), None);
+        }
+        let sharded = builder.finish().into_sharded_batch(3).unwrap();
+        let schema = sharded.schema();
+        let load = |b: &RecordBatch| {
+            InvertedIndex::from_batches(&schema, std::slice::from_ref(b), "topk_bm25", "idx")
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(load(&sharded), Ok(()));
+        let with_df = |f: &dyn Fn(usize, u64) -> u64| {
+            let dfs = sharded.column_by_name("df").unwrap().as_primitive::<UInt64Type>();
+            let mut cols = sharded.columns().to_vec();
+            let i = schema.index_of("df").unwrap();
+            cols[i] = Arc::new(UInt64Array::from_iter_values(
+                dfs.values().iter().enumerate().map(|(r, &d)| f(r, d)),
+            ));
+            RecordBatch::try_new(Arc::clone(&schema), cols).unwrap()
+        };
+        // A term whose rows disagree on df (the first term's first row, shard 0).
+        let terms = cast_utf8(sharded.column_by_name("term").unwrap()).unwrap();
+        let first = terms.value(0).to_string();
+        let again = (1..sharded.num_rows()).find(|&r| terms.value(r) == first).unwrap();
+        let err = load(&with_df(&|r, d| if r == again { d + 1 } else { d })).unwrap_err();
+        assert!(err.contains("df differs between its rows"), "{err}");
+        // A df below the term's postings, and one above n_docs.
+        let err = load(&with_df(&|_, _| 0)).unwrap_err();
+        assert!(err.contains("postings of"), "{err}");
+        let err = load(&with_df(&|_, _| 1_000_000)).unwrap_err();
+        assert!(err.contains("postings of"), "{err}");
+        // The same document in two rows of a term (a shard's rows twice).
+        let twice = datafusion::arrow::compute::concat_batches(&schema, [&sharded, &sharded.slice(0, 1)])
+            .unwrap();
+        let err = load(&twice).unwrap_err();
+        assert!(
+            err.contains("is in two rows of term") || err.contains("more terms than its length"),
+            "{err}"
+        );
+        // A df column of another type.
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let i = schema.index_of("df").unwrap();
+        fields[i] = Field::new("df", DataType::Int64, false);
+        let mut cols = sharded.columns().to_vec();
+        cols[i] = datafusion::arrow::compute::cast(&cols[i], &DataType::Int64).unwrap();
+        let other = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+        let err = InvertedIndex::from_batches(&other.schema(), &[other], "topk_bm25", "idx")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("column 'df' is Int64"), "{err}");
     }
 }

@@ -97,7 +97,7 @@ impl Scored {
         let mut term_max = Vec::with_capacity(index.terms());
         for t in 0..index.terms() as u32 {
             let r = index.range(t);
-            let w = bm25_weight * idf(index.n_docs(), r.len() as u64) * (k1 + 1.0);
+            let w = bm25_weight * idf(index.n_docs(), index.df(t)) * (k1 + 1.0);
             for p in r.clone() {
                 let tf = index.tfs()[p] as f64;
                 let norm = k1 * (1.0 - b + b * index.lens()[p] as f64 / avgdl);
