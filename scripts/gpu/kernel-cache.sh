@@ -6,19 +6,16 @@
 # intersection, a topk_bm25 batch and a similarity join, the first query to need each of the
 # three kernel modules (kernels/intersect.cu, bm25.cu, simjoin.cu).
 # Here first: scripts/gpu/kernel-cache.sh pack (DFSETS_BIN: a release dfsets built with
-# `cargo build --release --features cli --bin dfsets`; gcide_words from benches/data/build.sh
-# in SETS_BENCH_DATA); then through the device tool: command
+# `cargo build --release --features cli --bin dfsets`); then through the device tool: command
 # `bash scripts/gpu/kernel-cache.sh run`, carry ["carry/kernel-cache"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 carry=carry/kernel-cache
 case "${1:-}" in
 pack)
-    data=${SETS_BENCH_DATA:-bench-data}
     bin=${DFSETS_BIN:-${CARGO_TARGET_DIR:-target}/release/dfsets}
-    rm -rf "$carry" && mkdir -p "$carry/gcide_words"
+    rm -rf "$carry" && mkdir -p "$carry"
     strip -o "$carry/dfsets" "$bin" && xz -T0 ${XZ_LEVEL:--9e} -f "$carry/dfsets"
-    cp "$data/gcide_words/sets.parquet" "$carry/gcide_words/"
     du -sh "$carry"
     ;;
 run)
@@ -32,7 +29,8 @@ import os, re, shutil, subprocess, sys, time
 carry, rounds = sys.argv[1], int(sys.argv[2])
 setup = [
     f"SET datafusion.execution.target_partitions = {os.cpu_count()}",
-    f"CREATE EXTERNAL TABLE s STORED AS PARQUET LOCATION '{carry}/gcide_words/sets.parquet'",
+    "CREATE TABLE s AS SELECT v AS id, CAST(range(v % 997, v % 997 + 20 + v % 13) AS INT[]) AS tokens "
+    "FROM generate_series(1, 30000) AS g(v)",
     "CREATE TABLE t AS SELECT CAST(range(v % 7, 2000 + v % 300, 3) AS INT[]) AS a, "
     "CAST(range(v % 5, 2500, 2) AS INT[]) AS b FROM generate_series(1, 20000) AS g(v)",
     "CREATE TABLE docs AS SELECT v AS doc_id, concat('w', v % 101, ' x', v % 37, ' y', v % 13, "
