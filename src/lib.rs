@@ -75,7 +75,9 @@ pub mod udf {
 
 /// The GPU as the crate sees it: whether one is usable (and which), or why not.
 pub mod gpu {
-    pub use crate::backend::gpu::{DeviceInfo, GpuError, batches_run, device, is_available};
+    pub use crate::backend::gpu::{
+        DeviceInfo, GpuError, batches_run, device, is_available, kernel_modules,
+    };
     pub use crate::search::gpu::bm25_batches_run;
 }
 

@@ -67,6 +67,10 @@ pub struct InvertedIndex {
     tokenizer: TokenizerOptions,
 }
 
+/// A sharded load's postings of the rows after a term's first, by term id: (doc, tf, length,
+/// static score).
+type MorePostings = HashMap<u32, Vec<(u32, u32, u32, f64)>, foldhash::fast::RandomState>;
+
 /// One document to index: its id, its terms (repeats count) and its static score.
 pub struct IndexedDoc<'a> {
     pub id: u32,
@@ -299,8 +303,7 @@ impl InvertedIndex {
             ..Self::empty()
         };
         // A sharded index's postings of terms met again, by term id: (doc, tf, len, static).
-        let mut more: HashMap<u32, Vec<(u32, u32, u32, f64)>, foldhash::fast::RandomState> =
-            HashMap::default();
+        let mut more = MorePostings::default();
         let mut tokenizer: Option<String> = None;
         let mut stats: Option<(u64, u64)> = None;
         // Each document's length and static score (as bits), as first met, and the sum of
@@ -493,7 +496,7 @@ impl InvertedIndex {
     /// `df` checked against the postings and `n_docs`.
     fn merged(
         self,
-        mut more: HashMap<u32, Vec<(u32, u32, u32, f64)>, foldhash::fast::RandomState>,
+        mut more: MorePostings,
         n_docs: u64,
         not_index: &dyn Fn(String) -> Result<Self>,
     ) -> Result<Self> {

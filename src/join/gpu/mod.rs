@@ -206,22 +206,9 @@ impl DeviceJoin {
     }
 }
 
-/// Whether the join's kernels are compiled, so that a first device call does not wait 0.4-5 s
-/// for NVRTC (never without the `cuda` feature).
-pub fn kernels_ready() -> bool {
-    #[cfg(feature = "cuda")]
-    {
-        simjoin::kernels_ready()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        false
-    }
-}
-
 /// Whether the join's kernels are ready, or were just loaded from the kernel cache (an image
-/// compiled by an earlier process: milliseconds); `false` when they still need NVRTC (or
-/// without the `cuda` feature).
+/// compiled by an earlier process: milliseconds), so that a first device call does not wait
+/// 0.4-5 s for NVRTC; `false` when they still need it (or without the `cuda` feature).
 pub fn kernels_ready_or_cached() -> bool {
     #[cfg(feature = "cuda")]
     {
@@ -234,7 +221,7 @@ pub fn kernels_ready_or_cached() -> bool {
 }
 
 /// Start compiling the join's kernels in the background (once per process; nothing without
-/// the `cuda` feature), for [`kernels_ready`].
+/// the `cuda` feature), for [`kernels_ready_or_cached`].
 pub fn prepare_kernels() {
     #[cfg(feature = "cuda")]
     simjoin::prepare_kernels();
