@@ -1108,6 +1108,16 @@ mod tests {
         }
     }
 
+    /// The index of `docs(n, seed)`, with or without their static scores.
+    fn indexed(n: usize, seed: u64, with_static: bool) -> InvertedIndex {
+        let mut builder = IndexBuilder::new(TokenizerOptions::default(), with_static);
+        let mut tok = Tokenizer::new(TokenizerOptions::default());
+        for (id, text, s) in &docs(n, seed) {
+            builder.add_text(&mut tok, *id, text.as_deref(), s.filter(|_| with_static));
+        }
+        builder.finish()
+    }
+
     /// A sharded index: its whole table loads as the unsharded index, in any row order and
     /// batch split; each shard alone ranks its documents with the global statistics, so every
     /// hit's score is the unsharded index's bit for bit, and the shards' top-k lists merged
@@ -1118,13 +1128,7 @@ mod tests {
         use crate::search::scoring::{Bm25Params, Scored};
         use crate::search::topk::{Hit, Mode, query_terms, top};
         use datafusion::arrow::compute::{filter_record_batch, take_record_batch};
-        let docs = docs(3_000, 11);
-        let mut builder = IndexBuilder::new(TokenizerOptions::default(), true);
-        let mut tok = Tokenizer::new(TokenizerOptions::default());
-        for (id, text, s) in &docs {
-            builder.add_text(&mut tok, *id, text.as_deref(), *s);
-        }
-        let plain = builder.finish().into_batch().unwrap();
+        let plain = indexed(3_000, 11, true).into_batch().unwrap();
         let load = |b: &[RecordBatch]| InvertedIndex::from_batches(&b[0].schema(), b, "t", "idx");
         let reference = load(std::slice::from_ref(&plain)).unwrap();
         let shards = 5;
@@ -1192,13 +1196,7 @@ mod tests {
     /// A hand-edited sharded table is refused with the reason.
     #[test]
     fn broken_sharded_tables_are_refused() {
-        let docs = docs(500, 3);
-        let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
-        let mut tok = Tokenizer::new(TokenizerOptions::default());
-        for (id, text, _) in &docs {
-            builder.add_text(&mut tok, *id, text.as_deref(), None);
-        }
-        let sharded = builder.finish().into_sharded_batch(3).unwrap();
+        let sharded = indexed(500, 3, false).into_sharded_batch(3).unwrap();
         let schema = sharded.schema();
         let load = |b: &RecordBatch| {
             InvertedIndex::from_batches(&schema, std::slice::from_ref(b), "topk_bm25", "idx")
