@@ -153,7 +153,7 @@ impl InvertedIndex {
         )
     }
 
-    /// The index as the batch of a sharded index table ([`sharded_index_schema`]): one row per
+    /// The index as the batch of a sharded index table (`sharded_index_schema`): one row per
     /// (shard, term) holding that shard's postings of the term, sorted by shard then term,
     /// each row with the term's document frequency over the whole index.
     pub fn into_sharded_batch(self, shards: u32) -> Result<RecordBatch> {
