@@ -219,7 +219,13 @@ fn load(
         }
     }
     let started = Instant::now();
-    let image = compile(&job.source, name, &job.options)?;
+    let image = match compile(&job.source, name, &job.options) {
+        Ok(image) => image,
+        // A compiler that cannot write this architecture's CUBIN: PTX for the driver to
+        // compile, as before the cache (not kept). A source that does not compile fails both
+        // ways, with the first error (NVRTC's log).
+        Err(e) => return load_ptx(ctx, arch, &job.source, name, &job.options).map_err(|_| e),
+    };
     COMPILED.fetch_add(1, Ordering::Relaxed);
     log::debug!(
         "GPU: {name} compiled by NVRTC for {arch} in {:.1} ms",
@@ -232,6 +238,37 @@ fn load(
     }
     ctx.load_module(Ptx::from_binary(image))
         .map_err(drv("module load"))
+}
+
+/// `source` compiled by NVRTC to PTX for `arch`'s virtual architecture (`compute_XY`) and
+/// loaded into `ctx`: the driver compiles it for the device.
+fn load_ptx(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    source: &str,
+    name: &str,
+    options: &[String],
+) -> Result<Arc<CudaModule>, GpuError> {
+    let virtual_arch = arch.replacen("sm_", "compute_", 1);
+    let options: Vec<String> = options
+        .iter()
+        .map(|o| match o.strip_prefix("--gpu-architecture=") {
+            Some(_) => format!("--gpu-architecture={virtual_arch}"),
+            None => o.clone(),
+        })
+        .collect();
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+        source,
+        cudarc::nvrtc::CompileOptions {
+            options,
+            name: Some(name.into()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| GpuError::Compile(format!("{name} as PTX: {e:?}")))?;
+    COMPILED.fetch_add(1, Ordering::Relaxed);
+    log::debug!("GPU: {name} compiled by NVRTC as PTX for {virtual_arch} (no CUBIN for {arch})");
+    ctx.load_module(ptx).map_err(drv("module load"))
 }
 
 /// NVRTC's version, `major.minor` (part of the cache key: another compiler, another image).
