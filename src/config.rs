@@ -141,6 +141,46 @@ impl fmt::Display for IndexDistributionChoice {
 
 config_field!(IndexDistributionChoice);
 
+/// How `topk_bm25` (the table function) searches a sharded index
+/// (`sets.topk_bm25_distribution`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SearchDistributionChoice {
+    /// `shards` for a sharded index under datafusion-distributed, else `single`.
+    #[default]
+    Auto,
+    /// One task loads the whole index table and ranks.
+    Single,
+    /// Each partition loads whole shards and ranks them; the lists are merged
+    /// (`crate::search::shards`). Only for a sharded index.
+    Shards,
+}
+
+impl FromStr for SearchDistributionChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "single" => Ok(Self::Single),
+            "shards" => Ok(Self::Shards),
+            other => config_err!(
+                "sets.topk_bm25_distribution: expected 'auto', 'single' or 'shards', got '{other}'"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for SearchDistributionChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Single => "single",
+            Self::Shards => "shards",
+        })
+    }
+}
+
+config_field!(SearchDistributionChoice);
+
 /// Whether a session plans for datafusion-distributed (its options hold the `distributed`
 /// extension, which the distributed planner registers).
 pub fn under_distributed(options: &ConfigOptions) -> bool {
@@ -307,6 +347,8 @@ options! {
         similarity_join_distribution: JoinDistributionChoice = JoinDistributionChoice::Auto, parse_field;
         /// How bm25_index spreads its build: 'auto' (single in one process, terms under datafusion-distributed), 'single' (one partition indexes every document) or 'terms' (each partition indexes its documents; postings merged per term after a hash exchange).
         bm25_index_distribution: IndexDistributionChoice = IndexDistributionChoice::Auto, parse_field;
+        /// How the topk_bm25 table function searches a sharded index (bm25_index(..., 'shards=N')): 'auto' (shards under datafusion-distributed, else single), 'single' (one task loads the whole table) or 'shards' (each partition ranks whole shards, the lists merged; an error for an unsharded index).
+        topk_bm25_distribution: SearchDistributionChoice = SearchDistributionChoice::Auto, parse_field;
         /// Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.
         gpu_index_budget: usize = 0, set_usize;
         /// Keep the list columns list_intersect / list_intersect_count send to the GPU on the device for later batches and queries (least recently used evicted first).

@@ -24,8 +24,11 @@ use std::sync::Arc;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::common::Result;
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::{SessionState, SessionStateBuilder};
-use datafusion::physical_plan::{ExecutionPlanProperties, collect, displayable};
+use datafusion::physical_plan::{
+    ExecutionPlan, ExecutionPlanProperties, collect, displayable, replace_children_if_necessary,
+};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_distributed::SessionStateBuilderExt as _;
 use datafusion_distributed::{
@@ -206,6 +209,60 @@ async fn every_shape_survives_the_codec() -> Result<()> {
     let (sql, _) = SHAPES[6];
     let nodes = ["Bm25PartsExec: buckets=2", "Bm25MergeExec"];
     round_trip(from, to, sql, &nodes, "").await?;
+    // The search over a sharded index's shards: the shards' ranking and the merge travel
+    // (batches of 2 rows, so the planner spreads this small table over the partitions).
+    run_all(
+        &home,
+        &[
+            "SET sets.bm25_index_distribution = 'auto'",
+            "CREATE TABLE idx_sh AS SELECT * FROM bm25_index('docs', 'id', 'body', 'shards=3')",
+            "SET sets.topk_bm25_distribution = 'shards'",
+            "SET datafusion.execution.batch_size = 2",
+        ],
+    )
+    .await?;
+    for mode in ["or", "and", "and_or"] {
+        let sql = format!(
+            "SELECT rank, doc_id, score FROM topk_bm25('idx_sh', 'quick fox dog', 2, '{mode}')"
+        );
+        let nodes = ["TopkBm25MergeExec", "TopkBm25ShardsExec", "Hash([shard@"];
+        round_trip(from, to, &sql, &nodes, "").await?;
+    }
+    Ok(())
+}
+
+/// `sql`'s plan decoded once per partition of its `TopkBm25ShardsExec`, each copy ranking
+/// only its partition's shards (an engine's task per partition), the hits then merged by the
+/// plan's own merge: the answer of the whole plan.
+async fn shard_copies_answer_as_one_plan(
+    ctx: &SessionContext,
+    codec: &SetsCodec,
+    sql: &str,
+) -> Result<()> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let expected = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), codec)?;
+    // The merge, the coalesce, the shards.
+    let shards = |p: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+        let node = Arc::clone(p.children()[0].children()[0]);
+        assert_eq!(node.name(), "TopkBm25ShardsExec", "{sql}");
+        node
+    };
+    let partitions = shards(&plan).output_partitioning().partition_count();
+    assert!(partitions > 1, "{sql}: {partitions} partition");
+    let mut hits = Vec::new();
+    for p in 0..partitions {
+        let copy = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), codec)?;
+        let mut stream = shards(&copy).execute(p, ctx.task_ctx())?;
+        while let Some(b) = stream.next().await {
+            hits.push(b?);
+        }
+    }
+    let schema = shards(&plan).schema();
+    let lists = MemorySourceConfig::try_new_exec(&[hits], schema, None)?;
+    let merge = replace_children_if_necessary(Arc::clone(&plan), vec![lists])?;
+    let got = collect(merge, ctx.task_ctx()).await?;
+    assert_eq!(rows(&got), rows(&expected), "{sql}");
     Ok(())
 }
 
@@ -377,8 +434,19 @@ async fn same_answer(
         assert!(several, "{sql}: no stage on several tasks\n{shown}");
     }
     // The join, and the index build's two halves, run on several tasks, not in a stage of one.
-    for node in ["SimilarityJoinExec", "Bm25PartsExec", "Bm25MergeExec"] {
-        let Some(at) = shown.find(node) else {
+    for node in [
+        "SimilarityJoinExec",
+        "Bm25PartsExec",
+        "Bm25MergeExec",
+        "TopkBm25ShardsExec",
+    ] {
+        // The node by its whole name (`Bm25MergeExec` is also the end of another's).
+        let Some(at) = shown.match_indices(node).map(|(i, _)| i).find(|&i| {
+            !shown[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric())
+        }) else {
             continue;
         };
         let stage = shown[..at]
@@ -436,7 +504,7 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
     // The index, built once and written as Parquet: the coordinator and the workers read it.
     let tmp = tempfile::tempdir().unwrap();
     let index = tmp.path().join("idx.parquet").to_str().unwrap().to_string();
-    let (local, _) = session(4);
+    let (local, local_codec) = session(4);
     local
         .register_parquet(
             "docs",
@@ -447,6 +515,20 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
     local
         .sql(&format!(
             "COPY (SELECT * FROM bm25_index('docs', 'doc_id', 'text')) TO '{index}' STORED AS PARQUET"
+        ))
+        .await?
+        .collect()
+        .await?;
+    // The same index in 8 shards (`auto` searches it shard by shard on the workers).
+    let sharded = tmp
+        .path()
+        .join("idx_sh.parquet")
+        .to_str()
+        .unwrap()
+        .to_string();
+    local
+        .sql(&format!(
+            "COPY (SELECT * FROM bm25_index('docs', 'doc_id', 'text', 'shards=8')) TO '{sharded}' STORED AS PARQUET"
         ))
         .await?
         .collect()
@@ -480,6 +562,8 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
         }
         ctx.register_parquet("idx", &index, ParquetReadOptions::default())
             .await?;
+        ctx.register_parquet("idx_sh", &sharded, ParquetReadOptions::default())
+            .await?;
     }
     let queries = [
         // Scalars per row on every task.
@@ -499,6 +583,56 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
         let n = same_answer(&cluster, &local, sql, None).await?;
         assert!(n > 0, "{sql}: no rows");
     }
+    // Search over the sharded index: on the cluster each task ranks the shards it holds with
+    // the corpus's statistics and the lists are merged; one process loads the whole table.
+    // Real queries, every mode; k = 1000 reaches past the shards' own lists.
+    // Real queries, each mode, the AND query among those with AND matches (gcide is a
+    // dictionary: most web queries have none); k = 1000 reaches past the shards' own lists.
+    let texts = |filter: &str| {
+        let sql = format!(
+            "SELECT text FROM queries WHERE source = 'terabyte05-eff' AND {filter} ORDER BY qid LIMIT 1"
+        );
+        let local = local.clone();
+        async move {
+            let found = local.sql(&sql).await?.collect().await?;
+            let found: Vec<String> = rows(&found)
+                .iter()
+                .map(|r| r.trim_matches(|c| c == '|' || c == ' ').replace('\'', "''"))
+                .collect();
+            assert_eq!(found.len(), 1, "{sql}");
+            Result::<String>::Ok(found[0].clone())
+        }
+    };
+    let or_text = texts("qid LIKE '%07'").await?;
+    let and_or_text = texts("qid LIKE '%08'").await?;
+    let and_text = texts(
+        "qid LIKE '%9' AND text LIKE '% %' \
+         AND cardinality(topk_bm25('idx', text, 20, 'and')) = 20",
+    )
+    .await?;
+    for (text, mode, k) in [
+        (&or_text, "or", 10),
+        (&and_text, "and", 1000),
+        (&and_or_text, "and_or", 10),
+        (&and_text, "and_or", 1000),
+    ] {
+        let sql =
+            format!("SELECT rank, doc_id, score FROM topk_bm25('idx_sh', '{text}', {k}, '{mode}')");
+        let n = same_answer(&cluster, &local, &sql, None).await?;
+        assert!(n > 0, "{sql}: no rows");
+    }
+    // The same plan with each partition of the shards' ranking in its own copy (one process).
+    local
+        .sql("SET sets.topk_bm25_distribution = 'shards'")
+        .await?;
+    for (text, mode) in [(&or_text, "or"), (&and_text, "and_or")] {
+        let sql =
+            format!("SELECT rank, doc_id, score FROM topk_bm25('idx_sh', '{text}', 100, '{mode}')");
+        shard_copies_answer_as_one_plan(&local, &local_codec, &sql).await?;
+    }
+    local
+        .sql("SET sets.topk_bm25_distribution = 'auto'")
+        .await?;
     // The join, as a table function and as SQL joins: as `auto` chooses by statistics (one
     // task for inputs this small, a small side broadcast), replicated and prefix-partitioned
     // on request.

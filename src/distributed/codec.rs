@@ -40,6 +40,7 @@ use crate::optimizer::backend_exec::SetsBackendExec;
 use crate::optimizer::backend_rule::SetsBackendRule;
 use crate::search::build::{Bm25IndexExec, Bm25MergeExec, Bm25PartsExec};
 use crate::search::loaded::IndexScan;
+use crate::search::shards::{TopkMergeExec, TopkShardsExec};
 use crate::search::tokenize::TokenizerOptions;
 use crate::search::topk::Mode;
 
@@ -62,7 +63,7 @@ impl SetsCodec {
 /// Every node the codec writes: one message with the node's kind and its fields.
 #[derive(Clone, PartialEq, Message)]
 struct SetsNode {
-    #[prost(oneof = "Node", tags = "1, 2, 3, 4, 5, 6")]
+    #[prost(oneof = "Node", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     node: Option<Node>,
 }
 
@@ -80,6 +81,36 @@ enum Node {
     TopkOne(TopkOneNode),
     #[prost(message, tag = "6")]
     Route(RouteNode),
+    #[prost(message, tag = "7")]
+    TopkShards(TopkShardsNode),
+    #[prost(message, tag = "8")]
+    TopkMerge(TopkMergeNode),
+}
+
+/// `TopkShardsExec`; its input is the sharded index table's scan.
+#[derive(Clone, PartialEq, Message)]
+struct TopkShardsNode {
+    #[prost(string, tag = "1")]
+    index_name: String,
+    #[prost(string, tag = "2")]
+    query: String,
+    #[prost(uint64, tag = "3")]
+    k: u64,
+    #[prost(string, tag = "4")]
+    mode: String,
+}
+
+/// `TopkMergeExec`; its input is the shards' hits.
+#[derive(Clone, PartialEq, Message)]
+struct TopkMergeNode {
+    #[prost(uint64, tag = "1")]
+    k: u64,
+    #[prost(string, tag = "2")]
+    mode: String,
+    #[prost(bool, tag = "3")]
+    projected: bool,
+    #[prost(uint64, repeated, tag = "4")]
+    projection: Vec<u64>,
 }
 
 /// `PrefixRouteExec`; its inputs are the sets and the token counts.
@@ -223,6 +254,14 @@ fn measure_of(name: &str) -> Result<Measure> {
     }
 }
 
+/// A `topk_bm25` mode by name.
+fn mode_of(name: &str) -> Result<Mode> {
+    match Mode::from_name(name) {
+        Some(m) => Ok(m),
+        None => plan_err!("SetsCodec: {TOPK_BM25}: unknown mode '{name}'"),
+    }
+}
+
 /// The threshold written as `(measure, value, comparison)`.
 fn threshold_of(measure: &str, value: f64, comparison: &str, node: &str) -> Result<Threshold> {
     let Some(cmp) = Comparison::from_op(comparison) else {
@@ -352,6 +391,22 @@ impl SetsCodec {
                 projection: u64s(t.projection.as_deref().unwrap_or_default()),
             }));
         }
+        if let Some(t) = node.downcast_ref::<TopkShardsExec>() {
+            return Ok(Node::TopkShards(TopkShardsNode {
+                index_name: t.index.clone(),
+                query: t.query.clone(),
+                k: t.k as u64,
+                mode: t.mode.name().to_string(),
+            }));
+        }
+        if let Some(t) = node.downcast_ref::<TopkMergeExec>() {
+            return Ok(Node::TopkMerge(TopkMergeNode {
+                k: t.k as u64,
+                mode: t.mode.name().to_string(),
+                projected: t.projection.is_some(),
+                projection: u64s(t.projection.as_deref().unwrap_or_default()),
+            }));
+        }
         internal_err!("SetsCodec cannot encode {}", node.name())
     }
 
@@ -421,17 +476,27 @@ impl SetsCodec {
                     self,
                     converter,
                 )?;
-                let Some(mode) = Mode::from_name(&t.mode) else {
-                    return plan_err!("SetsCodec: {TOPK_BM25}: unknown mode '{}'", t.mode);
-                };
                 Ok(Arc::new(TopkOneExec::try_new(
                     IndexScan::from_scan(&t.index_name, scan),
                     t.query,
                     t.k as usize,
-                    mode,
+                    mode_of(&t.mode)?,
                     t.projected.then(|| usizes(&t.projection)),
                 )?))
             }
+            Node::TopkShards(t) => Ok(Arc::new(TopkShardsExec::try_new(
+                input(inputs, 0, "TopkBm25ShardsExec")?,
+                t.index_name,
+                t.query,
+                t.k as usize,
+                mode_of(&t.mode)?,
+            )?)),
+            Node::TopkMerge(t) => Ok(Arc::new(TopkMergeExec::try_new(
+                input(inputs, 0, "TopkBm25MergeExec")?,
+                t.k as usize,
+                mode_of(&t.mode)?,
+                t.projected.then(|| usizes(&t.projection)),
+            )?)),
         }
     }
 }

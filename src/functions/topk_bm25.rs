@@ -45,7 +45,8 @@ use crate::placement::plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 use crate::search::loaded::load_index;
 use crate::search::rank::{RankStats, rank_batch, wants_gpu};
 use crate::search::topk::Mode;
-use table::{TOPK_BM25, check_k, check_mode, params_of};
+use table::{TOPK_BM25, check_k, check_mode};
+use crate::search::scoring::params_of;
 
 /// Where `topk_bm25` finds index tables: the session's catalog and runtime.
 #[derive(Clone, Debug)]

@@ -23,7 +23,8 @@
 //!
 //! | column | type | meaning |
 //! | --- | --- | --- |
-//! | `shard` | UInt32 | the shard, `0..N` |
+//! | `shard` | UInt32 | the shard, `0..N` ([`shard_of`] its documents' ids) |
+//! | `shards` | UInt32 | N (every row the same) |
 //! | `df` | UInt64 | documents holding the term in the whole corpus (every row of the term the same) |
 //!
 //! rows sorted by shard, then term. `n_docs` and `total_len` stay the whole corpus's, so the
@@ -98,7 +99,8 @@ pub fn index_schema(with_static: bool) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The Arrow schema of a sharded index table: [`index_schema`] plus `shard` and `df`.
+/// The Arrow schema of a sharded index table: [`index_schema`] plus `shard`, `shards` and
+/// `df`.
 pub fn sharded_index_schema(with_static: bool) -> SchemaRef {
     let mut fields: Vec<Field> = index_schema(with_static)
         .fields()
@@ -106,6 +108,7 @@ pub fn sharded_index_schema(with_static: bool) -> SchemaRef {
         .map(|f| f.as_ref().clone())
         .collect();
     fields.push(Field::new("shard", DataType::UInt32, false));
+    fields.push(Field::new("shards", DataType::UInt32, false));
     fields.push(Field::new("df", DataType::UInt64, false));
     Arc::new(Schema::new(fields))
 }
@@ -215,7 +218,9 @@ impl InvertedIndex {
             self.tokenizer,
         )?;
         let mut columns = batch.columns().to_vec();
+        let rows = shard_col.len();
         columns.push(Arc::new(UInt32Array::from(shard_col)));
+        columns.push(Arc::new(UInt32Array::from(vec![shards; rows])));
         columns.push(Arc::new(UInt64Array::from(df_col)));
         Ok(RecordBatch::try_new(
             sharded_index_schema(self.statics.is_some()),
@@ -297,6 +302,15 @@ impl InvertedIndex {
                 ));
             }
         };
+        if sharded {
+            for name in ["shard", "shards"] {
+                if schema.column_with_name(name).is_none() {
+                    return not_index(format!("a 'df' column but no column '{name}'"));
+                }
+            }
+        }
+        // A sharded table's shard count, as its first row gives it.
+        let mut shard_count: Option<u32> = None;
         let mut index = Self {
             statics: with_static.then(Vec::new),
             dfs: sharded.then(Vec::new),
@@ -343,6 +357,20 @@ impl InvertedIndex {
                 false => None,
             };
             let dfs = dfs.as_ref().map(|d| d.as_primitive::<UInt64Type>());
+            // A Hive-partitioned table gives `shard` as its directories' strings: cast.
+            let shard_cols = match sharded {
+                true => {
+                    let as_u32 = |name: &str| -> Result<UInt32Array> {
+                        cast_u32(&col(name)?).map_err(|e| {
+                            datafusion::common::DataFusionError::Plan(format!(
+                                "{who}: table '{table}' is not a BM25 index (column '{name}': {e})"
+                            ))
+                        })
+                    };
+                    Some((as_u32("shard")?, as_u32("shards")?))
+                }
+                false => None,
+            };
             for r in 0..batch.num_rows() {
                 if terms.is_null(r) || docs.is_null(r) || tfs.is_null(r) || lens.is_null(r) {
                     return not_index(format!("NULL in row {r}"));
@@ -385,6 +413,26 @@ impl InvertedIndex {
                     Some(d) => Some(d.value(r)),
                     None => None,
                 };
+                if let Some((shard, shards)) = &shard_cols {
+                    if shard.is_null(r) || shards.is_null(r) {
+                        return not_index(format!("term '{term}': NULL shard or shards"));
+                    }
+                    let (s, n) = (shard.value(r), shards.value(r));
+                    if *shard_count.get_or_insert(n) != n {
+                        return not_index("shards differs between rows".into());
+                    }
+                    if s >= n {
+                        return not_index(format!("term '{term}': shard {s} of {n} shards"));
+                    }
+                    // Each document in its own shard only, so whole shards hold whole
+                    // documents: a search per shard sees all of each of its documents.
+                    if let Some(&doc) = d.values().iter().find(|&&doc| shard_of(doc, n) != s) {
+                        return not_index(format!(
+                            "term '{term}': document {doc} is in shard {s}, but belongs to shard {} of {n}",
+                            shard_of(doc, n)
+                        ));
+                    }
+                }
                 let new_t = index.offsets.len() as u32 - 1;
                 let (t, again) = match index.term_ids.get(term) {
                     Some(&t) if sharded => (t, true),
@@ -1015,6 +1063,16 @@ fn same_shape(got: &DataType, want: &DataType) -> bool {
     }
 }
 
+/// `a` as UInt32, a value that does not fit an error.
+fn cast_u32(a: &ArrayRef) -> Result<UInt32Array> {
+    let options = datafusion::arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let c = datafusion::arrow::compute::cast_with_options(a, &DataType::UInt32, &options)?;
+    Ok(c.as_primitive::<UInt32Type>().clone())
+}
+
 fn cast_utf8(a: &ArrayRef) -> Result<StringArray> {
     let c = datafusion::arrow::compute::cast(a, &DataType::Utf8)?;
     Ok(c.as_string::<i32>().clone())
@@ -1243,5 +1301,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("column 'df' is Int64"), "{err}");
+        // The shard columns: a document moved to another shard, a shard past the count,
+        // counts that differ, a shard column missing.
+        let with_u32 = |name: &str, f: &dyn Fn(usize, u32) -> u32| {
+            let i = schema.index_of(name).unwrap();
+            let old = sharded.column(i).as_primitive::<UInt32Type>();
+            let mut cols = sharded.columns().to_vec();
+            cols[i] = Arc::new(UInt32Array::from_iter_values(
+                old.values().iter().enumerate().map(|(r, &v)| f(r, v)),
+            ));
+            RecordBatch::try_new(Arc::clone(&schema), cols).unwrap()
+        };
+        let err = load(&with_u32("shard", &|r, v| if r == 0 { v + 1 } else { v })).unwrap_err();
+        assert!(err.contains("but belongs to shard"), "{err}");
+        let err = load(&with_u32("shard", &|_, v| v + 3)).unwrap_err();
+        assert!(err.contains("of 3 shards"), "{err}");
+        let err = load(&with_u32("shards", &|r, v| if r == 5 { v + 1 } else { v })).unwrap_err();
+        assert!(err.contains("shards differs between rows"), "{err}");
+        let err = load(&with_u32("shards", &|_, _| 0)).unwrap_err();
+        assert!(err.contains("of 0 shards"), "{err}");
+        let without = sharded.project(&(0..schema.fields().len()).filter(|&i| schema.field(i).name() != "shards").collect::<Vec<_>>()).unwrap();
+        let err = InvertedIndex::from_batches(&without.schema(), &[without], "topk_bm25", "idx")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no column 'shards'"), "{err}");
+        // As a Hive-partitioned table reads it back: `shard` from the directories' names.
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let i = schema.index_of("shard").unwrap();
+        fields[i] = Field::new("shard", DataType::Utf8, false);
+        let mut cols = sharded.columns().to_vec();
+        cols[i] = datafusion::arrow::compute::cast(&cols[i], &DataType::Utf8).unwrap();
+        let hive = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols.clone()).unwrap();
+        let from_hive = InvertedIndex::from_batches(&hive.schema(), &[hive], "topk_bm25", "idx").unwrap();
+        let direct = InvertedIndex::from_batches(&schema, std::slice::from_ref(&sharded), "topk_bm25", "idx").unwrap();
+        assert_eq!(from_hive.to_batch().unwrap(), direct.to_batch().unwrap());
+        cols[i] = Arc::new(StringArray::from_iter_values((0..sharded.num_rows()).map(|r| if r == 0 { "x".to_string() } else { "0".to_string() })));
+        let bad = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+        let err = InvertedIndex::from_batches(&bad.schema(), &[bad], "topk_bm25", "idx")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("column 'shard'"), "{err}");
     }
 }

@@ -25,7 +25,7 @@ use datafusion::arrow::array::{ArrayData, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::Result;
-use datafusion::execution::TaskContext;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use futures::StreamExt;
@@ -366,12 +366,24 @@ async fn read(
     who: &str,
     name: &str,
 ) -> Result<Rows> {
-    let reservation =
-        MemoryConsumer::new(format!("{who} index '{name}'")).register(ctx.memory_pool());
     // Batches of in-memory tables are the table's own, not new memory.
     let count_rows = !only_memory(&scan);
     let schema = scan.schema();
-    let mut stream = execute_stream(scan, Arc::clone(ctx))?;
+    let stream = execute_stream(scan, Arc::clone(ctx))?;
+    read_stream(ctx, stream, schema, count_rows, who, name).await
+}
+
+/// Read `stream`, reserving its batches as they arrive when `count_rows`.
+async fn read_stream(
+    ctx: &Arc<TaskContext>,
+    mut stream: SendableRecordBatchStream,
+    schema: SchemaRef,
+    count_rows: bool,
+    who: &str,
+    name: &str,
+) -> Result<Rows> {
+    let reservation =
+        MemoryConsumer::new(format!("{who} index '{name}'")).register(ctx.memory_pool());
     let mut batches = Vec::new();
     let mut bytes = 0;
     while let Some(batch) = stream.next().await {
@@ -389,6 +401,25 @@ async fn read(
         reservation,
         bytes,
     })
+}
+
+/// The index held by partition `partition` of `input` (whole shards of a sharded index
+/// table, as [`crate::search::shards`] reads them), read and built in `ctx`, its rows and
+/// the index reserved; `None` when the partition holds no rows. Not cached: a partition's
+/// rows have no identity of their own once an exchange has moved them.
+pub async fn load_partition(
+    ctx: Arc<TaskContext>,
+    input: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    who: &str,
+    name: &str,
+) -> Result<Option<LoadedIndex>> {
+    let stream = input.execute(partition, Arc::clone(&ctx))?;
+    let rows = read_stream(&ctx, stream, input.schema(), true, who, name).await?;
+    if rows.batches.iter().all(|b| b.num_rows() == 0) {
+        return Ok(None);
+    }
+    build(ctx, rows, who, name).map(Some)
 }
 
 /// Read `scan` and build its index, reserving the rows read from files as they arrive and

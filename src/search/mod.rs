@@ -10,5 +10,6 @@ pub mod loaded;
 pub mod queries;
 pub mod rank;
 pub mod scoring;
+pub mod shards;
 pub mod tokenize;
 pub mod topk;

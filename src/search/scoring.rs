@@ -14,9 +14,12 @@
 //! in ascending term-id order, always, so every algorithm (pruned, exhaustive, CPU, GPU)
 //! adds the same f64 values in the same order and gets the same bits.
 
+use datafusion::common::Result;
+use datafusion::config::ConfigOptions;
 use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::index::InvertedIndex;
+use crate::config::SetsConfig;
 
 /// Postings per skipping block.
 pub const BLOCK: usize = 64;
@@ -26,6 +29,16 @@ pub const BLOCK: usize = 64;
 pub const FLOOR_K: usize = 32;
 /// Lists shorter than this keep no best scores (a short list gives no useful floor).
 pub const FLOOR_MIN_DF: usize = FLOOR_K;
+
+/// BM25 parameters from a session's `sets.bm25_*` options.
+pub fn params_of(options: &ConfigOptions) -> Result<Bm25Params> {
+    let c = SetsConfig::from_options(options)?;
+    Ok(Bm25Params {
+        k1: c.bm25_k1,
+        b: c.bm25_b,
+        alpha: c.bm25_alpha,
+    })
+}
 
 /// BM25's parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -12,17 +12,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{
-    ArrayRef, Float64Array, RecordBatch, RecordBatchOptions, UInt32Array,
-};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err, internal_err, plan_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableType};
-use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -30,11 +26,12 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 
-use crate::config::SetsConfig;
+use crate::config::{SearchDistributionChoice, SetsConfig, under_distributed};
 use crate::functions::args::{int_arg, string_arg};
 use crate::search::loaded::IndexScan;
 use crate::search::rank::rank_one;
-use crate::search::scoring::Bm25Params;
+use crate::search::scoring::params_of;
+use crate::search::shards::{TopkMergeExec, TopkShardsExec, hits_batch, rank_ordered, result_schema};
 use crate::search::tokenize::Tokenizer;
 use crate::search::topk::Mode;
 
@@ -59,16 +56,6 @@ pub fn check_mode(mode: &str, arg: usize) -> Result<Mode> {
             "{TOPK_BM25}: argument {arg} (mode) must be 'and', 'or' or 'and_or', got '{mode}'"
         ),
     }
-}
-
-/// BM25 parameters from the session's `sets.bm25_*` options.
-pub fn params_of(options: &datafusion::config::ConfigOptions) -> Result<Bm25Params> {
-    let c = SetsConfig::from_options(options)?;
-    Ok(Bm25Params {
-        k1: c.bm25_k1,
-        b: c.bm25_b,
-        alpha: c.bm25_alpha,
-    })
 }
 
 /// The `topk_bm25` table function.
@@ -101,15 +88,6 @@ impl TableFunctionImpl for TopkBm25Function {
     }
 }
 
-/// `(rank, doc_id, score)`.
-fn result_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("rank", DataType::UInt32, false),
-        Field::new("doc_id", DataType::UInt32, false),
-        Field::new("score", DataType::Float64, false),
-    ]))
-}
-
 #[derive(Debug)]
 struct TopkTable {
     table: String,
@@ -137,6 +115,34 @@ impl TableProvider for TopkTable {
         // Planning resolves the table and plans its scan; the index is read and the query
         // ranked when the plan runs (so EXPLAIN ranks nothing, and a cancel stops the load).
         let index = IndexScan::plan(state, &self.table, TOPK_BM25, 1).await?;
+        let options = state.config_options();
+        let sharded = index.scan().schema().column_with_name("df").is_some();
+        let per_shard = match SetsConfig::from_options(options)?.topk_bm25_distribution {
+            SearchDistributionChoice::Single => false,
+            SearchDistributionChoice::Auto => sharded && under_distributed(options),
+            SearchDistributionChoice::Shards if sharded => true,
+            SearchDistributionChoice::Shards => {
+                return plan_err!(
+                    "{TOPK_BM25}: argument 1 (table): sets.topk_bm25_distribution = 'shards' needs a sharded index, and '{}' is not one (build it with bm25_index(..., 'shards=N'), or set 'single' or 'auto')",
+                    self.table
+                );
+            }
+        };
+        if per_shard {
+            let shards = TopkShardsExec::try_new(
+                Arc::clone(index.scan()),
+                self.table.clone(),
+                self.query.clone(),
+                self.k,
+                self.mode,
+            )?;
+            return Ok(Arc::new(TopkMergeExec::try_new(
+                Arc::new(shards),
+                self.k,
+                self.mode,
+                projection.cloned(),
+            )?));
+        }
         Ok(Arc::new(TopkOneExec::try_new(
             index,
             self.query.clone(),
@@ -145,16 +151,6 @@ impl TableProvider for TopkTable {
             projection.cloned(),
         )?))
     }
-}
-
-/// The output's properties: rows come best first, by `rank` (when it is projected).
-fn rank_ordered(schema: &SchemaRef) -> EquivalenceProperties {
-    let mut eq = EquivalenceProperties::new(Arc::clone(schema));
-    if let Ok(i) = schema.index_of("rank") {
-        let rank: Arc<dyn PhysicalExpr> = Arc::new(Column::new("rank", i));
-        eq.add_ordering([PhysicalSortExpr::new_default(rank)]);
-    }
-    eq
 }
 
 /// One ad hoc query ranked when the plan runs.
@@ -262,20 +258,7 @@ impl ExecutionPlan for TopkOneExec {
             let scored = loaded.scored(params_of(context.session_config().options())?)?;
             let mut tok = Tokenizer::new(loaded.index.tokenizer());
             let hits = rank_one(&loaded, &scored, &mut tok, &query, k, mode);
-            let columns: Vec<ArrayRef> = vec![
-                Arc::new(UInt32Array::from_iter_values(1..=hits.len() as u32)),
-                Arc::new(UInt32Array::from_iter_values(hits.iter().map(|h| h.doc))),
-                Arc::new(Float64Array::from_iter_values(hits.iter().map(|h| h.score))),
-            ];
-            let columns = match &projection {
-                Some(p) => p.iter().map(|&i| Arc::clone(&columns[i])).collect(),
-                None => columns,
-            };
-            let batch = RecordBatch::try_new_with_options(
-                schema,
-                columns,
-                &RecordBatchOptions::new().with_row_count(Some(hits.len())),
-            )?;
+            let batch = hits_batch(schema, &hits, projection.as_deref())?;
             baseline.record_output(batch.num_rows());
             Ok(batch)
         };
