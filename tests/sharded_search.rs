@@ -1,0 +1,120 @@
+//! `topk_bm25` over a sharded index stored as Hive-partitioned Parquet, one directory per
+//! shard (`COPY ... PARTITIONED BY (shard)`), on real data: the gcide dictionary in 8 shards,
+//! queried with the TREC 2005 Terabyte efficiency log.
+//!
+//! Read back with `datafusion.optimizer.preserve_file_partitions`, the scan itself declares
+//! its partitioning by `shard`, so the shard plan needs no exchange: each partition reads its
+//! shards' files and ranks them. Every mode must answer row for row (rank, document, score
+//! unrounded) what the unsharded index answers in one load.
+//!
+//! Data: `bench-data/` (or `$SETS_BENCH_DATA`); without it the test prints why and passes,
+//! unless `SETS_REQUIRE_DATA=1`.
+
+mod common;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::common::Result;
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+
+async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
+    ctx.sql(sql).await?.collect().await
+}
+
+fn lines(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    text.lines().map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hive_partitioned_shards_search_without_an_exchange() -> Result<()> {
+    let dir = common::bench_data();
+    let (docs, queries) = (
+        dir.join("gcide/docs.parquet"),
+        dir.join("queries/queries.parquet"),
+    );
+    if !common::data_present("sharded search", &[&docs, &queries]) {
+        return Ok(());
+    }
+    let ctx = common::sets_session(SessionConfig::new().with_target_partitions(4));
+    ctx.register_parquet(
+        "docs",
+        docs.to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    ctx.register_parquet(
+        "queries",
+        queries.to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("idx");
+    let out = out.to_str().unwrap();
+    run(
+        &ctx,
+        &format!(
+            "COPY (SELECT * FROM bm25_index('docs', 'doc_id', 'text', 'shards=8')) TO '{out}/' \
+             STORED AS PARQUET PARTITIONED BY (shard)"
+        ),
+    )
+    .await?;
+    let shard_dirs = std::fs::read_dir(out).unwrap().count();
+    assert_eq!(shard_dirs, 8, "one directory per shard");
+    run(
+        &ctx,
+        &format!("CREATE EXTERNAL TABLE idx_sh STORED AS PARQUET PARTITIONED BY (shard) LOCATION '{out}/'"),
+    )
+    .await?;
+    run(
+        &ctx,
+        "CREATE TABLE idx AS SELECT * FROM bm25_index('docs', 'doc_id', 'text')",
+    )
+    .await?;
+    for set in [
+        "SET datafusion.optimizer.preserve_file_partitions = 1",
+        "SET sets.topk_bm25_distribution = 'shards'",
+    ] {
+        run(&ctx, set).await?;
+    }
+    let texts = run(
+        &ctx,
+        "SELECT text FROM queries WHERE source = 'terabyte05-eff' AND text LIKE '% %' \
+         ORDER BY qid LIMIT 12",
+    )
+    .await?;
+    let texts: Vec<String> = lines(&texts)
+        .iter()
+        .filter(|l| l.starts_with('|'))
+        .skip(1)
+        .map(|l| l.trim_matches(|c| c == '|' || c == ' ').replace('\'', "''"))
+        .collect();
+    assert_eq!(texts.len(), 12);
+    let mut hits = 0;
+    for (i, text) in texts.iter().enumerate() {
+        let (mode, k) = [("or", 10), ("and", 100), ("and_or", 10), ("or", 1000)][i % 4];
+        let sharded = format!("SELECT * FROM topk_bm25('idx_sh', '{text}', {k}, '{mode}')");
+        let plan = ctx.sql(&sharded).await?.create_physical_plan().await?;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(shown.contains("TopkBm25ShardsExec"), "{shown}");
+        assert!(
+            !shown.contains("RepartitionExec"),
+            "the shards' files already partition the scan:\n{shown}"
+        );
+        assert!(
+            shown.contains("output_partitioning=Hash([shard@"),
+            "{shown}"
+        );
+        let got = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await?;
+        let whole = format!("SELECT * FROM topk_bm25('idx', '{text}', {k}, '{mode}')");
+        run(&ctx, "SET sets.topk_bm25_distribution = 'single'").await?;
+        let expected = run(&ctx, &whole).await?;
+        run(&ctx, "SET sets.topk_bm25_distribution = 'shards'").await?;
+        assert_eq!(lines(&got), lines(&expected), "{sharded}");
+        hits += expected.iter().map(|b| b.num_rows()).sum::<usize>();
+    }
+    assert!(hits > 1000, "{hits} hits in all");
+    Ok(())
+}
