@@ -112,30 +112,6 @@ fn options(tokenizer: TokenizerOptions, with_static: bool) -> String {
     format!("{tokenizer}, static={with_static}")
 }
 
-/// The parts of [`ExecutionPlan`] every operator here implements alike.
-macro_rules! plan_basics {
-    ($name:literal) => {
-        fn name(&self) -> &str {
-            $name
-        }
-        fn apply_expressions(
-            &self,
-            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-        ) -> Result<TreeNodeRecursion> {
-            Ok(TreeNodeRecursion::Continue)
-        }
-        fn properties(&self) -> &Arc<PlanProperties> {
-            &self.properties
-        }
-        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-            vec![&self.input]
-        }
-        fn metrics(&self) -> Option<MetricsSet> {
-            Some(self.metrics.clone_inner())
-        }
-    };
-}
-
 impl ExecutionPlan for Bm25IndexExec {
     plan_basics!("Bm25IndexExec");
 

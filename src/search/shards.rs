@@ -234,13 +234,31 @@ pub fn result_schema() -> SchemaRef {
 }
 
 /// The output's properties: rows come best first, by `rank` (when it is projected).
-pub fn rank_ordered(schema: &SchemaRef) -> EquivalenceProperties {
+fn rank_ordered(schema: &SchemaRef) -> EquivalenceProperties {
     let mut eq = EquivalenceProperties::new(Arc::clone(schema));
     if let Ok(i) = schema.index_of("rank") {
         let rank: Arc<dyn PhysicalExpr> = Arc::new(Column::new("rank", i));
         eq.add_ordering([PhysicalSortExpr::new_default(rank)]);
     }
     eq
+}
+
+/// The table function's columns `projection` of `(rank, doc_id, score)`, and the properties
+/// of its one partition of them, best first.
+pub fn result_properties(
+    projection: Option<&[usize]>,
+) -> Result<(SchemaRef, Arc<PlanProperties>)> {
+    let schema = match projection {
+        Some(p) => Arc::new(result_schema().project(p)?),
+        None => result_schema(),
+    };
+    let properties = PlanProperties::new(
+        rank_ordered(&schema),
+        Partitioning::UnknownPartitioning(1),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    );
+    Ok((schema, Arc::new(properties)))
 }
 
 /// Ranked hits as the table function's batch: ranks from 1, columns `projection`.
@@ -290,21 +308,13 @@ impl TopkMergeExec {
         if input.schema().fields() != hits_schema().fields() {
             return internal_err!("TopkBm25MergeExec: input is not TopkBm25ShardsExec's hits");
         }
-        let schema = match &projection {
-            Some(p) => Arc::new(result_schema().project(p)?),
-            None => result_schema(),
-        };
+        let (schema, properties) = result_properties(projection.as_deref())?;
         Ok(Self {
             input,
             k,
             mode,
             projection,
-            properties: Arc::new(PlanProperties::new(
-                rank_ordered(&schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
+            properties,
             schema,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -333,23 +343,10 @@ fn best(mut hits: Vec<Hit>, k: usize) -> Result<Vec<Hit>> {
 }
 
 impl ExecutionPlan for TopkMergeExec {
-    fn name(&self) -> &str {
-        "TopkBm25MergeExec"
-    }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
+    plan_basics!("TopkBm25MergeExec");
+
     fn required_input_distribution(&self) -> Vec<Distribution> {
         vec![Distribution::SinglePartition]
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
     }
     fn with_new_children(
         self: Arc<Self>,
@@ -363,9 +360,6 @@ impl ExecutionPlan for TopkMergeExec {
             self.mode,
             self.projection.clone(),
         )?))
-    }
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
     }
     fn execute(
         &self,

@@ -19,11 +19,10 @@ use datafusion::common::{Result, exec_err, internal_err, plan_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 
 use crate::config::{SearchDistributionChoice, SetsConfig, under_distributed};
@@ -31,7 +30,9 @@ use crate::functions::args::{int_arg, string_arg};
 use crate::search::loaded::IndexScan;
 use crate::search::rank::rank_one;
 use crate::search::scoring::params_of;
-use crate::search::shards::{TopkMergeExec, TopkShardsExec, hits_batch, rank_ordered, result_schema};
+use crate::search::shards::{
+    TopkMergeExec, TopkShardsExec, hits_batch, result_properties, result_schema,
+};
 use crate::search::tokenize::Tokenizer;
 use crate::search::topk::Mode;
 
@@ -176,22 +177,14 @@ impl TopkOneExec {
         mode: Mode,
         projection: Option<Vec<usize>>,
     ) -> Result<Self> {
-        let schema = match &projection {
-            Some(p) => Arc::new(result_schema().project(p)?),
-            None => result_schema(),
-        };
+        let (schema, properties) = result_properties(projection.as_deref())?;
         Ok(Self {
             index,
             query,
             k,
             mode,
             projection,
-            properties: Arc::new(PlanProperties::new(
-                rank_ordered(&schema),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
+            properties,
             schema,
             metrics: ExecutionPlanMetricsSet::new(),
         })
