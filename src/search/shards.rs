@@ -176,6 +176,16 @@ impl ExecutionPlan for TopkShardsExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        // Whole shards in each partition is what makes the lists exact: an engine that ran
+        // this plan without the exchange the planner adds (a host across FFI, a hand-built
+        // plan) would rank shards in pieces.
+        if !by_shard(self.input.output_partitioning(), &self.shard) {
+            return exec_err!(
+                "{WHO}: the shards of index '{}' must reach TopkBm25ShardsExec whole (input partitioned by Hash([shard]) or in one partition), got {}",
+                self.index,
+                self.input.output_partitioning()
+            );
+        }
         let input = Arc::clone(&self.input);
         let (index, query, k, mode) = (self.index.clone(), self.query.clone(), self.k, self.mode);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -221,6 +231,15 @@ impl ExecutionPlan for TopkShardsExec {
             schema,
             futures::stream::once(fut),
         )))
+    }
+}
+
+/// Whether `partitioning` keeps every row of a shard in one partition: one partition, or a
+/// hash of the shard column alone.
+fn by_shard(partitioning: &Partitioning, shard: &Arc<dyn PhysicalExpr>) -> bool {
+    match partitioning {
+        Partitioning::Hash(exprs, _) => exprs.len() == 1 && exprs[0].eq(shard),
+        p => p.partition_count() == 1,
     }
 }
 
@@ -412,5 +431,56 @@ impl ExecutionPlan for TopkMergeExec {
             Arc::clone(&self.schema),
             futures::stream::once(fut),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::SessionContext;
+
+    use super::*;
+    use crate::search::index::IndexBuilder;
+    use crate::search::tokenize::TokenizerOptions;
+
+    /// A sharded index table of 200 documents in 3 shards.
+    fn sharded() -> RecordBatch {
+        let options = TokenizerOptions::default();
+        let mut b = IndexBuilder::new(options, false);
+        let mut tok = Tokenizer::new(options);
+        for id in 0..200u32 {
+            let text = format!("w{} x{} y{}", id % 7, id % 5, id % 3);
+            b.add_text(&mut tok, id, Some(&text), None);
+        }
+        b.finish().into_sharded_batch(3).unwrap()
+    }
+
+    /// Whole shards in one partition rank; rows of one shard in two partitions that are not
+    /// partitioned by shard are refused, not ranked in pieces.
+    #[tokio::test]
+    async fn shards_split_across_partitions_are_refused() {
+        let batch = sharded();
+        let schema = batch.schema();
+        let ctx = SessionContext::new().task_ctx();
+        let plan = |parts: Vec<Vec<RecordBatch>>| {
+            let scan = MemorySourceConfig::try_new_exec(&parts, Arc::clone(&schema), None).unwrap();
+            let shards =
+                TopkShardsExec::try_new(scan, "idx".into(), "w1 x2".into(), 5, Mode::Or).unwrap();
+            Arc::new(TopkMergeExec::try_new(Arc::new(shards), 5, Mode::Or, None).unwrap())
+        };
+        let whole = collect(plan(vec![vec![batch.clone()]]), Arc::clone(&ctx)).await;
+        let whole = whole.unwrap();
+        assert_eq!(whole.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+        let (a, b) = (batch.slice(0, 10), batch.slice(10, batch.num_rows() - 10));
+        let split = plan(vec![vec![a], vec![b]]);
+        let coalesced = Arc::new(
+            datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
+                Arc::clone(&split.input),
+            ),
+        );
+        let merge = TopkMergeExec::try_new(coalesced, 5, Mode::Or, None).unwrap();
+        let err = collect(Arc::new(merge), ctx).await.unwrap_err().to_string();
+        assert!(err.contains("must reach TopkBm25ShardsExec whole"), "{err}");
     }
 }
