@@ -483,4 +483,49 @@ mod tests {
         let err = collect(Arc::new(merge), ctx).await.unwrap_err().to_string();
         assert!(err.contains("must reach TopkBm25ShardsExec whole"), "{err}");
     }
+
+    fn hits(rows: &[(u32, f64, u8)]) -> RecordBatch {
+        RecordBatch::try_new(
+            hits_schema(),
+            vec![
+                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(UInt8Array::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap()
+    }
+
+    async fn merged(parts: &[&[(u32, f64, u8)]], k: usize, mode: Mode) -> Result<Vec<(u32, f64)>> {
+        let batches: Vec<RecordBatch> = parts.iter().map(|p| hits(p)).collect();
+        let scan = MemorySourceConfig::try_new_exec(&[batches], hits_schema(), None)?;
+        let merge = Arc::new(TopkMergeExec::try_new(scan, k, mode, Some(vec![1, 2]))?);
+        let out = collect(merge, SessionContext::new().task_ctx()).await?;
+        let mut got = Vec::new();
+        for b in &out {
+            let docs = b.column(0).as_primitive::<UInt32Type>();
+            let scores = b.column(1).as_primitive::<Float64Type>();
+            got.extend(docs.values().iter().copied().zip(scores.values().iter().copied()));
+        }
+        Ok(got)
+    }
+
+    /// The merge: best k, ties to the smaller id; `and_or` falls back to the OR lists only
+    /// when the merged AND list is short; a document from two partitions is an error.
+    #[tokio::test]
+    async fn the_merge_decides_on_every_partition_together() {
+        let (a, b): (&[_], &[_]) = (
+            &[(4, 2.0, MAIN), (9, 1.0, MAIN), (7, 5.0, FALLBACK)],
+            &[(3, 2.0, MAIN), (8, 0.5, MAIN)],
+        );
+        let got = merged(&[a, b], 3, Mode::AndOr).await.unwrap();
+        assert_eq!(got, vec![(3, 2.0), (4, 2.0), (9, 1.0)]);
+        let got = merged(&[a, b], 5, Mode::AndOr).await.unwrap();
+        assert_eq!(got, vec![(7, 5.0)]);
+        let got = merged(&[a, b], 5, Mode::And).await.unwrap();
+        assert_eq!(got.len(), 4);
+        let twice: &[_] = &[(9, 1.0, MAIN)];
+        let err = merged(&[a, b, twice], 3, Mode::Or).await.unwrap_err().to_string();
+        assert!(err.contains("document 9 was ranked by two partitions"), "{err}");
+    }
 }
