@@ -193,8 +193,8 @@ impl ExecutionPlan for TopkShardsExec {
         let schema = hits_schema();
         let out = Arc::clone(&schema);
         let fut = async move {
-            let Some(loaded) = load_partition(Arc::clone(&context), &input, partition, WHO, &index).await?
-            else {
+            let loaded = load_partition(Arc::clone(&context), &input, partition, WHO, &index);
+            let Some(loaded) = loaded.await? else {
                 return Ok(RecordBatch::new_empty(out));
             };
             let _t = baseline.elapsed_compute().timer();
@@ -215,7 +215,8 @@ impl ExecutionPlan for TopkShardsExec {
             };
             let n = main.len() + fallback.len();
             let all = || main.iter().chain(&fallback);
-            let lists = std::iter::repeat_n(MAIN, main.len()).chain(std::iter::repeat_n(FALLBACK, fallback.len()));
+            let lists = std::iter::repeat_n(MAIN, main.len())
+                .chain(std::iter::repeat_n(FALLBACK, fallback.len()));
             let batch = RecordBatch::try_new(
                 out,
                 vec![
