@@ -188,8 +188,8 @@ impl TableProvider for Bm25IndexTable {
         let exec: Arc<dyn ExecutionPlan> = if spread {
             // Parts where the documents are read, merged per term after a hash exchange
             // (which EnsureRequirements adds), the merged partitions' sorted runs merged.
-            let buckets = u32::try_from(options.execution.target_partitions.max(1))
-                .unwrap_or(u32::MAX);
+            let buckets =
+                u32::try_from(options.execution.target_partitions.max(1)).unwrap_or(u32::MAX);
             let parts = Bm25PartsExec::try_new(input, self.tokenizer, with_static, buckets)?;
             let merge = Bm25MergeExec::try_new(Arc::new(parts), self.tokenizer, with_static)?;
             Arc::new(SortPreservingMergeExec::new(by_term(), Arc::new(merge)))
@@ -225,4 +225,3 @@ impl TableProvider for Bm25IndexTable {
         }
     }
 }
-

@@ -111,11 +111,10 @@ mod tests {
         let column: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(
             (0..rows as i64).map(|i| Some(vec![Some(i), Some(i + 1)])),
         ));
-        let constant = ScalarValue::List(Arc::new(ListArray::from_iter_primitive::<
-            Int64Type,
-            _,
-            _,
-        >([Some((0..2_000).map(Some).collect::<Vec<_>>())])));
+        let constant =
+            ScalarValue::List(Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(
+                [Some((0..2_000).map(Some).collect::<Vec<_>>())],
+            )));
         let widest_seen = AtomicUsize::new(0);
         let calls = AtomicUsize::new(0);
         // Per row: how many of the row's values are in the constant.
@@ -123,15 +122,17 @@ mod tests {
             calls.fetch_add(1, Ordering::Relaxed);
             let (a, b) = (arrays[0].as_list::<i32>(), arrays[1].as_list::<i32>());
             widest_seen.fetch_max(b.values().len(), Ordering::Relaxed);
-            Ok(Arc::new(Int64Array::from_iter_values((0..a.len()).map(|r| {
-                let (x, y) = (a.value(r), b.value(r));
-                let y = y.as_primitive::<Int64Type>();
-                x.as_primitive::<Int64Type>()
-                    .values()
-                    .iter()
-                    .filter(|v| y.values().contains(v))
-                    .count() as i64
-            }))))
+            Ok(Arc::new(Int64Array::from_iter_values((0..a.len()).map(
+                |r| {
+                    let (x, y) = (a.value(r), b.value(r));
+                    let y = y.as_primitive::<Int64Type>();
+                    x.as_primitive::<Int64Type>()
+                        .values()
+                        .iter()
+                        .filter(|v| y.values().contains(v))
+                        .count() as i64
+                },
+            ))))
         };
         let args = [
             ColumnarValue::Array(Arc::clone(&column)),

@@ -537,9 +537,10 @@ mod tests {
         acc.update_batch(&[Arc::clone(&one)]).unwrap();
         assert!(acc.pending.is_empty());
         let mut acc = IntersectAccumulator::<Int32Type>::new(ret, false, None);
-        let null_only: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>([
-            Some(vec![None]),
-        ]));
+        let null_only: ArrayRef =
+            Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>([Some(
+                vec![None],
+            )]));
         acc.update_batch(&[Arc::clone(&null_only)]).unwrap();
         acc.flush().unwrap();
         acc.update_batch(&[Arc::clone(&null_only)]).unwrap();

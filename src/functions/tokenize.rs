@@ -163,12 +163,17 @@ fn tokenize_array(text: &ArrayRef, options: TokenizerOptions) -> Result<ArrayRef
         None => out.append(false),
     };
     match text.data_type() {
-        DataType::Utf8 => text.as_string::<i32>().iter().for_each(|s| row(s, &mut out)),
-        DataType::LargeUtf8 => text.as_string::<i64>().iter().for_each(|s| row(s, &mut out)),
+        DataType::Utf8 => text
+            .as_string::<i32>()
+            .iter()
+            .for_each(|s| row(s, &mut out)),
+        DataType::LargeUtf8 => text
+            .as_string::<i64>()
+            .iter()
+            .for_each(|s| row(s, &mut out)),
         DataType::Utf8View => text.as_string_view().iter().for_each(|s| row(s, &mut out)),
         DataType::Null => (0..text.len()).for_each(|_| row(None, &mut out)),
         t => return exec_err!("{TOKENIZE}: argument 1 (text) must be a string, got {t}"),
     }
     Ok(Arc::new(out.finish()))
 }
-

@@ -33,8 +33,7 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::async_udf::{AsyncScalarUDF, AsyncScalarUDFImpl};
 use datafusion::logical_expr::{
     Coercion, ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl,
-    Signature, TypeSignature, TypeSignatureClass, Volatility,
+    ScalarUDFImpl, Signature, TypeSignature, TypeSignatureClass, Volatility,
 };
 use datafusion::physical_expr::async_scalar_function::AsyncFuncExpr;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
@@ -44,9 +43,9 @@ use datafusion_macros::user_doc;
 use crate::placement::plan::{BackendMetrics, BackendPlan, PlanSlot, holder};
 use crate::search::loaded::load_index;
 use crate::search::rank::{RankStats, rank_batch, wants_gpu};
+use crate::search::scoring::params_of;
 use crate::search::topk::Mode;
 use table::{TOPK_BM25, check_k, check_mode};
-use crate::search::scoring::params_of;
 
 /// Where `topk_bm25` finds index tables: the session's catalog and runtime.
 #[derive(Clone, Debug)]
@@ -164,7 +163,11 @@ pub fn async_call(
         call.return_field(schema)?,
         Arc::new(call.config_options().clone()),
     );
-    Ok(Arc::new(AsyncFuncExpr::try_new(name, Arc::new(func), schema)?))
+    Ok(Arc::new(AsyncFuncExpr::try_new(
+        name,
+        Arc::new(func),
+        schema,
+    )?))
 }
 
 impl PartialEq for TopkBm25 {
@@ -358,7 +361,8 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         let stop = Arc::clone(&abandoned.0);
         let rank = move || {
             // The GPU's host staging reserved in the session's pool while the batch runs.
-            let reservation = Some(MemoryConsumer::new(format!("{TOPK_BM25}[gpu]")).register(&pool));
+            let reservation =
+                Some(MemoryConsumer::new(format!("{TOPK_BM25}[gpu]")).register(&pool));
             rank_batch(
                 &loaded,
                 &scored,
@@ -391,7 +395,9 @@ impl AsyncScalarUDFImpl for TopkBm25 {
                 match result.await {
                     Ok(Ok(ranked)) => ranked,
                     Ok(Err(panic)) => std::panic::resume_unwind(panic),
-                    Err(_) => return exec_err!("{TOPK_BM25}: the ranking task ended without a result"),
+                    Err(_) => {
+                        return exec_err!("{TOPK_BM25}: the ranking task ended without a result");
+                    }
                 }
             }
         };

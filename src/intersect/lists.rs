@@ -213,7 +213,6 @@ impl<'a, O: OffsetSizeTrait, T: SetElem> IntLists<'a, O, T> {
     pub fn total_values(&self) -> usize {
         self.offsets[self.len()].as_usize() - self.offsets[0].as_usize()
     }
-
 }
 
 /// Dispatch `$body` over the integer Arrow type of `$dt`, binding the primitive type to `$P`.

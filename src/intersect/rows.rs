@@ -26,8 +26,8 @@ use rayon::prelude::*;
 
 use super::lists::IntLists;
 use super::verdicts::{Lookup, Verdict, lookup_verdicts, store_verdicts, verdict_of};
-use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::backend::cpu::CpuKernelChoice;
+use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::config::BackendChoice;
 use crate::placement::plan::{BackendMetrics, BackendPlan};
 

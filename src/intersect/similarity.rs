@@ -23,8 +23,8 @@ use rayon::prelude::*;
 use super::lists::{IntLists, coerce_list_args, list_element_type};
 use super::rows::EngineOptions;
 use super::strings::{StringIds, is_string_list, is_string_type};
-use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::backend::cpu::CpuKernelChoice;
+use crate::backend::cpu::{self, SetElem, Sortedness};
 use crate::intersect::lists::dispatch_integer;
 
 /// A set similarity measure of two sets `a`, `b` with `o = |a ∩ b|`, `n = |a|`, `m = |b|`.

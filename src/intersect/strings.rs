@@ -25,7 +25,10 @@ use foldhash::HashMap;
 
 /// Whether `dt` is a string type a set of strings may hold.
 pub fn is_string_type(dt: &DataType) -> bool {
-    matches!(dt, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+    matches!(
+        dt,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    )
 }
 
 /// Whether `dt` is a `List` or `LargeList` of strings.
@@ -239,10 +242,7 @@ mod tests {
         let again: ArrayRef = Arc::new(strings(&[Some(vec![Some("é"), Some("b")])]));
         let (mapped, grown) = map.map_list(&again, "t").unwrap();
         assert_eq!(grown, 0);
-        assert_eq!(
-            ids(&mapped)[0].as_ref().unwrap(),
-            &vec![row3[1], row0[0]]
-        );
+        assert_eq!(ids(&mapped)[0].as_ref().unwrap(), &vec![row3[1], row0[0]]);
     }
 
     #[test]
@@ -254,7 +254,9 @@ mod tests {
             Some(vec![Some("y"), Some("w")]),
         ];
         let list = strings(&rows);
-        let (plain, _) = map.map_list(&(Arc::new(list.clone()) as ArrayRef), "t").unwrap();
+        let (plain, _) = map
+            .map_list(&(Arc::new(list.clone()) as ArrayRef), "t")
+            .unwrap();
         let sliced: ArrayRef = Arc::new(list.slice(1, 2));
         let (part, _) = map.map_list(&sliced, "t").unwrap();
         assert_eq!(ids(&part), ids(&plain)[1..].to_vec());

@@ -248,7 +248,6 @@ fn key_of<O: OffsetSizeTrait, T: SetElem>(list: &IntLists<'_, O, T>) -> (Vec<Buf
     (pins, key)
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -47,9 +47,11 @@ pub fn has_identity(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// reading them allocates nothing new).
 pub fn only_memory(plan: &Arc<dyn ExecutionPlan>) -> bool {
     match plan.children().as_slice() {
-        [] => plan
-            .downcast_ref::<DataSourceExec>()
-            .is_some_and(|d| d.data_source().downcast_ref::<MemorySourceConfig>().is_some()),
+        [] => plan.downcast_ref::<DataSourceExec>().is_some_and(|d| {
+            d.data_source()
+                .downcast_ref::<MemorySourceConfig>()
+                .is_some()
+        }),
         children => children.iter().all(|c| only_memory(c)),
     }
 }
@@ -206,4 +208,3 @@ pub fn same_files(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> b
         && filter == sb.filter()
         && !filter.as_ref().is_some_and(is_volatile)
 }
-

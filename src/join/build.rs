@@ -1058,7 +1058,10 @@ mod tests {
                     got
                 })
                 .unwrap();
-                assert_eq!(got, want, "{distinct} tokens, {ranges} ranges, {threads} threads");
+                assert_eq!(
+                    got, want,
+                    "{distinct} tokens, {ranges} ranges, {threads} threads"
+                );
                 assert_eq!(got_counters, want_counters);
             }
         }

@@ -33,20 +33,18 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, DynComparator, make_comparator, new_empty_array,
 };
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::arrow::compute::{SortOptions, cast};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err, plan_err};
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::coop::cooperative;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
-use datafusion::physical_plan::metrics::{
-    ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
@@ -452,7 +450,9 @@ impl SimilarityJoinExec {
         )?;
         let token_type = coerced[0].clone();
         if token_type.is_null() {
-            return plan_err!("similarity_join: the token columns are NULL, not lists of integers or strings");
+            return plan_err!(
+                "similarity_join: the token columns are NULL, not lists of integers or strings"
+            );
         }
         if right.is_none() {
             // Self-joins orient pairs by id: the ids must be orderable.
@@ -492,13 +492,15 @@ impl SimilarityJoinExec {
             }
         }
         let partitions = partitions.max(1);
-        let cache = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(partitions),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        )
-        .with_scheduling_type(SchedulingType::Cooperative));
+        let cache = Arc::new(
+            PlanProperties::new(
+                EquivalenceProperties::new(Arc::clone(&schema)),
+                Partitioning::UnknownPartitioning(partitions),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )
+            .with_scheduling_type(SchedulingType::Cooperative),
+        );
         Ok(Self {
             left,
             right,
@@ -531,10 +533,17 @@ impl SimilarityJoinExec {
     /// `super::route::PrefixRouteExec`).
     pub fn with_distribution(self, distribution: JoinDistribution) -> Result<Self> {
         let partitions = match distribution {
-            JoinDistribution::Single => return Ok(Self { distribution, ..self }),
+            JoinDistribution::Single => {
+                return Ok(Self {
+                    distribution,
+                    ..self
+                });
+            }
             JoinDistribution::Broadcast => match &self.right {
                 Some(r) => r.plan.output_partitioning().partition_count(),
-                None => return plan_err!("SimilarityJoinExec: a self-join cannot broadcast a side"),
+                None => {
+                    return plan_err!("SimilarityJoinExec: a self-join cannot broadcast a side");
+                }
             },
             JoinDistribution::Replicated => match &self.right {
                 Some(r) if r.id.is_some() && self.left.id.is_some() => {
@@ -853,8 +862,10 @@ impl ExecutionPlan for SimilarityJoinExec {
             projection.schema(),
             self.partitions,
         )
-        .and_then(|exec| exec.with_backend(self.backend).with_distribution(self.distribution))
-        {
+        .and_then(|exec| {
+            exec.with_backend(self.backend)
+                .with_distribution(self.distribution)
+        }) {
             Ok(exec) => Ok(Some(Arc::new(exec))),
             Err(_) => Ok(None),
         }
@@ -882,9 +893,7 @@ impl ExecutionPlan for SimilarityJoinExec {
         let reads = match self.distribution {
             JoinDistribution::Single => None,
             JoinDistribution::Prefix { .. } => Some(vec![partition; inputs.len()]),
-            JoinDistribution::Broadcast | JoinDistribution::Replicated => {
-                Some(vec![0, partition])
-            }
+            JoinDistribution::Broadcast | JoinDistribution::Replicated => Some(vec![0, partition]),
         };
         let rule = match self.distribution {
             JoinDistribution::Prefix { buckets } => Some(PairRuleKind::Owner { buckets }),

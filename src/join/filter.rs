@@ -381,8 +381,8 @@ mod tests {
 
     /// The scalar merge and the kernel `auto` picks on this CPU.
     fn kernels() -> Vec<BoundedKernel> {
-        use crate::backend::cpu::Kernel;
         use crate::backend::cpu::CpuKernelChoice;
+        use crate::backend::cpu::Kernel;
         let mut k = vec![
             BoundedKernel::resolve(CpuKernelChoice::Fixed(Kernel::Scalar)),
             BoundedKernel::resolve(CpuKernelChoice::Auto),

@@ -36,7 +36,10 @@ pub(crate) struct WholeInput {
 
 impl WholeInput {
     /// Read the one partition of `plan`.
-    pub(crate) async fn read(plan: Arc<dyn ExecutionPlan>, context: Arc<TaskContext>) -> Result<Arc<Self>> {
+    pub(crate) async fn read(
+        plan: Arc<dyn ExecutionPlan>,
+        context: Arc<TaskContext>,
+    ) -> Result<Arc<Self>> {
         let reservation = MemoryConsumer::new("SimilarityJoinExec[broadcast side]")
             .register(context.memory_pool());
         let mut stream = plan.execute(0, context)?;
@@ -431,4 +434,3 @@ async fn read_partition(
     }
     Ok((columns, token_columns, prepared))
 }
-

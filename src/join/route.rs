@@ -35,15 +35,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, GenericListArray, Int64Array, ListArray, RecordBatch,
-    UInt32Builder, UInt64Array,
+    Array, ArrayRef, AsArray, GenericListArray, Int64Array, ListArray, RecordBatch, UInt32Builder,
+    UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::{SortColumn, cast, lexsort_to_indices, take};
-use datafusion::arrow::datatypes::{
-    DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type,
-};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::UnnestOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err, internal_err, plan_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -65,7 +64,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
     Partitioning, PlanProperties,
 };
-use datafusion::common::UnnestOptions;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
@@ -156,7 +154,11 @@ enum RankMap {
 fn int_keys(values: &ArrayRef) -> Result<Option<Int64Array>> {
     let dt = values.data_type();
     if dt.is_signed_integer() {
-        return Ok(Some(cast(values, &DataType::Int64)?.as_primitive::<Int64Type>().clone()));
+        return Ok(Some(
+            cast(values, &DataType::Int64)?
+                .as_primitive::<Int64Type>()
+                .clone(),
+        ));
     }
     if dt.is_unsigned_integer() {
         let v = cast(values, &DataType::UInt64)?;
@@ -173,7 +175,11 @@ struct Ranks {
 
 impl Ranks {
     /// The ranks of the counts' batches (`token`, `n`).
-    fn build(batches: &[RecordBatch], schema: &SchemaRef, reservation: MemoryReservation) -> Result<Self> {
+    fn build(
+        batches: &[RecordBatch],
+        schema: &SchemaRef,
+        reservation: MemoryReservation,
+    ) -> Result<Self> {
         let counts = match batches.len() {
             0 => RecordBatch::new_empty(Arc::clone(schema)),
             _ => datafusion::arrow::compute::concat_batches(schema, batches)?,
@@ -213,7 +219,8 @@ impl Ranks {
                 RankMap::Ints(map)
             }
             None => {
-                let converter = RowConverter::new(vec![SortField::new(sorted.data_type().clone())])?;
+                let converter =
+                    RowConverter::new(vec![SortField::new(sorted.data_type().clone())])?;
                 let rows = converter.convert_columns(&[Arc::clone(&sorted)])?;
                 reserve(&reservation, rows.size(), "the token ranks")?;
                 let mut map = FastMap::with_capacity_and_hasher(valid, Default::default());
@@ -244,7 +251,10 @@ impl Ranks {
         match &self.map {
             RankMap::Ints(map) => {
                 let Some(keys) = int_keys(values)? else {
-                    return internal_err!("PrefixRouteExec: integer ranks for {}", values.data_type());
+                    return internal_err!(
+                        "PrefixRouteExec: integer ranks for {}",
+                        values.data_type()
+                    );
                 };
                 for k in keys.iter() {
                     out.push(match k {
@@ -318,11 +328,15 @@ impl PrefixRouteExec {
         let in_schema = input.schema();
         let counts_schema = counts.schema();
         if counts_schema.fields().len() != 2 || !counts_schema.field(1).data_type().is_integer() {
-            return plan_err!("PrefixRouteExec: the counts must be (token, n), got {counts_schema}");
+            return plan_err!(
+                "PrefixRouteExec: the counts must be (token, n), got {counts_schema}"
+            );
         }
         let element = counts_schema.field(0).data_type().clone();
         let Some(token_field) = in_schema.fields().get(tokens) else {
-            return plan_err!("PrefixRouteExec: token column {tokens} out of range for {in_schema}");
+            return plan_err!(
+                "PrefixRouteExec: token column {tokens} out of range for {in_schema}"
+            );
         };
         let list_type = DataType::LargeList(Arc::new(Field::new_list_field(element, true)));
         if !datafusion::arrow::compute::can_cast_types(token_field.data_type(), &list_type) {
@@ -335,7 +349,9 @@ impl PrefixRouteExec {
         for &i in &keep {
             match in_schema.fields().get(i) {
                 Some(f) => fields.push(Arc::clone(f)),
-                None => return plan_err!("PrefixRouteExec: column {i} out of range for {in_schema}"),
+                None => {
+                    return plan_err!("PrefixRouteExec: column {i} out of range for {in_schema}");
+                }
             }
         }
         fields.push(Arc::new(Field::new(BUCKET_COLUMN, DataType::UInt32, false)));
@@ -459,16 +475,26 @@ async fn load_ranks(
     let reservation = MemoryConsumer::new("PrefixRouteExec[ranks]").register(context.memory_pool());
     let parts = counts.output_partitioning().partition_count();
     if parts != 1 {
-        return internal_err!("PrefixRouteExec: the token counts come in {parts} partitions, not 1");
+        return internal_err!(
+            "PrefixRouteExec: the token counts come in {parts} partitions, not 1"
+        );
     }
     let mut batches = Vec::new();
     let mut stream = counts.execute(0, context)?;
     while let Some(batch) = stream.next().await {
         let batch = batch?;
-        reserve(&reservation, batch.get_array_memory_size(), "the token counts")?;
+        reserve(
+            &reservation,
+            batch.get_array_memory_size(),
+            "the token counts",
+        )?;
         batches.push(batch);
     }
-    Ok(Arc::new(Ranks::build(&batches, &counts.schema(), reservation)?))
+    Ok(Arc::new(Ranks::build(
+        &batches,
+        &counts.schema(),
+        reservation,
+    )?))
 }
 
 impl DisplayAs for PrefixRouteExec {
@@ -502,7 +528,10 @@ impl ExecutionPlan for PrefixRouteExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        vec![Distribution::UnspecifiedDistribution, Distribution::SinglePartition]
+        vec![
+            Distribution::UnspecifiedDistribution,
+            Distribution::SinglePartition,
+        ]
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
@@ -600,7 +629,10 @@ pub fn prefix_partitioned(join: &SimilarityJoinExec, buckets: u32) -> Result<Sim
         return internal_err!("SimilarityJoinExec: token type {}", join.token_type);
     };
     let inputs = join.inputs();
-    let sides: Vec<_> = inputs.iter().map(|i| (Arc::clone(&i.plan), i.tokens)).collect();
+    let sides: Vec<_> = inputs
+        .iter()
+        .map(|i| (Arc::clone(&i.plan), i.tokens))
+        .collect();
     let counts = token_counts(&sides, &element)?;
     let keeps = join.gathered();
     let mut routed = Vec::with_capacity(inputs.len());
@@ -657,7 +689,13 @@ pub fn broadcast(join: &SimilarityJoinExec, right_is_small: bool) -> Result<Simi
         false => (join.left.clone(), right.clone(), join.columns.clone()),
         true => (right.clone(), join.left.clone(), swapped(&join.columns)),
     };
-    spread(join, left, Some(right), columns, JoinDistribution::Broadcast)
+    spread(
+        join,
+        left,
+        Some(right),
+        columns,
+        JoinDistribution::Broadcast,
+    )
 }
 
 /// `columns` with the sides exchanged.
@@ -733,7 +771,10 @@ impl Owner {
         let list = |a: &ArrayRef| -> Result<ListArray> {
             match a.as_list_opt::<i32>() {
                 Some(l) if l.value_type() == DataType::UInt64 => Ok(l.clone()),
-                _ => internal_err!("SimilarityJoinExec: routed tokens are {}, not List(UInt64)", a.data_type()),
+                _ => internal_err!(
+                    "SimilarityJoinExec: routed tokens are {}, not List(UInt64)",
+                    a.data_type()
+                ),
             }
         };
         Ok(Self {
@@ -746,7 +787,10 @@ impl Owner {
 
     fn tokens(list: &GenericListArray<i32>, row: u32) -> &[u64] {
         let offsets = list.value_offsets();
-        let (from, to) = (offsets[row as usize] as usize, offsets[row as usize + 1] as usize);
+        let (from, to) = (
+            offsets[row as usize] as usize,
+            offsets[row as usize + 1] as usize,
+        );
         &list.values().as_primitive::<UInt64Type>().values()[from..to]
     }
 
@@ -797,11 +841,28 @@ mod tests {
     /// a token that was not counted is an error, not a guess.
     #[test]
     fn ranks_by_count_then_value() {
-        let ints = ranks_of(Arc::new(Int32Array::from(vec![7, 3, 5, 1])), vec![2, 2, 1, 9]);
-        let probe: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, Some(5), Some(3), Some(7)]));
-        assert_eq!(ints.of(&probe).unwrap(), vec![Some(3), None, Some(0), Some(1), Some(2)]);
+        let ints = ranks_of(
+            Arc::new(Int32Array::from(vec![7, 3, 5, 1])),
+            vec![2, 2, 1, 9],
+        );
+        let probe: ArrayRef = Arc::new(Int32Array::from(vec![
+            Some(1),
+            None,
+            Some(5),
+            Some(3),
+            Some(7),
+        ]));
+        assert_eq!(
+            ints.of(&probe).unwrap(),
+            vec![Some(3), None, Some(0), Some(1), Some(2)]
+        );
         let missing: ArrayRef = Arc::new(Int32Array::from(vec![4]));
-        assert!(ints.of(&missing).unwrap_err().to_string().contains("changed"));
+        assert!(
+            ints.of(&missing)
+                .unwrap_err()
+                .to_string()
+                .contains("changed")
+        );
         let strings = ranks_of(
             Arc::new(StringArray::from(vec![Some("b"), Some("a"), None])),
             vec![1, 1, 4],
@@ -814,21 +875,28 @@ mod tests {
     /// the bucket, NULL and empty lists dropped; and exactly one bucket owns a passing pair.
     #[test]
     fn routes_and_owns() {
-        let ranks = ranks_of(Arc::new(Int32Array::from((0..10).collect::<Vec<_>>())), vec![1; 10]);
+        let ranks = ranks_of(
+            Arc::new(Int32Array::from((0..10).collect::<Vec<_>>())),
+            vec![1; 10],
+        );
         let threshold = Threshold::try_new(Measure::Jaccard, 0.5, Comparison::GtEq, "t").unwrap();
-        let lists = ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int32Type, _, _>(vec![
-            Some(vec![Some(0), Some(1), Some(2), Some(3)]),
-            None,
-            Some(vec![]),
-            Some(vec![Some(1), Some(2), Some(3), Some(4), Some(1), None]),
-        ]);
+        let lists =
+            ListArray::from_iter_primitive::<datafusion::arrow::datatypes::Int32Type, _, _>(vec![
+                Some(vec![Some(0), Some(1), Some(2), Some(3)]),
+                None,
+                Some(vec![]),
+                Some(vec![Some(1), Some(2), Some(3), Some(4), Some(1), None]),
+            ]);
         let input_schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int32, false),
             Field::new("t", lists.data_type().clone(), true),
         ]));
         let batch = RecordBatch::try_new(
             Arc::clone(&input_schema),
-            vec![Arc::new(Int32Array::from(vec![10, 11, 12, 13])), Arc::new(lists)],
+            vec![
+                Arc::new(Int32Array::from(vec![10, 11, 12, 13])),
+                Arc::new(lists),
+            ],
         )
         .unwrap();
         let list_type = DataType::LargeList(Arc::new(Field::new_list_field(DataType::Int32, true)));
@@ -852,12 +920,22 @@ mod tests {
         let out = route(&batch, &ranks, &routing).unwrap();
         // Sets of 4: prefix of 3 ranks (J >= 0.5 needs 2 of 4 shared with a set of 2).
         assert_eq!(threshold.prefix_len(4), Some(3));
-        let ids = out.column(0).as_primitive::<datafusion::arrow::datatypes::Int32Type>();
-        let buckets = out.column(1).as_primitive::<datafusion::arrow::datatypes::UInt32Type>();
+        let ids = out
+            .column(0)
+            .as_primitive::<datafusion::arrow::datatypes::Int32Type>();
+        let buckets = out
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::UInt32Type>();
         assert_eq!(ids.values().to_vec(), vec![10, 10, 13, 13]);
         assert_eq!(buckets.values().to_vec(), vec![0, 1, 0, 1]);
         let tokens = out.column(2).as_list::<i32>();
-        let row = |i: usize| tokens.value(i).as_primitive::<UInt64Type>().values().to_vec();
+        let row = |i: usize| {
+            tokens
+                .value(i)
+                .as_primitive::<UInt64Type>()
+                .values()
+                .to_vec()
+        };
         assert_eq!(row(0), vec![0, 2, 4, 6]);
         assert_eq!(row(1), vec![1, 3, 5, 7]);
         assert_eq!(row(3), vec![3, 5, 7, 9]);

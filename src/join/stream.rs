@@ -148,7 +148,9 @@ pub(crate) struct Execution {
 impl ProbeClaims {
     pub(crate) fn new(partitions: usize) -> Self {
         Self {
-            runs: (0..partitions.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            runs: (0..partitions.max(1))
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
             executions: Mutex::new(Vec::new()),
         }
     }
@@ -366,8 +368,9 @@ impl SimilarityJoinStream {
         context: Arc<TaskContext>,
         metrics: &ExecutionPlanMetricsSet,
     ) -> Result<Self> {
-        let kernel =
-            BoundedKernel::resolve(crate::config::cpu_kernel(context.session_config().options()));
+        let kernel = BoundedKernel::resolve(crate::config::cpu_kernel(
+            context.session_config().options(),
+        ));
         Ok(Self {
             schema,
             state: State::Building(build),
@@ -410,8 +413,7 @@ impl SimilarityJoinStream {
             gpu_kernel_time: MetricBuilder::new(metrics).subset_time("gpu_kernel_time", partition),
             gpu_call_time: MetricBuilder::new(metrics).subset_time("gpu_call_time", partition),
             gpu_wait_time: MetricBuilder::new(metrics).subset_time("gpu_wait_time", partition),
-            gpu_upload_time: MetricBuilder::new(metrics)
-                .subset_time("gpu_upload_time", partition),
+            gpu_upload_time: MetricBuilder::new(metrics).subset_time("gpu_upload_time", partition),
         })
     }
 
@@ -1119,7 +1121,11 @@ mod tests {
             assert_cover(ranges, len, &format!("copies: {len} sets, {partitions}"));
             let one = ProbeClaims::new(partitions);
             let first = drain(one.start(1), len);
-            assert!(first.iter().all(|&(a, b)| a >= len / partitions && b <= 2 * len / partitions));
+            assert!(
+                first
+                    .iter()
+                    .all(|&(a, b)| a >= len / partitions && b <= 2 * len / partitions)
+            );
             let mut rest = first;
             for p in (0..partitions).filter(|&p| p != 1) {
                 rest.extend(drain(one.start(p), len));
@@ -1138,7 +1144,11 @@ mod tests {
         assert!(Arc::ptr_eq(&a1.execution, &b1.execution));
         assert!(!Arc::ptr_eq(&a0.execution, &a1.execution));
         // Each execution probes everything again.
-        assert_cover(drain(a1, 1000).into_iter().chain(drain(b1, 1000)).collect(), 1000, "run 1");
+        assert_cover(
+            drain(a1, 1000).into_iter().chain(drain(b1, 1000)).collect(),
+            1000,
+            "run 1",
+        );
     }
 
     /// The probe loop's wall time is split in the ratio of the ticks, the shares adding up

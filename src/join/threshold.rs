@@ -257,7 +257,10 @@ mod tests {
         for th in thresholds() {
             for n in 1..80u64 {
                 let Some(p) = th.prefix_len(n) else {
-                    assert!((1..200).all(|m| th.min_overlap(n, m).is_none()), "{th} n={n}");
+                    assert!(
+                        (1..200).all(|m| th.min_overlap(n, m).is_none()),
+                        "{th} n={n}"
+                    );
                     continue;
                 };
                 assert!((1..=n).contains(&p), "{th} n={n} p={p}");

@@ -10,10 +10,10 @@
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, Result, plan_err};
-use datafusion::logical_expr::{Expr, LogicalPlan};
-use datafusion::optimizer::AnalyzerRule;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::FunctionRewrite;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::optimizer::AnalyzerRule;
 
 use crate::functions::topk_bm25::TopkBm25Entry;
 use crate::functions::topk_bm25::table::TOPK_BM25;

@@ -19,15 +19,14 @@ use datafusion::physical_expr::aggregate::AggregateExprBuilder;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::{ExecutionPlan, replace_children_if_necessary};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::async_func::AsyncFuncExec;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{ExecutionPlan, replace_children_if_necessary};
 
 use super::backend_exec::{BoundCall, SetsBackendExec};
-use crate::io::time_slice::TimeSliceExec;
 use crate::config::SetsConfig;
 use crate::functions::list_intersect::ListIntersect;
 use crate::functions::list_intersect_agg::ListIntersectAgg;
@@ -35,6 +34,7 @@ use crate::functions::list_intersect_count::ListIntersectCount;
 use crate::functions::topk_bm25::table::{TOPK_BM25, check_mode};
 use crate::functions::topk_bm25::{SessionHandle, TopkBm25, async_call};
 use crate::intersect::lists::list_element_type;
+use crate::io::time_slice::TimeSliceExec;
 use crate::placement::{InputSize, choose, choose_agg, choose_topk};
 use crate::search::topk::Mode;
 
@@ -73,10 +73,12 @@ impl PhysicalOptimizerRule for SetsBackendRule {
                 });
             }
             if let Some(a) = node.downcast_ref::<AggregateExec>() {
-                return bind_agg(a, &cfg, config.execution.batch_size.into()).map(|bound| match bound {
-                    Some(b) => Transformed::yes(b),
-                    None => Transformed::no(node),
-                });
+                return bind_agg(a, &cfg, config.execution.batch_size.into()).map(
+                    |bound| match bound {
+                        Some(b) => Transformed::yes(b),
+                        None => Transformed::no(node),
+                    },
+                );
             }
             if let Some(f) = node.downcast_ref::<FilterExec>() {
                 return bind_filter(f, &cfg, config.execution.batch_size.into()).map(|bound| {
@@ -191,7 +193,10 @@ fn bind_filter(
         .with_predicate(predicate)
         .with_input(sliced(input))
         .build()?;
-    Ok(Some(Arc::new(SetsBackendExec::new(Arc::new(filter), calls))))
+    Ok(Some(Arc::new(SetsBackendExec::new(
+        Arc::new(filter),
+        calls,
+    ))))
 }
 
 /// `node` with every unbound `list_intersect_agg` bound to a backend ([`choose_agg`]), and

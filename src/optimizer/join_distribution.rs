@@ -32,9 +32,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::config::{JoinDistributionChoice, SetsConfig, under_distributed};
-use crate::join::route::{
-    MAX_BUCKETS, broadcast, element_type, prefix_partitioned, replicated,
-};
+use crate::join::route::{MAX_BUCKETS, broadcast, element_type, prefix_partitioned, replicated};
 use crate::join::{JoinDistribution, JoinInput, SimilarityJoinExec};
 
 /// The rule's name (as `EXPLAIN VERBOSE` shows it).
@@ -116,18 +114,22 @@ fn auto(join: &SimilarityJoinExec) -> Option<Spread> {
         && let (Some(l), Some(r)) = (left.rows, right.rows)
     {
         if l.saturating_mul(BROADCAST_RATIO) <= r {
-            return Some(Spread::Broadcast { right_is_small: false });
+            return Some(Spread::Broadcast {
+                right_is_small: false,
+            });
         }
         if r.saturating_mul(BROADCAST_RATIO) <= l {
-            return Some(Spread::Broadcast { right_is_small: true });
+            return Some(Spread::Broadcast {
+                right_is_small: true,
+            });
         }
     }
     // Parquet scans know their rows but seldom a list column's bytes: then a set of
     // ASSUMED_SET_BYTES per row.
-    let mut bytes = [Some(left), right]
-        .into_iter()
-        .flatten()
-        .map(|e| e.bytes.or(e.rows.map(|r| r.saturating_mul(ASSUMED_SET_BYTES))));
+    let mut bytes = [Some(left), right].into_iter().flatten().map(|e| {
+        e.bytes
+            .or(e.rows.map(|r| r.saturating_mul(ASSUMED_SET_BYTES)))
+    });
     if let Some(total) = bytes.try_fold(0usize, |a, b| Some(a.saturating_add(b?)))
         && total <= SINGLE_MAX_BYTES
     {
@@ -135,7 +137,10 @@ fn auto(join: &SimilarityJoinExec) -> Option<Spread> {
     }
     // Prefix routing copies a set once per bucket of its prefix: cheap only for short
     // prefixes (high thresholds, small sets); else every task reads the (smaller) input whole.
-    let mut sizes = [Some(left), right].into_iter().flatten().map(|e| e.set_size);
+    let mut sizes = [Some(left), right]
+        .into_iter()
+        .flatten()
+        .map(|e| e.set_size);
     let longest = sizes.try_fold(0.0f64, |a, s| Some(a.max(s?)));
     let copies = longest.and_then(|n| join.threshold.prefix_len(n.round().max(1.0) as u64));
     Some(match copies {

@@ -465,9 +465,10 @@ fn shared_tokens(
             .transform(|e| {
                 Ok(match e.downcast_ref::<Column>() {
                     Some(c) => match c.index().checked_sub(offset).and_then(|i| at.get(i)) {
-                        Some(&i) => Transformed::yes(
-                            Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>
-                        ),
+                        Some(&i) => {
+                            Transformed::yes(Arc::new(Column::new(schema.field(i).name(), i))
+                                as Arc<dyn PhysicalExpr>)
+                        }
                         None => {
                             foreign = true;
                             Transformed::no(e)
@@ -758,10 +759,10 @@ mod tests {
     use datafusion::datasource::listing::PartitionedFile;
     use datafusion::datasource::physical_plan::FileScanConfigBuilder;
     use datafusion::datasource::physical_plan::ParquetSource;
-    use datafusion::physical_plan::repartition::RepartitionExec;
     use datafusion::datasource::physical_plan::parquet::{
         DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileReaderFactory,
     };
+    use datafusion::physical_plan::repartition::RepartitionExec;
 
     use crate::io::parquet_split::tests::CustomFactory;
     use datafusion::execution::object_store::ObjectStoreUrl;

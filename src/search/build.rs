@@ -31,9 +31,9 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err, internal_err};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalSortExpr};
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
@@ -97,7 +97,11 @@ impl Bm25IndexExec {
 
 impl DisplayAs for Bm25IndexExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "Bm25IndexExec: {}", options(self.tokenizer, self.with_static))?;
+        write!(
+            f,
+            "Bm25IndexExec: {}",
+            options(self.tokenizer, self.with_static)
+        )?;
         match self.shards {
             0 => Ok(()),
             n => write!(f, ", shards={n}"),
@@ -274,7 +278,11 @@ fn parts_schema(with_static: bool) -> SchemaRef {
     let mut fields = vec![Field::new(BUCKET, DataType::UInt32, false)];
     for f in index.fields().iter().filter(|f| f.name() != "tokenizer") {
         let f = f.as_ref().clone();
-        fields.push(if f.name() == "term" { f.with_nullable(true) } else { f });
+        fields.push(if f.name() == "term" {
+            f.with_nullable(true)
+        } else {
+            f
+        });
     }
     Arc::new(Schema::new(fields))
 }
@@ -357,8 +365,8 @@ impl ExecutionPlan for Bm25PartsExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let (tokenizer, with_static, buckets) = (self.tokenizer, self.with_static, self.buckets);
         let schema = parts_schema(with_static);
-        let reservation = MemoryConsumer::new(format!("{WHO} part[{partition}]"))
-            .register(context.memory_pool());
+        let reservation =
+            MemoryConsumer::new(format!("{WHO} part[{partition}]")).register(context.memory_pool());
         let out_schema = Arc::clone(&schema);
         let fut = async move {
             let (builder, seen, reservation) =
@@ -371,9 +379,16 @@ impl ExecutionPlan for Bm25PartsExec {
             let stats = stats_batch(&out_schema, seen, (n_docs, total_len), buckets)?;
             // The index batch's columns, the bucket first and `tokenizer` (last) left out.
             let terms = postings.column(0).as_string::<i32>();
-            let bucket: UInt32Array = terms.iter().map(|t| bucket_of(t.unwrap_or(""), buckets)).collect();
+            let bucket: UInt32Array = terms
+                .iter()
+                .map(|t| bucket_of(t.unwrap_or(""), buckets))
+                .collect();
             let mut columns: Vec<ArrayRef> = vec![Arc::new(bucket)];
-            columns.extend(postings.columns()[..postings.num_columns() - 1].iter().cloned());
+            columns.extend(
+                postings.columns()[..postings.num_columns() - 1]
+                    .iter()
+                    .cloned(),
+            );
             let postings = RecordBatch::try_new(Arc::clone(&out_schema), columns)?;
             baseline.record_output(postings.num_rows() + stats.num_rows());
             drop(reservation);
@@ -405,7 +420,12 @@ fn stats_batch(
         let field = Field::new_list_field(values.data_type().clone(), false);
         Arc::new(ListArray::new(Arc::new(field), offsets, values, None))
     };
-    let no_u32 = || list(Arc::new(UInt32Array::from(Vec::<u32>::new())), empty.clone());
+    let no_u32 = || {
+        list(
+            Arc::new(UInt32Array::from(Vec::<u32>::new())),
+            empty.clone(),
+        )
+    };
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt32Array::from_iter_values(0..buckets)),
         Arc::new(StringArray::new_null(n)),
@@ -417,7 +437,9 @@ fn stats_batch(
         no_u32(),
     ];
     if schema.column_with_name("static_scores").is_some() {
-        let values = Arc::new(datafusion::arrow::array::Float64Array::from(Vec::<f64>::new()));
+        let values = Arc::new(datafusion::arrow::array::Float64Array::from(
+            Vec::<f64>::new(),
+        ));
         columns.push(list(values, empty.clone()));
     }
     columns.push(Arc::new(UInt64Array::from_value(n_docs, n)));
@@ -477,7 +499,11 @@ pub fn by_term() -> LexOrdering {
 
 impl DisplayAs for Bm25MergeExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "Bm25MergeExec: {}", options(self.tokenizer, self.with_static))
+        write!(
+            f,
+            "Bm25MergeExec: {}",
+            options(self.tokenizer, self.with_static)
+        )
     }
 }
 
@@ -587,7 +613,11 @@ impl<'a> Parts<'a> {
             internal_err!("{WHO}: the parts' {what} column has another type")
         }
         let u64s = |i: usize| -> Result<&'a [u64]> {
-            match batch.columns().get(i).and_then(|c| c.as_primitive_opt::<UInt64Type>()) {
+            match batch
+                .columns()
+                .get(i)
+                .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            {
                 Some(c) => Ok(c.values().as_ref()),
                 None => bad("statistics"),
             }
@@ -614,7 +644,10 @@ impl<'a> Parts<'a> {
         let span = |o: &[i32]| (o[r] as usize, (o[r + 1] - o[r]) as usize);
         let (docs, n) = span(self.lists[0].0);
         let mut starts = [docs, 0, 0, 0];
-        let others = self.lists[1..].iter().map(|l| l.0).chain(self.statics.map(|s| s.0));
+        let others = self.lists[1..]
+            .iter()
+            .map(|l| l.0)
+            .chain(self.statics.map(|s| s.0));
         for (k, o) in others.enumerate() {
             let (start, len) = span(o);
             if len != n {
@@ -710,7 +743,10 @@ impl<'a> Merge<'a> {
         let mut statics = self.with_static.then(Vec::new);
         let mut merged: Vec<(u32, u32, u32, f64)> = Vec::new();
         let mut end = at;
-        for run in self.terms[at..].chunk_by(|a, b| a.0 == b.0).take(TERMS_PER_BATCH) {
+        for run in self.terms[at..]
+            .chunk_by(|a, b| a.0 == b.0)
+            .take(TERMS_PER_BATCH)
+        {
             end += run.len();
             merged.clear();
             for &(_, b, r) in run {
@@ -718,7 +754,12 @@ impl<'a> Merge<'a> {
                 let ([d, t, l, st], n) = p.postings(r as usize)?;
                 for i in 0..n {
                     let s = p.statics.map_or(0.0, |s| s.1[st + i]);
-                    merged.push((p.lists[0].1[d + i], p.lists[1].1[t + i], p.lists[2].1[l + i], s));
+                    merged.push((
+                        p.lists[0].1[d + i],
+                        p.lists[1].1[t + i],
+                        p.lists[2].1[l + i],
+                        s,
+                    ));
                 }
             }
             if run.len() > 1 {
@@ -769,7 +810,9 @@ mod tests {
     /// or NULL, ids shuffled.
     fn corpus(n: usize, seed: u64) -> Vec<Doc> {
         let mut rng = StdRng::seed_from_u64(seed);
-        let words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "éclair", "straße"];
+        let words = [
+            "alpha", "beta", "gamma", "delta", "eps", "zeta", "éclair", "straße",
+        ];
         let mut ids: Vec<i64> = (0..n as i64).map(|i| i * 7 + 3).collect();
         for i in (1..ids.len()).rev() {
             ids.swap(i, rng.random_range(0..=i));
@@ -849,9 +892,12 @@ mod tests {
     #[tokio::test]
     async fn a_copy_per_partition_builds_the_whole_index() -> Result<()> {
         let ctx = SessionContext::new();
-        for (n, partitions, merges, buckets) in
-            [(500, 4, 3, 3), (200, 3, 2, 16), (60, 1, 4, 1), (30_000, 3, 1, 2)]
-        {
+        for (n, partitions, merges, buckets) in [
+            (500, 4, 3, 3),
+            (200, 3, 2, 16),
+            (60, 1, 4, 1),
+            (30_000, 3, 1, 2),
+        ] {
             let docs = corpus(n, n as u64);
             let mut outs = Vec::new();
             for p in 0..merges {
@@ -873,7 +919,10 @@ mod tests {
             let sorted = concat_batches(&index_schema(true), &sorted)?;
             let expected = whole(&docs);
             assert_eq!(got.num_rows(), expected.num_rows());
-            assert_eq!(sorted, expected, "{n} docs, {partitions} parts, {merges} merges");
+            assert_eq!(
+                sorted, expected,
+                "{n} docs, {partitions} parts, {merges} merges"
+            );
             // And it loads as an index.
             InvertedIndex::from_batches(&index_schema(true), &[sorted], "test", "idx")?;
         }

@@ -376,9 +376,7 @@ impl InvertedIndex {
                     return not_index(format!("NULL in row {r}"));
                 }
                 if n_docs.is_null(r) || total.is_null(r) || toks.is_null(r) {
-                    return not_index(format!(
-                        "NULL n_docs, total_len or tokenizer in row {r}"
-                    ));
+                    return not_index(format!("NULL n_docs, total_len or tokenizer in row {r}"));
                 }
                 let term = terms.value(r);
                 let d = docs.value(r);
@@ -469,8 +467,12 @@ impl InvertedIndex {
                     }
                     None => None,
                 };
-                for (i, ((&doc, &tf), &len)) in
-                    d.values().iter().zip(f.values()).zip(l.values()).enumerate()
+                for (i, ((&doc, &tf), &len)) in d
+                    .values()
+                    .iter()
+                    .zip(f.values())
+                    .zip(l.values())
+                    .enumerate()
                 {
                     let st = static_row.as_ref().map_or(0.0, |s| s.value(i));
                     if !st.is_finite() {
@@ -498,8 +500,12 @@ impl InvertedIndex {
                 }
                 if again {
                     let rows = more.entry(t).or_default();
-                    for (i, ((&doc, &tf), &len)) in
-                        d.values().iter().zip(f.values()).zip(l.values()).enumerate()
+                    for (i, ((&doc, &tf), &len)) in d
+                        .values()
+                        .iter()
+                        .zip(f.values())
+                        .zip(l.values())
+                        .enumerate()
                     {
                         let st = static_row.as_ref().map_or(0.0, |s| s.value(i));
                         rows.push((doc, tf, len, st));
@@ -549,8 +555,11 @@ impl InvertedIndex {
         not_index: &dyn Fn(String) -> Result<Self>,
     ) -> Result<Self> {
         let old_dfs = self.dfs.as_deref().unwrap_or_default();
-        let mut names: Vec<(&str, u32)> =
-            self.term_ids.iter().map(|(k, &t)| (k.as_str(), t)).collect();
+        let mut names: Vec<(&str, u32)> = self
+            .term_ids
+            .iter()
+            .map(|(k, &t)| (k.as_str(), t))
+            .collect();
         names.sort_unstable();
         let extra: usize = more.values().map(Vec::len).sum();
         let total = self.docs.len() + extra;
@@ -633,7 +642,9 @@ impl InvertedIndex {
             let statics = b.schema().index_of("static_scores").is_ok() as usize;
             // A sharded index is merged into a second copy of its postings.
             let copies = 1 + b.schema().index_of("df").is_ok() as usize;
-            let terms = b.column_by_name("term").map_or(0, |t| t.get_array_memory_size());
+            let terms = b
+                .column_by_name("term")
+                .map_or(0, |t| t.get_array_memory_size());
             // Postings (12 bytes, 20 with static scores), the document check (up to one entry
             // per posting), and per term its name, offset and map slot.
             bytes += postings * (copies * (12 + 8 * statics) + 24) + terms + b.num_rows() * 48;
@@ -920,9 +931,8 @@ impl IndexBuilder {
         let with_static = self.with_static;
         let mut parts = self.parts;
         // Every part's terms, sorted by term, a term's parts in part order.
-        let mut terms: Vec<(String, u32, u32)> = Vec::with_capacity(
-            parts.iter().map(|p| p.term_ids.len()).sum(),
-        );
+        let mut terms: Vec<(String, u32, u32)> =
+            Vec::with_capacity(parts.iter().map(|p| p.term_ids.len()).sum());
         for (k, part) in parts.iter_mut().enumerate() {
             terms.extend(part.term_ids.drain().map(|(t, id)| (t, k as u32, id)));
         }
@@ -1197,15 +1207,29 @@ mod tests {
         assert_eq!(sharded.schema(), sharded_index_schema(true));
         assert!(sharded.num_rows() > plain.num_rows());
         // The whole table, as written and reversed in three batches: the unsharded index.
-        assert_eq!(load(std::slice::from_ref(&sharded)).unwrap().to_batch().unwrap(), plain);
+        assert_eq!(
+            load(std::slice::from_ref(&sharded))
+                .unwrap()
+                .to_batch()
+                .unwrap(),
+            plain
+        );
         let n = sharded.num_rows() as u32;
-        let reversed = take_record_batch(&sharded, &UInt32Array::from_iter_values((0..n).rev()))
-            .unwrap();
+        let reversed =
+            take_record_batch(&sharded, &UInt32Array::from_iter_values((0..n).rev())).unwrap();
         let (a, b) = (n as usize / 3, 2 * n as usize / 3);
-        let split = [reversed.slice(0, a), reversed.slice(a, b - a), reversed.slice(b, n as usize - b)];
+        let split = [
+            reversed.slice(0, a),
+            reversed.slice(a, b - a),
+            reversed.slice(b, n as usize - b),
+        ];
         assert_eq!(load(&split).unwrap().to_batch().unwrap(), plain);
         // Each shard alone.
-        let shard_col = sharded.column_by_name("shard").unwrap().as_primitive::<UInt32Type>().clone();
+        let shard_col = sharded
+            .column_by_name("shard")
+            .unwrap()
+            .as_primitive::<UInt32Type>()
+            .clone();
         let alone: Vec<InvertedIndex> = (0..shards)
             .map(|s| {
                 let rows = datafusion::arrow::compute::kernels::cmp::eq(
@@ -1223,10 +1247,26 @@ mod tests {
         let params = Bm25Params::default();
         let scored_ref = Scored::new(&reference, params);
         let scored: Vec<Scored> = alone.iter().map(|i| Scored::new(i, params)).collect();
-        let words = ["gpu", "set", "simd", "intersect", "join", "the", "running", "x1", "absent"];
-        let bits = |h: &[Hit]| h.iter().map(|h| (h.doc, h.score.to_bits())).collect::<Vec<_>>();
+        let words = [
+            "gpu",
+            "set",
+            "simd",
+            "intersect",
+            "join",
+            "the",
+            "running",
+            "x1",
+            "absent",
+        ];
+        let bits = |h: &[Hit]| {
+            h.iter()
+                .map(|h| (h.doc, h.score.to_bits()))
+                .collect::<Vec<_>>()
+        };
         for q in 0..60usize {
-            let query: Vec<&str> = (0..1 + q % 3).map(|i| words[(q * 5 + i * 3) % words.len()]).collect();
+            let query: Vec<&str> = (0..1 + q % 3)
+                .map(|i| words[(q * 5 + i * 3) % words.len()])
+                .collect();
             for mode in [Mode::Or, Mode::And] {
                 for k in [1, 10, 3_000] {
                     let (terms, unknown) = query_terms(&reference, query.iter().copied());
@@ -1239,7 +1279,11 @@ mod tests {
                         let (terms, unknown) = query_terms(index, query.iter().copied());
                         let hits = top(index, scored, &terms, unknown, k, mode);
                         for h in &hits {
-                            assert_eq!(Some(&h.score.to_bits()), score_of.get(&h.doc), "{query:?} {mode:?}");
+                            assert_eq!(
+                                Some(&h.score.to_bits()),
+                                score_of.get(&h.doc),
+                                "{query:?} {mode:?}"
+                            );
                         }
                         merged.extend(hits);
                     }
@@ -1263,7 +1307,10 @@ mod tests {
         };
         assert_eq!(load(&sharded), Ok(()));
         let with_df = |f: &dyn Fn(usize, u64) -> u64| {
-            let dfs = sharded.column_by_name("df").unwrap().as_primitive::<UInt64Type>();
+            let dfs = sharded
+                .column_by_name("df")
+                .unwrap()
+                .as_primitive::<UInt64Type>();
             let mut cols = sharded.columns().to_vec();
             let i = schema.index_of("df").unwrap();
             cols[i] = Arc::new(UInt64Array::from_iter_values(
@@ -1274,7 +1321,9 @@ mod tests {
         // A term whose rows disagree on df (the first term's first row, shard 0).
         let terms = cast_utf8(sharded.column_by_name("term").unwrap()).unwrap();
         let first = terms.value(0).to_string();
-        let again = (1..sharded.num_rows()).find(|&r| terms.value(r) == first).unwrap();
+        let again = (1..sharded.num_rows())
+            .find(|&r| terms.value(r) == first)
+            .unwrap();
         let err = load(&with_df(&|r, d| if r == again { d + 1 } else { d })).unwrap_err();
         assert!(err.contains("df differs between its rows"), "{err}");
         // A df below the term's postings, and one above n_docs.
@@ -1283,8 +1332,9 @@ mod tests {
         let err = load(&with_df(&|_, _| 1_000_000)).unwrap_err();
         assert!(err.contains("postings of"), "{err}");
         // The same document in two rows of a term (a shard's rows twice).
-        let twice = datafusion::arrow::compute::concat_batches(&schema, [&sharded, &sharded.slice(0, 1)])
-            .unwrap();
+        let twice =
+            datafusion::arrow::compute::concat_batches(&schema, [&sharded, &sharded.slice(0, 1)])
+                .unwrap();
         let err = load(&twice).unwrap_err();
         assert!(
             err.contains("is in two rows of term") || err.contains("more terms than its length"),
@@ -1320,7 +1370,13 @@ mod tests {
         assert!(err.contains("shards differs between rows"), "{err}");
         let err = load(&with_u32("shards", &|_, _| 0)).unwrap_err();
         assert!(err.contains("of 0 shards"), "{err}");
-        let without = sharded.project(&(0..schema.fields().len()).filter(|&i| schema.field(i).name() != "shards").collect::<Vec<_>>()).unwrap();
+        let without = sharded
+            .project(
+                &(0..schema.fields().len())
+                    .filter(|&i| schema.field(i).name() != "shards")
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
         let err = InvertedIndex::from_batches(&without.schema(), &[without], "topk_bm25", "idx")
             .unwrap_err()
             .to_string();
@@ -1331,11 +1387,27 @@ mod tests {
         fields[i] = Field::new("shard", DataType::Utf8, false);
         let mut cols = sharded.columns().to_vec();
         cols[i] = datafusion::arrow::compute::cast(&cols[i], &DataType::Utf8).unwrap();
-        let hive = RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols.clone()).unwrap();
-        let from_hive = InvertedIndex::from_batches(&hive.schema(), &[hive], "topk_bm25", "idx").unwrap();
-        let direct = InvertedIndex::from_batches(&schema, std::slice::from_ref(&sharded), "topk_bm25", "idx").unwrap();
+        let hive =
+            RecordBatch::try_new(Arc::new(Schema::new(fields.clone())), cols.clone()).unwrap();
+        let from_hive =
+            InvertedIndex::from_batches(&hive.schema(), &[hive], "topk_bm25", "idx").unwrap();
+        let direct = InvertedIndex::from_batches(
+            &schema,
+            std::slice::from_ref(&sharded),
+            "topk_bm25",
+            "idx",
+        )
+        .unwrap();
         assert_eq!(from_hive.to_batch().unwrap(), direct.to_batch().unwrap());
-        cols[i] = Arc::new(StringArray::from_iter_values((0..sharded.num_rows()).map(|r| if r == 0 { "x".to_string() } else { "0".to_string() })));
+        cols[i] = Arc::new(StringArray::from_iter_values((0..sharded.num_rows()).map(
+            |r| {
+                if r == 0 {
+                    "x".to_string()
+                } else {
+                    "0".to_string()
+                }
+            },
+        )));
         let bad = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
         let err = InvertedIndex::from_batches(&bad.schema(), &[bad], "topk_bm25", "idx")
             .unwrap_err()

@@ -25,8 +25,8 @@ use datafusion::arrow::array::{ArrayData, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::Result;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use futures::StreamExt;
 
@@ -146,7 +146,10 @@ fn rows_key(batches: &[RecordBatch]) -> Vec<Vec<(usize, usize)>> {
 /// The cached index of rows `key` read from table `name` (moved to the front), or `None`, and
 /// then an entry of the same name, which read other rows, is dropped (returned, to be freed
 /// after the lock).
-fn find_rows(name: &str, key: &[Vec<(usize, usize)>]) -> (Option<Arc<LoadedIndex>>, Vec<RowsEntry>) {
+fn find_rows(
+    name: &str,
+    key: &[Vec<(usize, usize)>],
+) -> (Option<Arc<LoadedIndex>>, Vec<RowsEntry>) {
     let mut cache = lock(&BY_ROWS);
     if let Some(i) = cache.iter().position(|e| e.key == key) {
         let e = cache.remove(i);
@@ -182,8 +185,9 @@ fn same_table(w: &Weak<dyn TableProvider>, table: &Arc<dyn TableProvider>) -> bo
 fn sweep(cache: &mut Vec<Entry>, table: Option<*const ()>) -> Vec<Entry> {
     let mut gone = Vec::new();
     for e in cache.iter_mut() {
-        e.tables
-            .retain(|w| w.strong_count() > 0 && table.is_none_or(|t| !std::ptr::addr_eq(w.as_ptr(), t)));
+        e.tables.retain(|w| {
+            w.strong_count() > 0 && table.is_none_or(|t| !std::ptr::addr_eq(w.as_ptr(), t))
+        });
     }
     let mut i = 0;
     while i < cache.len() {

@@ -28,7 +28,9 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Float64Array, RecordBatch, RecordBatchOptions, UInt8Array,
     UInt32Array,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef, UInt8Type, UInt32Type};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Float64Type, Schema, SchemaRef, UInt8Type, UInt32Type,
+};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err, internal_err, plan_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -189,7 +191,8 @@ impl ExecutionPlan for TopkShardsExec {
         let input = Arc::clone(&self.input);
         let (index, query, k, mode) = (self.index.clone(), self.query.clone(), self.k, self.mode);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let postings: Count = MetricBuilder::new(&self.metrics).counter("postings_loaded", partition);
+        let postings: Count =
+            MetricBuilder::new(&self.metrics).counter("postings_loaded", partition);
         let schema = hits_schema();
         let out = Arc::clone(&schema);
         let fut = async move {
@@ -265,9 +268,7 @@ fn rank_ordered(schema: &SchemaRef) -> EquivalenceProperties {
 
 /// The table function's columns `projection` of `(rank, doc_id, score)`, and the properties
 /// of its one partition of them, best first.
-pub fn result_properties(
-    projection: Option<&[usize]>,
-) -> Result<(SchemaRef, Arc<PlanProperties>)> {
+pub fn result_properties(projection: Option<&[usize]>) -> Result<(SchemaRef, Arc<PlanProperties>)> {
     let schema = match projection {
         Some(p) => Arc::new(result_schema().project(p)?),
         None => result_schema(),
@@ -343,7 +344,12 @@ impl TopkMergeExec {
 
 impl DisplayAs for TopkMergeExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "TopkBm25MergeExec: k={}, mode={}", self.k, self.mode.name())
+        write!(
+            f,
+            "TopkBm25MergeExec: k={}, mode={}",
+            self.k,
+            self.mode.name()
+        )
     }
 }
 
@@ -409,7 +415,12 @@ impl ExecutionPlan for TopkMergeExec {
                 if docs.null_count() + scores.null_count() + lists.null_count() > 0 {
                     return internal_err!("TopkBm25MergeExec: NULL in the shards' hits");
                 }
-                for ((&doc, &score), &list) in docs.values().iter().zip(scores.values()).zip(lists.values()) {
+                for ((&doc, &score), &list) in docs
+                    .values()
+                    .iter()
+                    .zip(scores.values())
+                    .zip(lists.values())
+                {
                     match list {
                         MAIN => main.push(Hit { doc, score }),
                         _ => fallback.push(Hit { doc, score }),
@@ -506,7 +517,12 @@ mod tests {
         for b in &out {
             let docs = b.column(0).as_primitive::<UInt32Type>();
             let scores = b.column(1).as_primitive::<Float64Type>();
-            got.extend(docs.values().iter().copied().zip(scores.values().iter().copied()));
+            got.extend(
+                docs.values()
+                    .iter()
+                    .copied()
+                    .zip(scores.values().iter().copied()),
+            );
         }
         Ok(got)
     }
@@ -526,7 +542,13 @@ mod tests {
         let got = merged(&[a, b], 5, Mode::And).await.unwrap();
         assert_eq!(got.len(), 4);
         let twice: &[_] = &[(9, 1.0, MAIN)];
-        let err = merged(&[a, b, twice], 3, Mode::Or).await.unwrap_err().to_string();
-        assert!(err.contains("document 9 was ranked by two partitions"), "{err}");
+        let err = merged(&[a, b, twice], 3, Mode::Or)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("document 9 was ranked by two partitions"),
+            "{err}"
+        );
     }
 }

@@ -467,7 +467,10 @@ mod tests {
         let o = TokenizerOptions::parse_options(spec, "t").unwrap();
         let fast = Tokenizer::new(o).terms(text);
         let slow = Tokenizer::new(o).without_shortcuts().terms(text);
-        assert_eq!(fast, slow, "shortcuts changed the terms of {text:?} ({spec})");
+        assert_eq!(
+            fast, slow,
+            "shortcuts changed the terms of {text:?} ({spec})"
+        );
         fast
     }
 
@@ -505,7 +508,9 @@ mod tests {
         );
         assert_eq!(
             terms("", "Don't stop: 3.14, e.g. foo_bar a:b"),
-            ["don", "t", "stop", "3", "14", "e", "g", "foo", "bar", "a", "b"]
+            [
+                "don", "t", "stop", "3", "14", "e", "g", "foo", "bar", "a", "b"
+            ]
         );
         // On ASCII text, the ASCII tokenizer's terms.
         let text = "It's 3.14, e.g. mod_ssl & ASP.NET (v5.3) -- a:b; x_y 'q' __init__ 1,000";
@@ -513,7 +518,10 @@ mod tests {
             terms("", text),
             Tokenizer::new(TokenizerOptions::ASCII).terms(text)
         );
-        assert_eq!(terms("", "Le café est très bon"), ["le", "café", "est", "très", "bon"]);
+        assert_eq!(
+            terms("", "Le café est très bon"),
+            ["le", "café", "est", "très", "bon"]
+        );
         assert_eq!(terms("", "Straße und MÜLLER"), ["straße", "und", "müller"]);
         // NFKC: full-width letters, the ligature, the Kelvin sign.
         assert_eq!(terms("", "ＡＢＣ ﬁne \u{212A}"), ["abc", "fine", "k"]);
@@ -521,7 +529,10 @@ mod tests {
         assert_eq!(terms("", "cafe\u{301}"), terms("", "café"));
         // Greek final sigma; Cyrillic.
         assert_eq!(terms("", "ΟΔΟΣ Москва"), ["οδος", "москва"]);
-        assert_eq!(terms("", "l'homme aujourd’hui"), ["l", "homme", "aujourd", "hui"]);
+        assert_eq!(
+            terms("", "l'homme aujourd’hui"),
+            ["l", "homme", "aujourd", "hui"]
+        );
         assert!(terms("", "👍🏽 ... ¿? ").is_empty());
         assert!(terms("", "").is_empty());
     }
@@ -529,10 +540,16 @@ mod tests {
     #[test]
     fn cjk_bigrams() {
         assert_eq!(terms("", "東京 タワー"), ["東京", "タワ", "ワー"]);
-        assert_eq!(terms("", "東京都に行く"), ["東京", "京都", "都に", "に行", "行く"]);
+        assert_eq!(
+            terms("", "東京都に行く"),
+            ["東京", "京都", "都に", "に行", "行く"]
+        );
         assert_eq!(terms("", "東"), ["東"]);
         assert_eq!(terms("", "한국어 문장"), ["한국", "국어", "문장"]);
-        assert_eq!(terms("", "Tokyo東京2024年"), ["tokyo", "東京", "2024", "年"]);
+        assert_eq!(
+            terms("", "Tokyo東京2024年"),
+            ["tokyo", "東京", "2024", "年"]
+        );
         // Half-width katakana is normalized to full width.
         assert_eq!(terms("", "ﾀﾜｰ"), terms("", "タワー"));
     }

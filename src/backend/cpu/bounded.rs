@@ -14,8 +14,8 @@
 //! other side is above its maximum. Partial blocks (the last < L tokens of a side) are read
 //! with masked loads; nothing is read past a slice's end.
 
-use super::{CpuKernelChoice, Kernel};
 use super::features;
+use super::{CpuKernelChoice, Kernel};
 
 /// A bounded-overlap kernel that runs on this CPU (only [`BoundedKernel::resolve`] makes
 /// one, after checking the CPU's features, which is what makes [`overlap_at_least`] safe).
@@ -88,12 +88,12 @@ pub fn overlap_at_least<const EXACT: bool>(
         // SAFETY: a `BoundedKernel` names a SIMD kernel only when `resolve` found
         // the CPU features it needs; `need <= min(x.len(), y.len())` was checked above.
         unsafe {
-        match kernel.0 {
-            Kernel::Avx512 => return x86::avx512::<EXACT>(x, y, need),
-            Kernel::Vp2intersect => return x86::vp2i::<EXACT>(x, y, need),
-            Kernel::Avx2 => return x86::avx2::<EXACT>(x, y, need),
-            _ => {}
-        }
+            match kernel.0 {
+                Kernel::Avx512 => return x86::avx512::<EXACT>(x, y, need),
+                Kernel::Vp2intersect => return x86::vp2i::<EXACT>(x, y, need),
+                Kernel::Avx2 => return x86::avx2::<EXACT>(x, y, need),
+                _ => {}
+            }
         }
     }
     let _ = kernel;

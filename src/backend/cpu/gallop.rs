@@ -320,13 +320,13 @@ pub(crate) unsafe fn gallop_auto<T: SetElem, const WRITE: bool>(
         // SAFETY: the CPU feature each function needs was detected; the rest is
         // the caller's promise.
         unsafe {
-        match T::BITS {
-            32 if f.avx512f => return avx512::gallop32::<T, WRITE>(small, big, dst),
-            64 if f.avx512f => return avx512::gallop64::<T, WRITE>(small, big, dst),
-            32 if f.avx2 => return avx2::gallop32::<T, WRITE>(small, big, dst),
-            64 if f.avx2 => return avx2::gallop64::<T, WRITE>(small, big, dst),
-            _ => {}
-        }
+            match T::BITS {
+                32 if f.avx512f => return avx512::gallop32::<T, WRITE>(small, big, dst),
+                64 if f.avx512f => return avx512::gallop64::<T, WRITE>(small, big, dst),
+                32 if f.avx2 => return avx2::gallop32::<T, WRITE>(small, big, dst),
+                64 if f.avx2 => return avx2::gallop64::<T, WRITE>(small, big, dst),
+                _ => {}
+            }
         }
     }
     // SAFETY: the caller's promise.

@@ -352,18 +352,18 @@ unsafe fn run<T: SetElem, const WRITE: bool>(
         // present and it has an implementation for T::BITS, which each arm matches on), and
         // promised the input order and the capacity at `dst` that each kernel requires.
         unsafe {
-        match (kernel, T::BITS) {
-            (Kernel::Galloping, _) => return gallop::gallop_auto::<T, WRITE>(a, b, dst),
-            (Kernel::Avx2, 32) => return avx2::block32::<T, WRITE>(a, b, dst),
-            (Kernel::Avx2, 64) => return avx2::block64::<T, WRITE>(a, b, dst),
-            (Kernel::Avx512, 8) => return avx512::block8::<T, WRITE>(a, b, dst),
-            (Kernel::Avx512, 16) => return avx512::block16::<T, WRITE>(a, b, dst),
-            (Kernel::Avx512, 32) => return avx512::block32::<T, WRITE>(a, b, dst),
-            (Kernel::Avx512, 64) => return avx512::block64::<T, WRITE>(a, b, dst),
-            (Kernel::Vp2intersect, 32) => return avx512::vp2i32::<T, WRITE>(a, b, dst),
-            (Kernel::Vp2intersect, 64) => return avx512::vp2i64::<T, WRITE>(a, b, dst),
-            _ => {}
-        }
+            match (kernel, T::BITS) {
+                (Kernel::Galloping, _) => return gallop::gallop_auto::<T, WRITE>(a, b, dst),
+                (Kernel::Avx2, 32) => return avx2::block32::<T, WRITE>(a, b, dst),
+                (Kernel::Avx2, 64) => return avx2::block64::<T, WRITE>(a, b, dst),
+                (Kernel::Avx512, 8) => return avx512::block8::<T, WRITE>(a, b, dst),
+                (Kernel::Avx512, 16) => return avx512::block16::<T, WRITE>(a, b, dst),
+                (Kernel::Avx512, 32) => return avx512::block32::<T, WRITE>(a, b, dst),
+                (Kernel::Avx512, 64) => return avx512::block64::<T, WRITE>(a, b, dst),
+                (Kernel::Vp2intersect, 32) => return avx512::vp2i32::<T, WRITE>(a, b, dst),
+                (Kernel::Vp2intersect, 64) => return avx512::vp2i64::<T, WRITE>(a, b, dst),
+                _ => {}
+            }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -667,13 +667,13 @@ unsafe fn avx512_checked<T: SetElem, const WRITE: bool>(
         // SAFETY: the caller checked that AVX-512 (with BW and VBMI2 for 8 and
         // 16 bits) is present, and the capacity at `dst`.
         unsafe {
-        match T::BITS {
-            8 => return avx512::block8_checked::<T, WRITE>(a, b, dst),
-            16 => return avx512::block16_checked::<T, WRITE>(a, b, dst),
-            32 => return avx512::block32_checked::<T, WRITE>(a, b, dst),
-            64 => return avx512::block64_checked::<T, WRITE>(a, b, dst),
-            _ => {}
-        }
+            match T::BITS {
+                8 => return avx512::block8_checked::<T, WRITE>(a, b, dst),
+                16 => return avx512::block16_checked::<T, WRITE>(a, b, dst),
+                32 => return avx512::block32_checked::<T, WRITE>(a, b, dst),
+                64 => return avx512::block64_checked::<T, WRITE>(a, b, dst),
+                _ => {}
+            }
         }
     }
     // Unreachable (AVX-512 is never usable off x86-64): check, then merge.

@@ -116,7 +116,10 @@ mod tests {
     fn keys_separate_their_parts() {
         let ab = Key::of([b"a".as_slice(), b"b".as_slice()]);
         assert_ne!(ab, Key::of([b"ab".as_slice()]));
-        assert_ne!(ab, Key::of([b"a".as_slice(), b"b".as_slice(), b"".as_slice()]));
+        assert_ne!(
+            ab,
+            Key::of([b"a".as_slice(), b"b".as_slice(), b"".as_slice()])
+        );
         assert_eq!(ab, Key::of([b"a".as_slice(), b"b".as_slice()]));
     }
 

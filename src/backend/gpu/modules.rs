@@ -19,9 +19,9 @@ use cudarc::driver::{CudaContext, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use super::GpuError;
-use super::kernel_cache::{self, Key};
 #[cfg(feature = "tuning")]
 use super::fault::{self, Fault};
+use super::kernel_cache::{self, Key};
 use super::runtime::drv;
 
 /// A kernel source file, compiled into one module.
@@ -164,7 +164,9 @@ impl<'a> Job<'a> {
         options.extend(extra);
         #[cfg(feature = "tuning")]
         let source: Cow<'a, str> = if fault::armed(Fault::Compile) {
-            Cow::Owned(format!("#error injected fault (DFSETS_GPU_FAULT=nvrtc)\n{source}"))
+            Cow::Owned(format!(
+                "#error injected fault (DFSETS_GPU_FAULT=nvrtc)\n{source}"
+            ))
         } else {
             Cow::Borrowed(source)
         };
@@ -294,13 +296,16 @@ impl Drop for Program {
 /// Compiles `source` with NVRTC and `options` (the architecture among them, an `sm_XY`) into
 /// a CUBIN; a compile failure carries NVRTC's log.
 fn compile(source: &str, name: &str, options: &[String]) -> Result<Vec<u8>, GpuError> {
-    let failed = |what: &str, e: nvrtc::NvrtcError| GpuError::Compile(format!("{name}: {what}: {e:?}"));
+    let failed =
+        |what: &str, e: nvrtc::NvrtcError| GpuError::Compile(format!("{name}: {what}: {e:?}"));
     let src = CString::new(source)
         .map_err(|_| GpuError::Compile(format!("{name}: the source holds a NUL byte")))?;
     let cname = CString::new(name)
         .map_err(|_| GpuError::Compile(format!("{name}: the name holds a NUL byte")))?;
     if options.iter().any(|o| o.contains('\0')) {
-        return Err(GpuError::Compile(format!("{name}: an option holds a NUL byte")));
+        return Err(GpuError::Compile(format!(
+            "{name}: an option holds a NUL byte"
+        )));
     }
     let prog = Program(nvrtc::create_program(&src, Some(&cname)).map_err(|e| failed("create", e))?);
     // SAFETY: `prog` is a live program; the options hold no NUL byte (checked above), so the
@@ -309,7 +314,11 @@ fn compile(source: &str, name: &str, options: &[String]) -> Result<Vec<u8>, GpuE
         // SAFETY: `prog` is a live program.
         let log = unsafe { nvrtc::get_program_log(prog.0) }
             .map(|l| {
-                let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                let bytes: Vec<u8> = l
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
                 String::from_utf8_lossy(&bytes).into_owned()
             })
             .unwrap_or_else(|_| format!("{e:?}"));
@@ -326,7 +335,9 @@ fn compile(source: &str, name: &str, options: &[String]) -> Result<Vec<u8>, GpuE
         .result()
         .map_err(|e| failed("CUBIN", e))?;
     if image.is_empty() {
-        return Err(GpuError::Compile(format!("{name}: NVRTC returned no CUBIN")));
+        return Err(GpuError::Compile(format!(
+            "{name}: NVRTC returned no CUBIN"
+        )));
     }
     Ok(image)
 }

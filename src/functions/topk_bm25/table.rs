@@ -21,9 +21,7 @@ use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
 use crate::config::{SearchDistributionChoice, SetsConfig, under_distributed};
 use crate::functions::args::{int_arg, string_arg};

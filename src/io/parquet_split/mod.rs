@@ -1739,8 +1739,10 @@ pub(crate) mod tests {
             if let Some(pages) = located {
                 accepted += 1;
                 let end = *start as i64 + bytes.len() as i64;
-                assert!(pages.windows(2).all(|w| w[0].offset < w[1].offset
-                    && w[0].first_row_index <= w[1].first_row_index));
+                assert!(
+                    pages.windows(2).all(|w| w[0].offset < w[1].offset
+                        && w[0].first_row_index <= w[1].first_row_index)
+                );
                 assert!(pages.iter().all(|p| p.offset >= *start as i64
                     && p.offset + p.compressed_page_size as i64 <= end
                     && p.first_row_index < *rows));
@@ -1748,7 +1750,10 @@ pub(crate) mod tests {
             }
         }
         // Most mutations hit page bodies, which the walk does not read: many are accepted.
-        assert!(accepted > 0, "no mutated chunk was accepted in {cases} cases");
+        assert!(
+            accepted > 0,
+            "no mutated chunk was accepted in {cases} cases"
+        );
         // Arbitrary bytes for the two decoders the walk rests on.
         for _ in 0..cases {
             let len = rng.random_range(0..64);
@@ -1765,9 +1770,13 @@ pub(crate) mod tests {
         assert_eq!(PageHeader::parse(&[0x15, 0x00]), None);
         // An unknown field 15 holding a map of 2^62 bool pairs in 11 bytes, or a list of
         // 2^62 bytes: refused at once (the fuzzer's hang: bools of a map took no bytes).
-        let map = [0xfb, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x11, 0x00];
+        let map = [
+            0xfb, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x11, 0x00,
+        ];
         assert_eq!(PageHeader::parse(&map), None);
-        let list = [0xf9, 0xf3, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x00];
+        let list = [
+            0xf9, 0xf3, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x00,
+        ];
         assert_eq!(PageHeader::parse(&list), None);
         // type = DATA_PAGE (0), compressed size = -1: refused.
         assert_eq!(PageHeader::parse(&[0x15, 0x00, 0x25, 0x01, 0x00]), None);

@@ -251,7 +251,11 @@ pub(super) fn upload_staged(parts: &[&[u8]], what: &'static str) -> Result<Vec<D
                 if let Some(e) = copied[slot].take() {
                     e.synchronize().map_err(drv("event synchronize"))?;
                 }
-                let pin = if slot == 0 { &mut ws.pin_in } else { &mut ws.pin_aux };
+                let pin = if slot == 0 {
+                    &mut ws.pin_in
+                } else {
+                    &mut ws.pin_aux
+                };
                 let pin = pin
                     .as_mut()
                     .ok_or(GpuError::OutOfMemory("pinned allocation"))?

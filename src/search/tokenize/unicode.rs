@@ -110,9 +110,14 @@ pub(super) fn is_cjk_letter(c: char) -> bool {
         return false;
     }
     let scx = c.script_extension();
-    [Script::Han, Script::Hiragana, Script::Katakana, Script::Hangul]
-        .into_iter()
-        .any(|s| scx.contains_script(s))
+    [
+        Script::Han,
+        Script::Hiragana,
+        Script::Katakana,
+        Script::Hangul,
+    ]
+    .into_iter()
+    .any(|s| scx.contains_script(s))
 }
 
 /// A word or a CJK run, before lowercasing.
@@ -130,12 +135,7 @@ pub(super) enum Unit<'a> {
 /// not word characters but go to the current run, with the marks after them left out. A run
 /// goes on across segments (UAX #29 makes each Han character and each hiragana a segment) until
 /// a word, a punctuation character or a segment with no letter or digit comes between.
-pub(super) fn for_each_unit(
-    text: &str,
-    cjk: bool,
-    run: &mut String,
-    f: &mut dyn FnMut(Unit<'_>),
-) {
+pub(super) fn for_each_unit(text: &str, cjk: bool, run: &mut String, f: &mut dyn FnMut(Unit<'_>)) {
     run.clear();
     let flush = |run: &mut String, f: &mut dyn FnMut(Unit<'_>)| {
         if !run.is_empty() {
@@ -311,7 +311,10 @@ mod tests {
         // Marks and joiners stay in their word; punctuation cuts.
         assert_eq!(uax29_words("हिन्दी"), ["हिन्दी"]);
         assert_eq!(uax29_words("می\u{200c}خواهم"), ["می\u{200c}خواهم"]);
-        assert_eq!(uax29_words("col·lecció l'été"), ["col", "lecció", "l", "été"]);
+        assert_eq!(
+            uax29_words("col·lecció l'été"),
+            ["col", "lecció", "l", "été"]
+        );
     }
 
     #[test]
