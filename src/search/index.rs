@@ -467,6 +467,8 @@ impl InvertedIndex {
                     }
                     None => None,
                 };
+                // A term met again (a sharded table's other rows): its postings wait in `more`.
+                let mut held = again.then(|| more.entry(t).or_default());
                 for (i, ((&doc, &tf), &len)) in d
                     .values()
                     .iter()
@@ -497,19 +499,11 @@ impl InvertedIndex {
                             "document {doc} holds more terms than its length {len}"
                         ));
                     }
-                }
-                if again {
-                    let rows = more.entry(t).or_default();
-                    for (i, ((&doc, &tf), &len)) in d
-                        .values()
-                        .iter()
-                        .zip(f.values())
-                        .zip(l.values())
-                        .enumerate()
-                    {
-                        let st = static_row.as_ref().map_or(0.0, |s| s.value(i));
+                    if let Some(rows) = held.as_mut() {
                         rows.push((doc, tf, len, st));
                     }
+                }
+                if again {
                     continue;
                 }
                 index.docs.extend_from_slice(d.values());
