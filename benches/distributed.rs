@@ -31,7 +31,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt32Typ
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::collect;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_distributed::{
     DistributedExt, DistributedMetricsFormat, SessionStateBuilderExt as _, Worker, WorkerResolver,
     display_plan_ascii, rewrite_distributed_plan_with_metrics,
@@ -73,10 +73,22 @@ impl WorkerResolver for Ports {
 }
 
 /// Registers the Parquet files of `data` (module docs) in `ctx`.
+/// Registers `data` (`name=path,...`; a path ending in `/` is a directory of Parquet files
+/// partitioned Hive-style by `shard`), then runs the statements of `$BENCH_SETTINGS` (`;`
+/// between them), e.g. `SET sets.topk_bm25_distribution = 'shards'`.
 async fn register(ctx: &SessionContext, data: &str) -> Result<()> {
     for item in data.split(',').filter(|d| !d.is_empty()) {
         let (name, path) = item.split_once('=').unwrap_or(("sets", item));
-        ctx.register_parquet(name, path, Default::default()).await?;
+        let options = match path.ends_with('/') {
+            true => ParquetReadOptions::default()
+                .table_partition_cols(vec![("shard".to_string(), DataType::UInt32)]),
+            false => ParquetReadOptions::default(),
+        };
+        ctx.register_parquet(name, path, options).await?;
+    }
+    let settings = std::env::var("BENCH_SETTINGS").unwrap_or_default();
+    for set in settings.split(';').filter(|s| !s.trim().is_empty()) {
+        ctx.sql(set).await?.collect().await?;
     }
     Ok(())
 }
@@ -90,12 +102,17 @@ struct Timed {
     plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
 }
 
-/// Three runs of `sql`; every run must give the first run's answer.
+/// Three runs of `sql` (`$BENCH_RUNS` runs: 1 for a statement that writes); every run must
+/// give the first run's answer.
 async fn time(ctx: &SessionContext, sql: &str) -> Result<Timed> {
     let mut times = Vec::new();
     let mut seen: Option<(usize, String)> = None;
     let mut last = None;
-    for _ in 0..3 {
+    let runs = match std::env::var("BENCH_RUNS") {
+        Ok(n) => number(&n, "BENCH_RUNS")?.max(1),
+        Err(_) => 3,
+    };
+    for _ in 0..runs {
         let t0 = Instant::now();
         let plan = ctx.sql(sql).await?.create_physical_plan().await?;
         let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
@@ -302,6 +319,7 @@ fn main() -> Result<()> {
                         || line.contains("SimilarityJoinExec")
                         || line.contains("PrefixRouteExec")
                         || line.contains("Bm25")
+                        || line.contains("Topk")
                     {
                         println!("  {}", line.trim());
                     }

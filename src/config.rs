@@ -141,8 +141,8 @@ impl fmt::Display for IndexDistributionChoice {
 
 config_field!(IndexDistributionChoice);
 
-/// How `topk_bm25` (the table function) searches a sharded index
-/// (`sets.topk_bm25_distribution`).
+/// How `topk_bm25` (the table function, and the scalar over a column of queries) searches a
+/// sharded index (`sets.topk_bm25_distribution`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SearchDistributionChoice {
     /// `shards` for a sharded index under datafusion-distributed, else `single`.
@@ -151,7 +151,7 @@ pub enum SearchDistributionChoice {
     /// One task loads the whole index table and ranks.
     Single,
     /// Each partition loads whole shards and ranks them; the lists are merged
-    /// (`crate::search::shards`). Only for a sharded index.
+    /// (`crate::search::shards`, `crate::search::shard_queries`). Only for a sharded index.
     Shards,
 }
 
@@ -347,7 +347,7 @@ options! {
         similarity_join_distribution: JoinDistributionChoice = JoinDistributionChoice::Auto, parse_field;
         /// How bm25_index spreads its build: 'auto' (single in one process, terms under datafusion-distributed), 'single' (one partition indexes every document) or 'terms' (each partition indexes its documents; postings merged per term after a hash exchange).
         bm25_index_distribution: IndexDistributionChoice = IndexDistributionChoice::Auto, parse_field;
-        /// How the topk_bm25 table function searches a sharded index (bm25_index(..., 'shards=N')): 'auto' (shards under datafusion-distributed, else single), 'single' (one task loads the whole table) or 'shards' (each partition ranks whole shards, the lists merged; an error for an unsharded index).
+        /// How topk_bm25 searches a sharded index (bm25_index(..., 'shards=N')): 'auto' (shards under datafusion-distributed, else single), 'single' (one task loads the whole table) or 'shards' (each partition ranks whole shards, the lists merged; the scalar over a column of queries ranks its distinct texts so and joins the lists back; an error for an unsharded index).
         topk_bm25_distribution: SearchDistributionChoice = SearchDistributionChoice::Auto, parse_field;
         /// Device memory (bytes) the resident topk_bm25 index may take on the GPU; 0: DFSETS_GPU_INDEX_BUDGET, else half the device's memory.
         gpu_index_budget: usize = 0, set_usize;

@@ -9,7 +9,7 @@ use datafusion::common::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::registry::FunctionRegistry;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion::optimizer::Analyzer;
+use datafusion::optimizer::{Analyzer, OptimizerRule};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -23,6 +23,7 @@ use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
 use crate::optimizer::join_distribution::{
     SIMILARITY_JOIN_DISTRIBUTION, SimilarityJoinDistribution,
 };
+use crate::optimizer::topk_queries::{TOPK_QUERIES_BY_SHARD, TopkQueriesByShard};
 use crate::search::catalog_watch::watch_catalogs;
 
 /// The crate's table functions, by SQL name (for hosts that register them one by one, such
@@ -102,6 +103,19 @@ pub(crate) fn install(mut builder: SessionStateBuilder) -> (SessionStateBuilder,
         analyzer.add_function_rewrite(Arc::new(AsyncCallRewrite));
         analyzer.rules.push(Arc::new(AsyncCallPlaces));
     }
+    let has_rule = |rules: &[Arc<dyn OptimizerRule + Send + Sync>]| {
+        rules.iter().any(|r| r.name() == TOPK_QUERIES_BY_SHARD)
+    };
+    let in_optimizer = builder
+        .optimizer()
+        .as_ref()
+        .is_some_and(|o| has_rule(&o.rules));
+    if !in_optimizer && !builder.optimizer_rules().as_deref().is_some_and(has_rule) {
+        builder
+            .optimizer_rules()
+            .get_or_insert_with(Vec::new)
+            .push(Arc::new(TopkQueriesByShard));
+    }
     let rules = match builder.physical_optimizers().take() {
         Some(optimizer) => optimizer.rules,
         None => PhysicalOptimizer::new().rules,
@@ -179,13 +193,21 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
             runtime: Arc::clone(state.runtime_env()),
         };
         let rules = with_sets_rules(state.physical_optimizers(), &session);
-        if rules.is_some() || !Arc::ptr_eq(&catalogs, state.catalog_list()) {
+        let has_rule = state
+            .optimizer()
+            .rules
+            .iter()
+            .any(|r| r.name() == TOPK_QUERIES_BY_SHARD);
+        if rules.is_some() || !has_rule || !Arc::ptr_eq(&catalogs, state.catalog_list()) {
             let session_id = state.session_id().to_string();
             let mut builder = SessionStateBuilder::new_from_existing(state.clone())
                 .with_session_id(session_id)
                 .with_catalog_list(catalogs);
             if let Some(rules) = rules {
                 builder = builder.with_physical_optimizer_rules(rules);
+            }
+            if !has_rule {
+                builder = builder.with_optimizer_rule(Arc::new(TopkQueriesByShard));
             }
             *state = builder.build();
         }

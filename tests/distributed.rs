@@ -227,6 +227,15 @@ async fn every_shape_survives_the_codec() -> Result<()> {
         );
         let nodes = ["TopkBm25MergeExec", "TopkBm25ShardsExec", "Hash([shard@"];
         round_trip(from, to, &sql, &nodes, "").await?;
+        // The scalar over a column of queries: the distinct queries ranked by the shards,
+        // merged per query and joined back.
+        let sql = format!("SELECT id, topk_bm25('idx_sh', body, 2, '{mode}') AS hits FROM docs");
+        let nodes = [
+            "TopkBm25QueriesMergeExec",
+            "TopkBm25QueriesShardsExec",
+            "Hash([shard@",
+        ];
+        round_trip(from, to, &sql, &nodes, "").await?;
     }
     Ok(())
 }
@@ -439,6 +448,7 @@ async fn same_answer(
         "Bm25PartsExec",
         "Bm25MergeExec",
         "TopkBm25ShardsExec",
+        "TopkBm25QueriesShardsExec",
     ] {
         // The node by its whole name (`Bm25MergeExec` is also the end of another's).
         let Some(at) = shown.match_indices(node).map(|(i, _)| i).find(|&i| {
@@ -618,6 +628,16 @@ async fn three_workers_answer_as_one_process() -> Result<()> {
     ] {
         let sql =
             format!("SELECT rank, doc_id, score FROM topk_bm25('idx_sh', '{text}', {k}, '{mode}')");
+        let n = same_answer(&cluster, &local, &sql, None).await?;
+        assert!(n > 0, "{sql}: no rows");
+    }
+    // The scalar over a column of queries: each task ranks the distinct queries against the
+    // shards it holds, the lists merged per query and joined back to the rows.
+    for mode in ["or", "and_or"] {
+        let sql = format!(
+            "SELECT qid, topk_bm25('idx_sh', text, 10, '{mode}') AS hits FROM queries \
+             WHERE source = 'terabyte05-eff' AND CAST(qid AS BIGINT) % 10 = 0"
+        );
         let n = same_answer(&cluster, &local, &sql, None).await?;
         assert!(n > 0, "{sql}: no rows");
     }

@@ -116,5 +116,58 @@ async fn hive_partitioned_shards_search_without_an_exchange() -> Result<()> {
         hits += expected.iter().map(|b| b.num_rows()).sum::<usize>();
     }
     assert!(hits > 1000, "{hits} hits in all");
+
+    // The scalar over a column of queries: the distinct texts ranked shard by shard and
+    // joined back to the rows; NULL texts stay NULL, repeated texts get the same list.
+    run(
+        &ctx,
+        "CREATE TABLE q AS SELECT qid, CASE WHEN length(text) % 13 = 0 THEN NULL ELSE text END AS text \
+         FROM queries WHERE source = 'terabyte05-eff' \
+         UNION ALL SELECT concat(qid, 'b'), text FROM queries \
+         WHERE source = 'terabyte05-eff' AND length(text) % 7 = 0",
+    )
+    .await?;
+    for (mode, k) in [("or", 10), ("and", 5), ("and_or", 20)] {
+        let sql = |table: &str| {
+            format!(
+                "SELECT qid, topk_bm25('{table}', text, {k}, '{mode}') AS hits FROM q ORDER BY qid"
+            )
+        };
+        run(&ctx, "SET sets.topk_bm25_distribution = 'shards'").await?;
+        let plan = ctx
+            .sql(&sql("idx_sh"))
+            .await?
+            .create_physical_plan()
+            .await?;
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        assert!(shown.contains("TopkBm25QueriesShardsExec"), "{shown}");
+        assert!(!shown.contains("AsyncFuncExec"), "{shown}");
+        let got = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await?;
+        run(&ctx, "SET sets.topk_bm25_distribution = 'single'").await?;
+        let expected = run(&ctx, &sql("idx")).await?;
+        let (got, expected) = (lines(&got), lines(&expected));
+        assert!(expected.len() > 10_000, "{} rows", expected.len());
+        assert_eq!(got, expected, "{mode} k={k}");
+    }
+    // In an aggregate's argument too; a NULL text gets NULL.
+    run(&ctx, "SET sets.topk_bm25_distribution = 'shards'").await?;
+    let nulls = "SELECT count(*) FILTER (WHERE text IS NULL), \
+                 count(*) FILTER (WHERE topk_bm25('idx_sh', text, 3) IS NULL) FROM q";
+    let nulls = lines(&run(&ctx, nulls).await?);
+    let counts: Vec<&str> = nulls[3]
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert!(counts[0] != "0" && counts[0] == counts[1], "{nulls:?}");
+    let agg = "SELECT count(*), sum(cardinality(topk_bm25('idx_sh', text, 10))) FROM q";
+    let shown = lines(&run(&ctx, &format!("EXPLAIN {agg}")).await?).join("\n");
+    assert!(shown.contains("TopkBm25QueriesShardsExec"), "{shown}");
+    let got = lines(&run(&ctx, agg).await?);
+    run(&ctx, "SET sets.topk_bm25_distribution = 'single'").await?;
+    let expected = lines(&run(&ctx, &agg.replace("idx_sh", "idx")).await?);
+    // The values (the headers name the tables, so the padding differs).
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+    assert_eq!(cells(&got[3]), cells(&expected[3]));
     Ok(())
 }

@@ -20,6 +20,7 @@ use super::codec::SetsCodec;
 use crate::config::SetsConfig;
 use crate::join::route::PrefixRouteExec;
 use crate::join::{JoinDistribution, SimilarityJoinExec};
+use crate::search::shard_queries::TopkQueriesShardsExec;
 
 /// Installs datafusion-sets into a session that plans for datafusion-distributed.
 pub trait SetsDistributedExt {
@@ -68,9 +69,9 @@ fn whole_input_operators(
         .map(|_| Ok(DesiredTaskCountEventResponse::maximum(1)))
 }
 
-/// Puts a `BroadcastExec` under each input that every task of a spread similarity join
-/// reads whole: the token counts of a `PrefixRouteExec`, the left input of a broadcast or
-/// replicated join.
+/// Puts a `BroadcastExec` under each input that every task of a spread operator reads whole:
+/// the token counts of a `PrefixRouteExec`, the left input of a broadcast or replicated
+/// similarity join, the distinct queries of a `TopkBm25QueriesShardsExec`.
 /// datafusion-distributed then sends that input to every task of the stage (a
 /// `NetworkBroadcastExec`); without it, a coalesced input would hold the stage to one task.
 #[derive(Debug)]
@@ -95,7 +96,7 @@ impl PhysicalOptimizerRule for BroadcastWholeInputs {
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            let whole = if node.is::<PrefixRouteExec>() {
+            let whole = if node.is::<PrefixRouteExec>() || node.is::<TopkQueriesShardsExec>() {
                 1
             } else if node.downcast_ref::<SimilarityJoinExec>().is_some_and(|j| {
                 matches!(

@@ -40,6 +40,7 @@ use crate::optimizer::backend_exec::SetsBackendExec;
 use crate::optimizer::backend_rule::SetsBackendRule;
 use crate::search::build::{Bm25IndexExec, Bm25MergeExec, Bm25PartsExec};
 use crate::search::loaded::IndexScan;
+use crate::search::shard_queries::{TopkQueriesMergeExec, TopkQueriesShardsExec};
 use crate::search::shards::{TopkMergeExec, TopkShardsExec};
 use crate::search::tokenize::TokenizerOptions;
 use crate::search::topk::Mode;
@@ -63,7 +64,7 @@ impl SetsCodec {
 /// Every node the codec writes: one message with the node's kind and its fields.
 #[derive(Clone, PartialEq, Message)]
 struct SetsNode {
-    #[prost(oneof = "Node", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Node", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10")]
     node: Option<Node>,
 }
 
@@ -85,6 +86,30 @@ enum Node {
     TopkShards(TopkShardsNode),
     #[prost(message, tag = "8")]
     TopkMerge(TopkMergeNode),
+    #[prost(message, tag = "9")]
+    TopkQueriesShards(TopkQueriesShardsNode),
+    #[prost(message, tag = "10")]
+    TopkQueriesMerge(TopkQueriesMergeNode),
+}
+
+/// `TopkQueriesShardsExec`; its inputs are the index table's scan and the queries.
+#[derive(Clone, PartialEq, Message)]
+struct TopkQueriesShardsNode {
+    #[prost(string, tag = "1")]
+    index_name: String,
+    #[prost(uint64, tag = "2")]
+    k: u64,
+    #[prost(string, tag = "3")]
+    mode: String,
+}
+
+/// `TopkQueriesMergeExec`; its input is the partitions' lists.
+#[derive(Clone, PartialEq, Message)]
+struct TopkQueriesMergeNode {
+    #[prost(uint64, tag = "1")]
+    k: u64,
+    #[prost(string, tag = "2")]
+    mode: String,
 }
 
 /// `TopkShardsExec`; its input is the sharded index table's scan.
@@ -407,6 +432,19 @@ impl SetsCodec {
                 projection: u64s(t.projection.as_deref().unwrap_or_default()),
             }));
         }
+        if let Some(t) = node.downcast_ref::<TopkQueriesShardsExec>() {
+            return Ok(Node::TopkQueriesShards(TopkQueriesShardsNode {
+                index_name: t.index.clone(),
+                k: t.k as u64,
+                mode: t.mode.name().to_string(),
+            }));
+        }
+        if let Some(t) = node.downcast_ref::<TopkQueriesMergeExec>() {
+            return Ok(Node::TopkQueriesMerge(TopkQueriesMergeNode {
+                k: t.k as u64,
+                mode: t.mode.name().to_string(),
+            }));
+        }
         internal_err!("SetsCodec cannot encode {}", node.name())
     }
 
@@ -488,6 +526,18 @@ impl SetsCodec {
                 input(inputs, 0, "TopkBm25ShardsExec")?,
                 t.index_name,
                 t.query,
+                t.k as usize,
+                mode_of(&t.mode)?,
+            )?)),
+            Node::TopkQueriesShards(t) => Ok(Arc::new(TopkQueriesShardsExec::try_new(
+                input(inputs, 0, "TopkBm25QueriesShardsExec")?,
+                input(inputs, 1, "TopkBm25QueriesShardsExec")?,
+                t.index_name,
+                t.k as usize,
+                mode_of(&t.mode)?,
+            )?)),
+            Node::TopkQueriesMerge(t) => Ok(Arc::new(TopkQueriesMergeExec::try_new(
+                input(inputs, 0, "TopkBm25QueriesMergeExec")?,
                 t.k as usize,
                 mode_of(&t.mode)?,
             )?)),

@@ -10,6 +10,7 @@
 //! ([`TopkBm25::with_plan`]): `EXPLAIN` shows it, and the call counts its batches, queries,
 //! device time and bytes for `EXPLAIN ANALYZE`.
 
+pub mod queries;
 pub mod table;
 
 use std::hash::{Hash, Hasher};
@@ -23,7 +24,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
 use datafusion::catalog::CatalogProviderList;
 use datafusion::common::types::{NativeType, logical_int64, logical_string};
 use datafusion::common::{DataFusionError, Result, ScalarValue, exec_err, plan_err};
@@ -112,13 +113,7 @@ impl ScalarUDFImpl for TopkBm25Entry {
     }
 }
 
-/// The element type of the result list.
-pub fn hit_fields() -> Fields {
-    Fields::from(vec![
-        Field::new("doc_id", DataType::UInt32, false),
-        Field::new("score", DataType::Float64, false),
-    ])
-}
+pub use crate::search::rank::hit_fields;
 
 #[user_doc(
     doc_section(label = "Other Functions"),

@@ -7,3 +7,4 @@ pub mod backend_exec;
 pub mod backend_rule;
 pub mod join_distribution;
 pub mod similarity_join_rewrite;
+pub mod topk_queries;

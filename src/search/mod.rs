@@ -35,6 +35,7 @@ pub mod loaded;
 pub mod queries;
 pub mod rank;
 pub mod scoring;
+pub mod shard_queries;
 pub mod shards;
 pub mod tokenize;
 pub mod topk;

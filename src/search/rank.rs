@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use datafusion::arrow::array::{Array, StringArray};
 use datafusion::arrow::buffer::ScalarBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use rayon::prelude::*;
 
 use super::index::InvertedIndex;
@@ -32,6 +33,14 @@ const QUERIES_PER_TASK: usize = 64;
 /// policy's [`crate::placement::topk_batch_on_gpu`]).
 pub fn wants_gpu(backend: BackendChoice, mode: Mode, n: usize) -> bool {
     crate::placement::topk_batch_on_gpu(backend, mode == Mode::And, n)
+}
+
+/// The element type of `topk_bm25`'s result list: `{doc_id, score}`.
+pub fn hit_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("doc_id", DataType::UInt32, false),
+        Field::new("score", DataType::Float64, false),
+    ])
 }
 
 /// The top-k of one query text.

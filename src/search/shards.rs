@@ -240,7 +240,7 @@ impl ExecutionPlan for TopkShardsExec {
 
 /// Whether `partitioning` keeps every row of a shard in one partition: one partition, or a
 /// hash of the shard column alone.
-fn by_shard(partitioning: &Partitioning, shard: &Arc<dyn PhysicalExpr>) -> bool {
+pub(super) fn by_shard(partitioning: &Partitioning, shard: &Arc<dyn PhysicalExpr>) -> bool {
     match partitioning {
         Partitioning::Hash(exprs, _) => exprs.len() == 1 && exprs[0].eq(shard),
         p => p.partition_count() == 1,
@@ -355,7 +355,7 @@ impl DisplayAs for TopkMergeExec {
 
 /// The best `k` of `hits`, best first, ties by increasing id; an error when a document
 /// comes twice (two partitions held it: the shards were not whole).
-fn best(mut hits: Vec<Hit>, k: usize) -> Result<Vec<Hit>> {
+pub(super) fn best(mut hits: Vec<Hit>, k: usize) -> Result<Vec<Hit>> {
     hits.sort_unstable_by_key(|h| h.doc);
     if let Some(w) = hits.windows(2).find(|w| w[0].doc == w[1].doc) {
         return exec_err!(

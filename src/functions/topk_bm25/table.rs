@@ -16,6 +16,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err, internal_err, plan_err};
+use datafusion::config::ConfigOptions;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_expr::PhysicalExpr;
@@ -114,19 +115,7 @@ impl TableProvider for TopkTable {
         // Planning resolves the table and plans its scan; the index is read and the query
         // ranked when the plan runs (so EXPLAIN ranks nothing, and a cancel stops the load).
         let index = IndexScan::plan(state, &self.table, TOPK_BM25, 1).await?;
-        let options = state.config_options();
-        let sharded = index.scan().schema().column_with_name("df").is_some();
-        let per_shard = match SetsConfig::from_options(options)?.topk_bm25_distribution {
-            SearchDistributionChoice::Single => false,
-            SearchDistributionChoice::Auto => sharded && under_distributed(options),
-            SearchDistributionChoice::Shards if sharded => true,
-            SearchDistributionChoice::Shards => {
-                return plan_err!(
-                    "{TOPK_BM25}: argument 1 (table): sets.topk_bm25_distribution = 'shards' needs a sharded index, and '{}' is not one (build it with bm25_index(..., 'shards=N'), or set 'single' or 'auto')",
-                    self.table
-                );
-            }
-        };
+        let per_shard = per_shard(state.config_options(), &index, &self.table)?;
         if per_shard {
             let shards = TopkShardsExec::try_new(
                 Arc::clone(index.scan()),
@@ -150,6 +139,25 @@ impl TableProvider for TopkTable {
             projection.cloned(),
         )?))
     }
+}
+
+/// Whether `topk_bm25` over the index table `table` (planned as `index`) ranks shard by shard
+/// (`sets.topk_bm25_distribution`): `auto` does for a sharded index under
+/// datafusion-distributed; `shards` over an unsharded index is an error.
+pub(crate) fn per_shard(options: &ConfigOptions, index: &IndexScan, table: &str) -> Result<bool> {
+    let sharded = index.scan().schema().column_with_name("df").is_some();
+    Ok(
+        match SetsConfig::from_options(options)?.topk_bm25_distribution {
+            SearchDistributionChoice::Single => false,
+            SearchDistributionChoice::Auto => sharded && under_distributed(options),
+            SearchDistributionChoice::Shards if sharded => true,
+            SearchDistributionChoice::Shards => {
+                return plan_err!(
+                    "{TOPK_BM25}: argument 1 (table): sets.topk_bm25_distribution = 'shards' needs a sharded index, and '{table}' is not one (build it with bm25_index(..., 'shards=N'), or set 'single' or 'auto')"
+                );
+            }
+        },
+    )
 }
 
 /// One ad hoc query ranked when the plan runs.
