@@ -290,6 +290,13 @@ mod tests {
             .build();
         assert_installed(&rule_names(state.physical_optimizers()));
         assert_eq!(async_rewrites(state.analyzer()), 1);
+        assert_eq!(topk_rules(state.optimizers()), 1);
+    }
+
+    /// How many times the logical rule of the shard-by-shard search is installed.
+    fn topk_rules(rules: &[Arc<dyn OptimizerRule + Send + Sync>]) -> usize {
+        let names = rules.iter().map(|r| r.name());
+        names.filter(|n| *n == TOPK_QUERIES_BY_SHARD).count()
     }
 
     /// How many times the `topk_bm25` rewrite is installed.
@@ -317,6 +324,7 @@ mod tests {
         );
         assert!(ctx.table_function(SIMILARITY_JOIN).is_ok());
         assert_eq!(async_rewrites(ctx.state().analyzer()), 1);
+        assert_eq!(topk_rules(ctx.state().optimizers()), 1);
         // `topk_bm25` is registered as its documented entry.
         let topk = ctx.udf(TOPK_BM25)?;
         assert!(topk.inner().is::<TopkBm25Entry>(), "{}", topk.name());

@@ -53,19 +53,11 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::loaded::load_partition;
-use super::rank::{hit_fields, rank_one};
+use super::rank::hit_fields;
 use super::scoring::params_of;
-use super::shards::{best, by_shard};
+use super::shards::{FALLBACK, MAIN, WHO, best, by_shard, partition_lists};
 use super::tokenize::Tokenizer;
 use super::topk::{Hit, Mode};
-
-/// The function whose plan these nodes are (errors and memory consumers name it).
-const WHO: &str = "topk_bm25";
-
-/// `list` of a partition's hits: the mode's own list (AND or OR).
-const MAIN: u8 = 0;
-/// `list` of a partition's OR hits sent for `and_or`'s fallback.
-const FALLBACK: u8 = 1;
 
 /// Queries ranked between two checks for cancellation (one output batch).
 const QUERIES_PER_BATCH: usize = 1024;
@@ -345,17 +337,11 @@ impl ExecutionPlan for TopkQueriesShardsExec {
                         rows.push((text, Vec::new(), MAIN));
                         continue;
                     };
-                    let mut rank = |mode| rank_one(l, s, tok, text, k, mode);
-                    match mode {
-                        Mode::And | Mode::Or => rows.push((text, rank(mode), MAIN)),
-                        Mode::AndOr => {
-                            let and = rank(Mode::And);
-                            let short = and.len() < k;
-                            rows.push((text, and, MAIN));
-                            if short {
-                                rows.push((text, rank(Mode::Or), FALLBACK));
-                            }
-                        }
+                    let (main, fallback) = partition_lists(l, s, tok, text, k, mode);
+                    let sent = mode == Mode::AndOr && main.len() < k;
+                    rows.push((text, main, MAIN));
+                    if sent {
+                        rows.push((text, fallback, FALLBACK));
                     }
                 }
                 ranked.add(group.len());

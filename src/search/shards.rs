@@ -49,19 +49,19 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::loaded::load_partition;
+use super::loaded::{LoadedIndex, load_partition};
 use super::rank::rank_one;
-use super::scoring::params_of;
+use super::scoring::{Scored, params_of};
 use super::tokenize::Tokenizer;
 use super::topk::{Hit, Mode};
 
 /// The function whose plan these nodes are (errors and memory consumers name it).
-const WHO: &str = "topk_bm25";
+pub(super) const WHO: &str = "topk_bm25";
 
 /// `list` of a partition's hits: the mode's own list (AND or OR).
-const MAIN: u8 = 0;
+pub(super) const MAIN: u8 = 0;
 /// `list` of a partition's OR hits sent for `and_or`'s fallback.
-const FALLBACK: u8 = 1;
+pub(super) const FALLBACK: u8 = 1;
 
 /// A partition's hits: `(doc_id, score, list)`.
 fn hits_schema() -> SchemaRef {
@@ -204,18 +204,7 @@ impl ExecutionPlan for TopkShardsExec {
             postings.add(loaded.index.docs().len());
             let scored = loaded.scored(params_of(context.session_config().options())?)?;
             let mut tok = Tokenizer::new(loaded.index.tokenizer());
-            let mut rank = |mode| rank_one(&loaded, &scored, &mut tok, &query, k, mode);
-            let (main, fallback) = match mode {
-                Mode::And | Mode::Or => (rank(mode), Vec::new()),
-                Mode::AndOr => {
-                    let and = rank(Mode::And);
-                    let or = match and.len() < k {
-                        true => rank(Mode::Or),
-                        false => Vec::new(),
-                    };
-                    (and, or)
-                }
-            };
+            let (main, fallback) = partition_lists(&loaded, &scored, &mut tok, &query, k, mode);
             let n = main.len() + fallback.len();
             let all = || main.iter().chain(&fallback);
             let lists = std::iter::repeat_n(MAIN, main.len())
@@ -235,6 +224,30 @@ impl ExecutionPlan for TopkShardsExec {
             schema,
             futures::stream::once(fut),
         )))
+    }
+}
+
+/// A partition's lists for `text`: the mode's own list, and for `and_or` the OR list when
+/// the AND list is short (else empty): a partition with k AND hits proves the corpus has them.
+pub(super) fn partition_lists(
+    loaded: &LoadedIndex,
+    scored: &Scored,
+    tok: &mut Tokenizer,
+    text: &str,
+    k: usize,
+    mode: Mode,
+) -> (Vec<Hit>, Vec<Hit>) {
+    let mut rank = |mode| rank_one(loaded, scored, tok, text, k, mode);
+    match mode {
+        Mode::And | Mode::Or => (rank(mode), Vec::new()),
+        Mode::AndOr => {
+            let and = rank(Mode::And);
+            let or = match and.len() < k {
+                true => rank(Mode::Or),
+                false => Vec::new(),
+            };
+            (and, or)
+        }
     }
 }
 
