@@ -304,3 +304,24 @@ def test_pandas_round_trip(ctx):
         " ON l.id < r.id ORDER BY l, r"
     ).to_pandas()
     assert got["j"].round(6).tolist() == [round(1 / 3, 6), round(2 / 3, 6), round(2 / 3, 6)]
+
+
+def test_topk_table_function_shard_by_shard(ctx):
+    """`sets.topk_bm25_distribution = 'shards'`: the table form ranks a sharded index's
+    partitions apart and merges the lists, as the whole index answers."""
+    ctx.sql(
+        "CREATE TABLE sdocs AS SELECT v AS doc_id, concat('w', v % 7, ' x', v % 5, "
+        "CASE WHEN v % 11 = 0 THEN ' rare' ELSE '' END) AS body FROM generate_series(1, 3000) AS g(v)"
+    ).collect()
+    ctx.sql("CREATE TABLE sidx AS SELECT * FROM bm25_index('sdocs', 'doc_id', 'body', 'shards=4')").collect()
+    # Batches of 16 rows, so the planner spreads the index table over the partitions.
+    ctx.sql("SET datafusion.execution.batch_size = 16").collect()
+    searches = [("w1 x2", "or", 10), ("rare w3", "and", 50), ("rare w3 x9", "and_or", 20)]
+    sql = "SELECT rank, doc_id, score FROM topk_bm25('sidx', '{}', {}, '{}') ORDER BY rank"
+    whole = [rows(ctx, sql.format(q, k, m)) for q, m, k in searches]
+    ctx.sql("SET sets.topk_bm25_distribution = 'shards'").collect()
+    plan = rows(ctx, "EXPLAIN " + sql.format("w1", 3, "or"))[-1][1]
+    assert "TopkBm25ShardsExec" in plan and "Hash([shard" in plan, plan
+    for (q, m, k), want in zip(searches, whole):
+        assert want, (q, m)
+        assert rows(ctx, sql.format(q, k, m)) == want, (q, m)
