@@ -19,10 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, ListArray, StructArray, UInt32Array,
-};
-use datafusion::arrow::buffer::{OffsetBuffer, ScalarBuffer};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
 use datafusion::catalog::CatalogProviderList;
@@ -399,31 +396,7 @@ impl AsyncScalarUDFImpl for TopkBm25 {
         if let Some(p) = self.plan() {
             record(&p.metrics, rows, &stats, started);
         }
-        // The flat result is the list's layout: offsets, then the struct's two columns. The
-        // offsets rise from 0, so below 2^31 they are the list's i32 offsets as they lie.
-        if ranked
-            .offsets
-            .last()
-            .is_some_and(|&o| i32::try_from(o).is_err())
-        {
-            return exec_err!("topk_bm25: more than 2^31 results in one batch");
-        }
-        let n_offsets = ranked.offsets.len();
-        let offsets = ScalarBuffer::<i32>::new(ranked.offsets.into_inner(), 0, n_offsets);
-        let values = StructArray::try_new(
-            hit_fields(),
-            vec![
-                Arc::new(UInt32Array::new(ranked.docs, None)) as ArrayRef,
-                Arc::new(Float64Array::new(ranked.scores, None)) as ArrayRef,
-            ],
-            None,
-        )?;
-        let list = ListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
-            OffsetBuffer::new(offsets),
-            Arc::new(values),
-            nulls,
-        )?;
+        let list = ranked.into_list(nulls)?;
         let out: ArrayRef = Arc::new(list);
         Ok(if scalar {
             ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?)

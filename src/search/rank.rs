@@ -13,9 +13,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use datafusion::arrow::array::{Array, StringArray};
-use datafusion::arrow::buffer::ScalarBuffer;
+use datafusion::arrow::array::{
+    Array, ArrayRef, Float64Array, ListArray, StringArray, StructArray, UInt32Array,
+};
+use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::common::{Result, exec_err};
 use rayon::prelude::*;
 
 use super::index::InvertedIndex;
@@ -102,6 +105,36 @@ impl Ranked {
     /// Every query's hits.
     pub fn to_lists(&self) -> Vec<Vec<Hit>> {
         (0..self.len()).map(|i| self.hits(i)).collect()
+    }
+
+    /// The hits as `topk_bm25`'s result column, `List<Struct<doc_id, score>>` (`nulls`: the
+    /// rows without a query): the offsets, doc ids and scores become the list's buffers
+    /// uncopied. An error past 2^31 hits (the list's offsets are i32).
+    pub fn into_list(self, nulls: Option<NullBuffer>) -> Result<ListArray> {
+        // The offsets rise from 0, so below 2^31 they are the list's i32 offsets as they lie.
+        if self
+            .offsets
+            .last()
+            .is_some_and(|&o| i32::try_from(o).is_err())
+        {
+            return exec_err!("topk_bm25: more than 2^31 results in one batch");
+        }
+        let n_offsets = self.offsets.len();
+        let offsets = ScalarBuffer::<i32>::new(self.offsets.into_inner(), 0, n_offsets);
+        let values = StructArray::try_new(
+            hit_fields(),
+            vec![
+                Arc::new(UInt32Array::new(self.docs, None)) as ArrayRef,
+                Arc::new(Float64Array::new(self.scores, None)) as ArrayRef,
+            ],
+            None,
+        )?;
+        Ok(ListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
+            OffsetBuffer::new(offsets),
+            Arc::new(values),
+            nulls,
+        )?)
     }
 
     /// The layout for `counts` (hits per query), filled in parallel: `fill(i, docs, scores)`

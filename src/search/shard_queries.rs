@@ -21,15 +21,10 @@
 //! and shared by its partitions.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, ListArray, RecordBatch, StringArray, StructArray,
-    UInt8Array, UInt32Array,
-};
-use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::array::{Array, AsArray, ListArray, RecordBatch, StringArray, UInt8Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
     DataType, Field, Float64Type, Schema, SchemaRef, UInt8Type, UInt32Type,
@@ -53,7 +48,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::loaded::load_partition;
-use super::rank::hit_fields;
+use super::rank::{Ranked, hit_fields};
 use super::scoring::params_of;
 use super::shards::{FALLBACK, MAIN, WHO, best, by_shard, partition_lists};
 use super::tokenize::Tokenizer;
@@ -72,29 +67,18 @@ pub fn hits_type() -> DataType {
 
 /// `lists` as a list column of `{doc_id, score}` (no NULL).
 pub fn hits_column<'a>(lists: impl IntoIterator<Item = &'a [Hit]>) -> Result<ListArray> {
-    let (mut docs, mut scores, mut offsets) = (Vec::new(), Vec::new(), vec![0i32]);
-    for list in lists {
-        docs.extend(list.iter().map(|h| h.doc));
-        scores.extend(list.iter().map(|h| h.score));
-        match i32::try_from(docs.len()) {
-            Ok(o) => offsets.push(o),
-            Err(_) => return exec_err!("{WHO}: more than 2^31 results in one batch"),
-        }
+    let lists: Vec<&[Hit]> = lists.into_iter().collect();
+    let counts: Vec<usize> = lists.iter().map(|l| l.len()).collect();
+    // `Ranked::build` takes fewer than 2^32 hits; the list, fewer than 2^31.
+    if counts.iter().sum::<usize>() > i32::MAX as usize {
+        return exec_err!("{WHO}: more than 2^31 results in one batch");
     }
-    let values = StructArray::try_new(
-        hit_fields(),
-        vec![
-            Arc::new(UInt32Array::from(docs)) as ArrayRef,
-            Arc::new(Float64Array::from(scores)) as ArrayRef,
-        ],
-        None,
-    )?;
-    Ok(ListArray::try_new(
-        Arc::new(Field::new_list_field(DataType::Struct(hit_fields()), true)),
-        OffsetBuffer::new(offsets.into()),
-        Arc::new(values),
-        None,
-    )?)
+    let ranked = Ranked::build(&counts, |i, docs, scores| {
+        for ((d, s), h) in docs.iter_mut().zip(scores.iter_mut()).zip(lists[i]) {
+            (*d, *s) = (h.doc, h.score);
+        }
+    });
+    ranked.into_list(None)
 }
 
 /// A partition's lists: `(query, hits, list)`, one row per query and list.
@@ -208,21 +192,19 @@ impl DisplayAs for TopkQueriesShardsExec {
 async fn read_texts(queries: Arc<dyn ExecutionPlan>, ctx: Arc<TaskContext>) -> Result<QueryTexts> {
     let reservation = MemoryConsumer::new(format!("{WHO} queries")).register(ctx.memory_pool());
     let mut stream = queries.execute(0, ctx)?;
-    let (mut texts, mut seen) = (Vec::new(), std::collections::HashSet::new());
+    let mut distinct = std::collections::HashSet::new();
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         let column = cast(batch.column(0), &DataType::Utf8)?;
         for text in column.as_string::<i32>().iter().flatten() {
-            if !seen.contains(text) {
-                reservation.try_grow(2 * text.len() + 64)?;
-                seen.insert(text.to_string());
-                texts.push(text.to_string());
+            if !distinct.contains(text) {
+                reservation.try_grow(text.len() + 64)?;
+                distinct.insert(text.to_string());
             }
         }
     }
-    drop(seen);
-    let bytes: usize = texts.iter().map(|t| t.len() + 32).sum();
-    reservation.resize(bytes);
+    let texts: Vec<String> = distinct.into_iter().collect();
+    reservation.resize(texts.iter().map(|t| t.len() + 32).sum());
     Ok(QueryTexts {
         texts,
         _reservation: reservation,
@@ -450,7 +432,6 @@ impl ExecutionPlan for TopkQueriesMergeExec {
         let fut = async move {
             let reservation =
                 MemoryConsumer::new(format!("{WHO} merge")).register(context.memory_pool());
-            let mut order: Vec<String> = Vec::new();
             let mut lists: HashMap<String, Gathered> = HashMap::new();
             while let Some(batch) = input.next().await {
                 let batch = batch?;
@@ -467,13 +448,12 @@ impl ExecutionPlan for TopkQueriesMergeExec {
                 let offsets = hits.value_offsets();
                 for row in 0..batch.num_rows() {
                     let text = texts.value(row);
-                    let gathered = match lists.entry(text.to_string()) {
-                        Entry::Occupied(e) => e.into_mut(),
-                        Entry::Vacant(e) => {
-                            reservation.try_grow(2 * text.len() + 96)?;
-                            order.push(text.to_string());
-                            e.insert(Gathered::default())
-                        }
+                    if !lists.contains_key(text) {
+                        reservation.try_grow(text.len() + 96)?;
+                        lists.insert(text.to_string(), Gathered::default());
+                    }
+                    let Some(gathered) = lists.get_mut(text) else {
+                        return internal_err!("TopkBm25QueriesMergeExec: a text lost");
                     };
                     let range = offsets[row] as usize..offsets[row + 1] as usize;
                     reservation.try_grow(range.len() * std::mem::size_of::<Hit>())?;
@@ -488,9 +468,9 @@ impl ExecutionPlan for TopkQueriesMergeExec {
                 }
             }
             let _t = baseline.elapsed_compute().timer();
-            let mut merged = Vec::with_capacity(order.len());
-            for text in &order {
-                let g = lists.remove(text).unwrap_or_default();
+            let (mut texts, mut merged) = (Vec::with_capacity(lists.len()), Vec::new());
+            for (text, g) in lists {
+                texts.push(text);
                 let main = best(g.main, k)?;
                 // AND matched fewer than k documents in the corpus: every partition's AND
                 // list was short, so every partition sent its OR list.
@@ -503,7 +483,7 @@ impl ExecutionPlan for TopkQueriesMergeExec {
             let batch = RecordBatch::try_new(
                 out,
                 vec![
-                    Arc::new(StringArray::from_iter_values(order.iter())),
+                    Arc::new(StringArray::from_iter_values(texts.iter())),
                     Arc::new(hits),
                 ],
             )?;
