@@ -529,6 +529,26 @@ pub fn set_bm25_device_plan(on: bool) {
     BM25_DEVICE_PLAN.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
 
+static BM25_PIECE_SLOTS: AtomicU32 = AtomicU32::new(UNSET);
+
+/// Piece slots a device-planned BM25 batch holds per 8 queries it ranks: set by
+/// `set_bm25_piece_slots` (feature `tuning`), else `None` (the planner's own choice).
+#[inline]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA driver only
+pub fn bm25_piece_slots() -> Option<usize> {
+    match BM25_PIECE_SLOTS.load(Ordering::Relaxed) {
+        UNSET => None,
+        v => Some(v as usize),
+    }
+}
+
+/// Sets the piece slots per 8 ranked queries of later device-planned BM25 batches (`None`:
+/// the planner's own choice again); benchmarks compare budgets in one process.
+#[cfg(feature = "tuning")]
+pub fn set_bm25_piece_slots(per_8: Option<u32>) {
+    BM25_PIECE_SLOTS.store(per_8.unwrap_or(UNSET), Ordering::Relaxed);
+}
+
 static SJ_DEVICE_FILTER: AtomicU8 = AtomicU8::new(0);
 
 /// Whether a similarity join on the GPU filters its candidates there too (the whole join on

@@ -645,7 +645,7 @@ fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &Inve
         spans += &format!("{},{},{}\n", names[i], !e[0] - t0, e[1] - t0);
     }
     std::fs::write(format!("{path}.trace_{tag}.kernels.csv"), spans).unwrap();
-    let mut csv = String::from("pos,start_ns,end_ns,q,kind,sm,lists,shortest\n");
+    let mut csv = String::from("pos,start_ns,end_ns,q,kind,sm,lists,shortest,postings\n");
     for (pos, e) in trace.iter().enumerate().filter(|(_, e)| e[0] != 0) {
         let q = (e[2] & 0xffff_ffff) as usize;
         let ids = &qs[q].ids;
@@ -654,8 +654,9 @@ fn trace_csv<R>(tag: &str, call: &dyn Fn() -> R, qs: &[QueryTerms], index: &Inve
             .map(|&t| index.postings_len(t))
             .min()
             .unwrap_or(0);
+        let postings: usize = ids.iter().map(|&t| index.postings_len(t)).sum();
         csv += &format!(
-            "{pos},{},{},{q},{},{},{},{shortest}\n",
+            "{pos},{},{},{q},{},{},{},{shortest},{postings}\n",
             e[0] - t0,
             e[1] - t0,
             (e[2] >> 32) & 0xff,
@@ -671,6 +672,126 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Where a large corpus's batch spends the device's time (diagnostics, not a benchmark of
+/// record): the documents of `$DFSETS_TRACE_DOCS` (a `doc_id, text` Parquet file, e.g.
+/// `benches/data/synth_corpus.py`'s), the first 10,000 terabyte05-eff queries of
+/// `$DFSETS_BENCH_DATA/queries/queries.parquet`, top-10 in each mode of `$DFSETS_TRACE_MODES`
+/// (default `or`): the CPU backend once (timed), then for each budget of piece slots per 8
+/// ranked queries in `$DFSETS_TRACE_SLOTS` (default: the planner's own), the GPU twice
+/// (timed, answers equal to the CPU's) and, with `DFSETS_BM25_TRACE=1`, the traced call's
+/// CSVs as `bench` writes them (tag `<mode>_large` or `<mode>_large_s<slots>`).
+#[test]
+#[ignore]
+fn trace_large_corpus() {
+    if !gpu_or_skip("trace_large_corpus") {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Ok(path) = std::env::var("DFSETS_TRACE_DOCS") else {
+        eprintln!("trace_large_corpus: DFSETS_TRACE_DOCS not set, skipped");
+        return;
+    };
+    let dir = std::env::var("DFSETS_BENCH_DATA").unwrap_or_else(|_| "bench-data".into());
+    let texts = terabyte05_queries(&dir, 10_000);
+    let t = Instant::now();
+    let mut tok = Tokenizer::new(TokenizerOptions::default());
+    let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
+    for b in read_parquet(&path, &["doc_id", "text"]) {
+        let ids = datafusion::arrow::compute::cast(b.column(0), &DataType::UInt32).unwrap();
+        let ids = ids.as_primitive::<UInt32Type>();
+        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let text = text.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            let terms = tok.terms(text.value(i));
+            builder.add_terms(ids.value(i), terms.iter().map(String::as_str), None);
+        }
+    }
+    let index = builder.finish();
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let qs: Vec<QueryTerms> = texts
+        .iter()
+        .map(|text| {
+            let terms = tok.terms(text);
+            let (ids, unknown) = query_terms(&index, terms.iter().map(String::as_str));
+            QueryTerms { ids, unknown }
+        })
+        .collect();
+    eprintln!(
+        "{path}: {} docs, {} postings, index built in {:.1?}",
+        index.n_docs(),
+        index.docs().len(),
+        t.elapsed()
+    );
+    let batch: Queries = qs.iter().collect();
+    let rank = |mode, backend| {
+        rank_terms(
+            &index,
+            &scored,
+            &batch,
+            10,
+            mode,
+            backend,
+            None,
+            &mut |_| true,
+        )
+    };
+    let modes = std::env::var("DFSETS_TRACE_MODES").unwrap_or_else(|_| "or".into());
+    for name in modes.split(',') {
+        let mode = Mode::from_name(name).expect("DFSETS_TRACE_MODES: and, or, and_or");
+        let t0 = Instant::now();
+        let (want, _) = rank(mode, BackendChoice::Cpu);
+        let cpu = t0.elapsed();
+        let slots = std::env::var("DFSETS_TRACE_SLOTS").unwrap_or_default();
+        let slots: Vec<Option<u32>> = if slots.is_empty() {
+            vec![None]
+        } else {
+            slots.split(',').map(|v| Some(v.parse().unwrap())).collect()
+        };
+        for per_8 in slots {
+            tuning::set_bm25_piece_slots(per_8);
+            for _ in 0..2 {
+                let t0 = Instant::now();
+                let (got, s) = rank(mode, BackendChoice::Gpu);
+                let gpu = t0.elapsed();
+                assert!(got == want, "GPU != CPU, {mode:?}, slots {per_8:?}");
+                let kernel = s.timings.as_ref().map_or(0.0, |t| t.kernel_ms);
+                eprintln!(
+                    "{mode:?} k 10, slots {per_8:?}: CPU {cpu:.1?}, GPU {gpu:.1?} (kernels {kernel:.2} ms, {} on the GPU, {} pieces)",
+                    s.on_gpu,
+                    s.timings.as_ref().map_or(0, |t| t.pieces)
+                );
+            }
+            let tag = match per_8 {
+                None => format!("{mode:?}_large"),
+                Some(v) => format!("{mode:?}_large_s{v}"),
+            };
+            trace_csv(&tag, &|| rank(mode, BackendChoice::Gpu), &qs, &index);
+        }
+        tuning::set_bm25_piece_slots(None);
+    }
+}
+
+/// The first `n` terabyte05-eff queries of `dir/queries/queries.parquet`.
+fn terabyte05_queries(dir: &str, n: usize) -> Vec<String> {
+    let mut texts = Vec::new();
+    for b in read_parquet(
+        &format!("{dir}/queries/queries.parquet"),
+        &["source", "text"],
+    ) {
+        let src = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+        let src = src.as_string::<i32>();
+        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let text = text.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            if texts.len() < n && src.value(i) == "terabyte05-eff" {
+                texts.push(text.value(i).to_string());
+            }
+        }
+    }
+    assert_eq!(texts.len(), n, "not enough terabyte05-eff queries");
+    texts
+}
+
 /// gcide (126,240 articles) and the first 10,000 terabyte05-eff queries, top-10, GPU vs CPU
 /// backend (all cores): `gpu_bm25 --ignored --nocapture bench`. Data from
 /// `$DFSETS_BENCH_DATA` (default `bench-data`): `gcide/docs.parquet`,
@@ -684,23 +805,7 @@ fn bench_gpu_bm25() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = std::env::var("DFSETS_BENCH_DATA").unwrap_or_else(|_| "bench-data".into());
     let docs = read_parquet(&format!("{dir}/gcide/docs.parquet"), &["doc_id", "text"]);
-    let all_queries = read_parquet(
-        &format!("{dir}/queries/queries.parquet"),
-        &["source", "text"],
-    );
-    let mut texts = Vec::new();
-    for b in &all_queries {
-        let src = datafusion::arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
-        let src = src.as_string::<i32>();
-        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
-        let text = text.as_string::<i32>();
-        for i in 0..b.num_rows() {
-            if texts.len() < 10_000 && src.value(i) == "terabyte05-eff" {
-                texts.push(text.value(i).to_string());
-            }
-        }
-    }
-    assert_eq!(texts.len(), 10_000, "not enough terabyte05-eff queries");
+    let texts = terabyte05_queries(&dir, 10_000);
     let t = Instant::now();
     let mut tok = Tokenizer::new(TokenizerOptions::default());
     let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);

@@ -8,8 +8,9 @@
 # build --release --features cli --bin dfsets`, and benches/data/build.sh's data); then
 # through the device tool: command `bash scripts/gpu/bm25-large.sh run`, carry
 # ["carry/bm25-large"]. SCALE (default 40) sizes the corpus; ROUNDS (default 3) the
-# alternations; BATCHES (default "q10k q100k") the query batches timed. Logs go to $OUT (or
-# /tmp/gpu-out).
+# alternations; BATCHES (default "q10k q100k") the query batches timed; GCIDE and QUERIES
+# read gcide's documents and the queries from elsewhere (another carry's copy). Logs go to
+# $OUT (or /tmp/gpu-out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 carry=carry/bm25-large
@@ -38,7 +39,7 @@ run)
     scale=${SCALE:-40}
     corpus=$work/synth_${scale}x
     [ -f "$corpus/docs.parquet" ] ||
-        python3 benches/data/synth_corpus.py --scale "$scale" --gcide "$carry/gcide_docs.parquet" --out "$corpus"
+        python3 benches/data/synth_corpus.py --scale "$scale" --gcide "${GCIDE:-$carry/gcide_docs.parquet}" --out "$corpus"
     sql=$work/bench.sql
     {
         echo "CREATE EXTERNAL TABLE docs STORED AS PARQUET LOCATION '$corpus/docs.parquet';"
