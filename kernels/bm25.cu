@@ -172,6 +172,7 @@ struct Shared {
     u32 seg[MAX_TERMS];
     u32 segoff[MAX_TERMS + 1];
     double theta;
+    u32 theta_ord;    // the k-th best candidate's ordinal (NONE_ORD while fewer are held)
     double floor;     // lower bound of the k-th best score (-inf: none)
     u32 ess[MAX_TERMS];  // 1 for the essential lists of a pruned OR
     u32 done[MAX_TERMS]; // pruned OR: the ordinals below which a list's documents are scored
@@ -221,6 +222,7 @@ __device__ void compact(S& sh, u32 k) {
         u32 kept = n < k ? n : k;
         sh.ncand = kept;
         sh.theta = kept == k ? sh.cs[k - 1] : -__longlong_as_double(0x7ff0000000000000ULL);
+        sh.theta_ord = kept == k ? sh.co[k - 1] : NONE_ORD;
     }
     __syncthreads();
 }
@@ -243,10 +245,11 @@ __device__ __forceinline__ void offer(S& sh, double s, u32 ord) {
     }
 }
 
-// Pruned OR visits documents out of ordinal order: ties with the threshold are kept (the
-// compaction orders them by ordinal), and nothing below the floor is a candidate.
+// Pruned OR visits documents out of ordinal order: a document tying the threshold is kept
+// when its ordinal is below the k-th best's (the compaction orders them by ordinal; one above
+// it loses to all k held), and nothing below the floor is a candidate.
 __device__ __forceinline__ void offer_any_order(Shared& sh, double s, u32 ord) {
-    if (s >= sh.theta && s >= sh.floor) {
+    if ((s > sh.theta || (s == sh.theta && ord < sh.theta_ord)) && s >= sh.floor) {
         u32 pos = atomicAdd(&sh.ncand, 1u);
         sh.cs[pos] = s;
         sh.co[pos] = ord;
@@ -731,6 +734,7 @@ struct SharedAnd {
     u32 cur[MAX_TERMS];
     u32 nxt[MAX_TERMS];
     double theta;
+    u32 theta_ord;
     u32 ncand;
     u32 matches;
     u32 lead;
@@ -1098,6 +1102,7 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
         sh.ncand = 0;
         sh.matches = 0;
         sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+        sh.theta_ord = NONE_ORD;
         if constexpr (!AND_K) sh.floor = q_floor[q];
         if constexpr (AND_K) {
             // A one-term query's floor (positive, or -inf: `bm25_plan`) is at most its k-th best
@@ -1123,6 +1128,7 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
                 if (tid == 0) {
                     sh.ncand = 0;
                     sh.theta = -__longlong_as_double(0x7ff0000000000000ULL);
+                    sh.theta_ord = NONE_ORD;
                 }
                 __syncthreads();
                 or_phase(sh, m, k, post_ord, post_imp, ord_static, static_max);

@@ -194,10 +194,16 @@ pub(super) fn stage(
         *m = u8::from(u);
     }
     t.copy_ms += ms(t_copy);
-    // Piece slots: half the ranked queries, at least 2,048, within PIECE_BYTES_MAX of
-    // answers (10,000 queries split 105 pieces under AND, 1,509 under OR at k 10). Every slot
-    // is a block of `bm25_topk` launched, most of them returning at once.
-    pl.max_pieces = (ranked / 2)
+    // Piece slots: half the ranked queries under AND, four times them otherwise, at least
+    // 2,048, within PIECE_BYTES_MAX of answers. Every slot is a block of `bm25_topk`
+    // launched, most of them returning at once. A query that finds the slots taken is ranked
+    // whole, and the plan hands slots out first come, first served: on gcide 10,000 queries
+    // split 105 pieces under AND and 1,509 under OR at k 10, but on the 10x synthetic corpus
+    // OR used up half a slot a query, and 109 queries left whole made the batch's tail (99%
+    // of the blocks done at 4.9 ms, the last, one query of 9 lists, at 35.5 ms; H100 trace).
+    let per_8 =
+        crate::tuning::bm25_piece_slots().unwrap_or(if batch.mode == Mode::And { 4 } else { 32 });
+    pl.max_pieces = (ranked * per_8 / 8)
         .max(2048)
         .min(PIECE_BYTES_MAX / (k * 12))
         .max(1);
