@@ -694,28 +694,8 @@ fn trace_large_corpus() {
     let dir = std::env::var("DFSETS_BENCH_DATA").unwrap_or_else(|_| "bench-data".into());
     let texts = terabyte05_queries(&dir, 10_000);
     let t = Instant::now();
-    let mut tok = Tokenizer::new(TokenizerOptions::default());
-    let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
-    for b in read_parquet(&path, &["doc_id", "text"]) {
-        let ids = datafusion::arrow::compute::cast(b.column(0), &DataType::UInt32).unwrap();
-        let ids = ids.as_primitive::<UInt32Type>();
-        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
-        let text = text.as_string::<i32>();
-        for i in 0..b.num_rows() {
-            let terms = tok.terms(text.value(i));
-            builder.add_terms(ids.value(i), terms.iter().map(String::as_str), None);
-        }
-    }
-    let index = builder.finish();
-    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
-    let qs: Vec<QueryTerms> = texts
-        .iter()
-        .map(|text| {
-            let terms = tok.terms(text);
-            let (ids, unknown) = query_terms(&index, terms.iter().map(String::as_str));
-            QueryTerms { ids, unknown }
-        })
-        .collect();
+    let docs = read_parquet(&path, &["doc_id", "text"]);
+    let (index, scored, qs) = index_and_queries(&docs, &texts);
     eprintln!(
         "{path}: {} docs, {} postings, index built in {:.1?}",
         index.n_docs(),
@@ -771,6 +751,36 @@ fn trace_large_corpus() {
     }
 }
 
+/// An index of `docs` (`doc_id`, `text` batches), its scores, and `texts` as term ids.
+fn index_and_queries(
+    docs: &[RecordBatch],
+    texts: &[String],
+) -> (InvertedIndex, Arc<Scored>, Vec<QueryTerms>) {
+    let mut tok = Tokenizer::new(TokenizerOptions::default());
+    let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
+    for b in docs {
+        let ids = datafusion::arrow::compute::cast(b.column(0), &DataType::UInt32).unwrap();
+        let ids = ids.as_primitive::<UInt32Type>();
+        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let text = text.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            let terms = tok.terms(text.value(i));
+            builder.add_terms(ids.value(i), terms.iter().map(String::as_str), None);
+        }
+    }
+    let index = builder.finish();
+    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
+    let qs = texts
+        .iter()
+        .map(|text| {
+            let terms = tok.terms(text);
+            let (ids, unknown) = query_terms(&index, terms.iter().map(String::as_str));
+            QueryTerms { ids, unknown }
+        })
+        .collect();
+    (index, scored, qs)
+}
+
 /// The first `n` terabyte05-eff queries of `dir/queries/queries.parquet`.
 fn terabyte05_queries(dir: &str, n: usize) -> Vec<String> {
     let mut texts = Vec::new();
@@ -807,28 +817,7 @@ fn bench_gpu_bm25() {
     let docs = read_parquet(&format!("{dir}/gcide/docs.parquet"), &["doc_id", "text"]);
     let texts = terabyte05_queries(&dir, 10_000);
     let t = Instant::now();
-    let mut tok = Tokenizer::new(TokenizerOptions::default());
-    let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
-    for b in &docs {
-        let ids = datafusion::arrow::compute::cast(b.column(0), &DataType::UInt32).unwrap();
-        let ids = ids.as_primitive::<UInt32Type>();
-        let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
-        let text = text.as_string::<i32>();
-        for i in 0..b.num_rows() {
-            let terms = tok.terms(text.value(i));
-            builder.add_terms(ids.value(i), terms.iter().map(String::as_str), None);
-        }
-    }
-    let index = builder.finish();
-    let scored = Arc::new(Scored::new(&index, Bm25Params::default()));
-    let qs: Vec<QueryTerms> = texts
-        .iter()
-        .map(|text| {
-            let terms = tok.terms(text);
-            let (ids, unknown) = query_terms(&index, terms.iter().map(String::as_str));
-            QueryTerms { ids, unknown }
-        })
-        .collect();
+    let (index, scored, qs) = index_and_queries(&docs, &texts);
     // Tokenization and term lookup as `rank_batch` does it (rayon), timed apart: the
     // benchmark below starts from the term ids.
     let tok_ms = median(
