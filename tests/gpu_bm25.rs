@@ -751,11 +751,13 @@ fn trace_large_corpus() {
     }
 }
 
-/// An index of `docs` (`doc_id`, `text` batches), its scores, and `texts` as term ids.
+/// An index of `docs` (`doc_id`, `text` batches), its scores, and `texts` as term ids. Each
+/// batch's documents are tokenized on rayon's threads, then added in order on this one.
 fn index_and_queries(
     docs: &[RecordBatch],
     texts: &[String],
 ) -> (InvertedIndex, Arc<Scored>, Vec<QueryTerms>) {
+    use rayon::prelude::*;
     let mut tok = Tokenizer::new(TokenizerOptions::default());
     let mut builder = IndexBuilder::new(TokenizerOptions::default(), false);
     for b in docs {
@@ -763,8 +765,14 @@ fn index_and_queries(
         let ids = ids.as_primitive::<UInt32Type>();
         let text = datafusion::arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
         let text = text.as_string::<i32>();
-        for i in 0..b.num_rows() {
-            let terms = tok.terms(text.value(i));
+        let terms: Vec<Vec<String>> = (0..b.num_rows())
+            .into_par_iter()
+            .map_init(
+                || Tokenizer::new(TokenizerOptions::default()),
+                |tok, i| tok.terms(text.value(i)),
+            )
+            .collect();
+        for (i, terms) in terms.iter().enumerate() {
             builder.add_terms(ids.value(i), terms.iter().map(String::as_str), None);
         }
     }
