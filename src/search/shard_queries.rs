@@ -50,7 +50,7 @@ use tokio::sync::OnceCell;
 use super::loaded::load_partition;
 use super::rank::{Ranked, hit_fields};
 use super::scoring::params_of;
-use super::shards::{FALLBACK, MAIN, WHO, best, by_shard, partition_lists};
+use super::shards::{FALLBACK, MAIN, WHO, best, partition_lists, require_whole_shards};
 use super::tokenize::Tokenizer;
 use super::topk::{Hit, Mode};
 
@@ -262,17 +262,12 @@ impl ExecutionPlan for TopkQueriesShardsExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let whole = match &self.shard {
-            Some(s) => by_shard(self.input.output_partitioning(), s),
-            None => self.input.output_partitioning().partition_count() == 1,
-        };
-        if !whole {
-            return exec_err!(
-                "{WHO}: the shards of index '{}' must reach TopkBm25QueriesShardsExec whole (input partitioned by Hash([shard]) or in one partition), got {}",
-                self.index,
-                self.input.output_partitioning()
-            );
-        }
+        require_whole_shards(
+            "TopkBm25QueriesShardsExec",
+            &self.index,
+            &self.input,
+            self.shard.as_ref(),
+        )?;
         let queries_partitions = self.queries.output_partitioning().partition_count();
         if queries_partitions != 1 {
             return internal_err!(

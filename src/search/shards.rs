@@ -181,13 +181,12 @@ impl ExecutionPlan for TopkShardsExec {
         // Whole shards in each partition is what makes the lists exact: an engine that ran
         // this plan without the exchange the planner adds (a host across FFI, a hand-built
         // plan) would rank shards in pieces.
-        if !by_shard(self.input.output_partitioning(), &self.shard) {
-            return exec_err!(
-                "{WHO}: the shards of index '{}' must reach TopkBm25ShardsExec whole (input partitioned by Hash([shard]) or in one partition), got {}",
-                self.index,
-                self.input.output_partitioning()
-            );
-        }
+        require_whole_shards(
+            "TopkBm25ShardsExec",
+            &self.index,
+            &self.input,
+            Some(&self.shard),
+        )?;
         let input = Arc::clone(&self.input);
         let (index, query, k, mode) = (self.index.clone(), self.query.clone(), self.k, self.mode);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -253,11 +252,32 @@ pub(super) fn partition_lists(
 
 /// Whether `partitioning` keeps every row of a shard in one partition: one partition, or a
 /// hash of the shard column alone.
-pub(super) fn by_shard(partitioning: &Partitioning, shard: &Arc<dyn PhysicalExpr>) -> bool {
+fn by_shard(partitioning: &Partitioning, shard: &Arc<dyn PhysicalExpr>) -> bool {
     match partitioning {
         Partitioning::Hash(exprs, _) => exprs.len() == 1 && exprs[0].eq(shard),
         p => p.partition_count() == 1,
     }
+}
+
+/// An error unless `input` brings operator `op` the shards of `index` whole: partitioned by
+/// `shard` (when the table has shards), or in one partition.
+pub(super) fn require_whole_shards(
+    op: &str,
+    index: &str,
+    input: &Arc<dyn ExecutionPlan>,
+    shard: Option<&Arc<dyn PhysicalExpr>>,
+) -> Result<()> {
+    let whole = match shard {
+        Some(s) => by_shard(input.output_partitioning(), s),
+        None => input.output_partitioning().partition_count() == 1,
+    };
+    if whole {
+        return Ok(());
+    }
+    exec_err!(
+        "{WHO}: the shards of index '{index}' must reach {op} whole (input partitioned by Hash([shard]) or in one partition), got {}",
+        input.output_partitioning()
+    )
 }
 
 /// `(rank, doc_id, score)`, the table function's columns.
