@@ -89,7 +89,10 @@ pub use intersect::similarity::Measure;
 pub use join::{
     Comparison, JoinColumn, JoinDistribution, JoinInput, SimilarityJoinExec, Threshold,
 };
-pub use session::{SessionStateBuilderExt, new_context, register, register_all, table_functions};
+pub use session::{
+    SessionStateBuilderExt, new_context, physical_optimizer_rules, register, register_all,
+    table_functions,
+};
 
 /// The crate's UDFs one by one (every one of them: [`all_scalar_functions`],
 /// [`all_aggregate_functions`]).

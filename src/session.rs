@@ -162,6 +162,17 @@ fn with_sets_rules(rules: &[PhysicalRule], session: &SessionHandle) -> Option<Ve
     Some(rules)
 }
 
+/// DataFusion's physical optimizer rules with the crate's (the similarity join rewrite and
+/// its distribution, the backend rule), for a planner that builds its own session state
+/// (the Python package's query planner). `session` is the handle the backend rule rebuilds
+/// `topk_bm25` calls around.
+pub fn physical_optimizer_rules(
+    session: &SessionHandle,
+) -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let rules = PhysicalOptimizer::new().rules;
+    with_sets_rules(&rules, session).unwrap_or(rules)
+}
+
 /// Register every function of the crate into an existing registry (a `SessionContext` or a
 /// `SessionState`). The `sets.*` options, the table functions and `topk_bm25` (which reads
 /// tables through the session's catalog) are not installed this way: use [`register`] or
@@ -279,6 +290,27 @@ mod tests {
         );
         assert_eq!(names[rewrite[0] + 2], "EnsureRequirements", "{names:?}");
         assert_eq!(at(SETS_BACKEND_RULE).len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn physical_optimizer_rules_are_datafusions_with_ours() {
+        let session = SessionHandle {
+            catalogs: Arc::new(MemoryCatalogProviderList::new()),
+            runtime: Arc::new(RuntimeEnv::default()),
+        };
+        let names = rule_names(&physical_optimizer_rules(&session));
+        assert_installed(&names);
+        let defaults = rule_names(&PhysicalOptimizer::new().rules);
+        let ours = [
+            SIMILARITY_JOIN_REWRITE,
+            SIMILARITY_JOIN_DISTRIBUTION,
+            SETS_BACKEND_RULE,
+        ];
+        let others: Vec<_> = names
+            .iter()
+            .filter(|n| !ours.contains(&n.as_str()))
+            .collect();
+        assert_eq!(others, defaults.iter().collect::<Vec<_>>());
     }
 
     #[test]

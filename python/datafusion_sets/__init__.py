@@ -33,6 +33,7 @@ from . import _internal
 __all__ = [
     "register",
     "register_index",
+    "extension",
     "session_context",
     "with_sets_options",
     "gpu_available",
@@ -73,10 +74,31 @@ def register(ctx: SessionContext) -> SessionContext:
     return ctx
 
 
-def session_context(config: SessionConfig | None = None, runtime=None) -> SessionContext:
+def session_context(
+    config: SessionConfig | None = None, runtime=None, *, planner: bool = False
+) -> SessionContext:
     """A new ``SessionContext`` on ``config`` (DataFusion's defaults when None), with the
-    ``sets.*`` options and every function of datafusion-sets."""
-    return register(SessionContext(with_sets_options(config), runtime))
+    ``sets.*`` options and every function of datafusion-sets. With ``planner=True`` it also
+    has the crate's query planner (``extension()``), so that ``JOIN ... ON jaccard(a, b) >= t``
+    runs as a similarity join, as in Rust; such a session cannot write files (``COPY``,
+    ``DataFrame.write_*``: see ``docs/python.md``)."""
+    ctx = SessionContext(with_sets_options(config), runtime)
+    # `with_extensions` returns a new handle on the session: the table functions are bound to
+    # the handle the caller keeps (they hold it weakly).
+    return register(ctx.with_extensions(extension()) if planner else ctx)
+
+
+def extension():
+    """datafusion-sets' query planner as an extension bundle, for
+    ``ctx.with_extensions(datafusion_sets.extension())``: it plans the session's queries with
+    DataFusion's physical planner and rules plus the crate's (the similarity join rewrite,
+    the backend rule), as a Rust session with the crate installed does. Tables cross to it by
+    reference, not by copy. ``session_context(planner=True)`` installs it.
+
+    Writing files fails in such a session (``COPY ... TO``, ``DataFrame.write_parquet``):
+    datafusion-ffi 55 cannot hand a file format to the planner ("FFI does not support
+    decode_file_format"). Write from a context without it."""
+    return _internal.SetsExtension()
 
 
 def register_index(ctx: SessionContext, name: str, table=None):

@@ -218,7 +218,7 @@ macro_rules! leaf_basics {
 /// above one of our scans), and our operators would then poll the host's operators, which
 /// spawn on a runtime they cannot reach from our side (see the module docs).
 #[derive(Debug)]
-struct SealedExec {
+pub(crate) struct SealedExec {
     inner: Arc<dyn ExecutionPlan>,
     properties: Arc<PlanProperties>,
     /// The plan inside on one line. The host's EXPLAIN shows a foreign node by its name
@@ -227,7 +227,7 @@ struct SealedExec {
 }
 
 impl SealedExec {
-    fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
         let partitions = inner.properties().partitioning.partition_count();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(inner.schema()),

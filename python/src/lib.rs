@@ -9,6 +9,7 @@
 //! memory pool: see `docs/python.md`).
 
 mod host;
+mod planner;
 
 use std::ffi::CStr;
 use std::ptr::NonNull;
@@ -126,7 +127,9 @@ const CODEC_CAPSULE: &CStr = c"datafusion_logical_extension_codec";
 
 /// The logical extension codec of a datafusion-python session (its wrapper class or the
 /// internal one), through which a table function's arguments cross.
-fn host_logical_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCodec> {
+pub(crate) fn host_logical_codec(
+    session: &Bound<'_, PyAny>,
+) -> PyResult<FFI_LogicalExtensionCodec> {
     let getter = "__datafusion_logical_extension_codec__";
     let owner = match session.hasattr(getter)? {
         true => session.clone(),
@@ -244,6 +247,16 @@ impl Bm25Indexes {
     }
 }
 
+/// A session handle of no tables, for what needs one and reads none here: the planner's backend
+/// rule (which rebuilds the Rust `topk_bm25` calls around it; a Python session has none) and
+/// the codec it recognizes the crate's operators with.
+pub(crate) fn detached_handle() -> SessionHandle {
+    SessionHandle {
+        catalogs: Arc::new(MemoryCatalogProviderList::new()),
+        runtime: Arc::new(RuntimeEnv::default()),
+    }
+}
+
 fn py_err(e: datafusion::error::DataFusionError) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
@@ -354,6 +367,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TableFunction>()?;
     m.add_class::<SetsOptions>()?;
     m.add_class::<Bm25Indexes>()?;
+    m.add_class::<planner::SetsExtension>()?;
     m.add_function(wrap_pyfunction!(scalar_functions, m)?)?;
     m.add_function(wrap_pyfunction!(aggregate_functions, m)?)?;
     m.add_function(wrap_pyfunction!(table_functions, m)?)?;
