@@ -84,6 +84,35 @@ def test_similarity_join_from_a_file_gpu_equals_cpu(tmp_path):
     assert "gpu_chunks=0," not in plan and "gpu_chunks=" in plan, plan
 
 
+def test_sql_join_through_the_planner_gpu_equals_cpu(tmp_path):
+    """`JOIN ... ON jaccard(...) >= t` in a session with our query planner: the rewrite plans
+    the similarity join, whose device path gives the CPU's pairs; the backend rule binds the
+    list functions to the device."""
+    rng = np.random.default_rng(RNG_SEED + 3)
+    n = 20_000
+    base = random_sets(rng, 200, 5, 60, 5_000)
+    sets = [sorted(set(base[i % 200]) | set(rng.integers(0, 5_000, 2).tolist())) for i in range(n)]
+    pq.write_table(pa.table({"id": list(range(n)), "tokens": pa.array(sets, pa.list_(pa.int64()))}), tmp_path / "s.parquet")
+    ctx = dfs.session_context(planner=True)
+    ctx.sql(f"CREATE EXTERNAL TABLE s STORED AS PARQUET LOCATION '{tmp_path / 's.parquet'}'").collect()
+    ctx.sql("CREATE TABLE m AS SELECT * FROM s").collect()
+    for t in ("s", "m"):
+        sql = f"SELECT r.id, u.id FROM {t} r JOIN {t} u ON r.id < u.id AND jaccard(r.tokens, u.tokens) >= 0.8 ORDER BY 1, 2"
+        cpu, gpu = on_both(ctx, sql)
+        assert len(cpu) > 10_000 and cpu == gpu, t
+    ctx.sql("SET sets.backend = 'gpu'").collect()
+    plan = "\n".join(str(r[1]) for r in rows(ctx, "EXPLAIN ANALYZE " + sql))
+    assert "SealedExec: SimilarityJoinExec" in plan and "backend=gpu" in plan, plan
+    assert "gpu_chunks=0," not in plan and "gpu_chunks=" in plan, plan
+    before = dfs._internal.gpu_batches()[0]
+    cpu, gpu = on_both(ctx, "SELECT id, list_intersect_count(tokens, [1, 2, 3, 4, 5, 6, 7, 8]) FROM m ORDER BY id")
+    assert len(cpu) == n and cpu == gpu
+    ctx.sql("SET sets.backend = 'gpu'").collect()
+    explained = "\n".join(str(r[1]) for r in rows(ctx, "EXPLAIN SELECT list_intersect_count(tokens, [1, 2]) FROM m"))
+    assert "SetsBackendExec" in explained, explained
+    assert dfs._internal.gpu_batches()[0] > before, "no list batch ran on the GPU"
+
+
 def test_bm25_gpu_equals_cpu():
     rng = np.random.default_rng(RNG_SEED + 2)
     words = [f"w{i}" for i in range(3_000)]
