@@ -15,8 +15,11 @@ mod common;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::common::Result;
-use datafusion::physical_plan::displayable;
+use std::sync::Arc;
+
+use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion_sets::bm25::index_loads;
 
 async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
     ctx.sql(sql).await?.collect().await
@@ -25,6 +28,19 @@ async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
 fn lines(batches: &[RecordBatch]) -> Vec<String> {
     let text = pretty_format_batches(batches).unwrap().to_string();
     text.lines().map(str::to_string).collect()
+}
+
+/// The partitions a shard plan's ranking node found kept loaded (its EXPLAIN ANALYZE counter).
+fn kept_partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let own = plan
+        .metrics()
+        .and_then(|m| m.sum_by_name("partitions_kept_loaded"))
+        .map_or(0, |v| v.as_usize());
+    own + plan
+        .children()
+        .into_iter()
+        .map(kept_partitions)
+        .sum::<usize>()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,7 +123,19 @@ async fn hive_partitioned_shards_search_without_an_exchange() -> Result<()> {
             shown.contains("output_partitioning=Hash([shard@"),
             "{shown}"
         );
-        let got = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await?;
+        let loads = index_loads();
+        let got = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        // The first query loads each partition's shards; later ones find them kept loaded
+        // (the files are unchanged), as EXPLAIN ANALYZE's counter says too.
+        let loaded = index_loads() - loads;
+        match i {
+            0 => assert!(loaded > 0, "the first query loads the shards"),
+            _ => {
+                assert_eq!(loaded, 0, "query {i} loaded {loaded} partitions again");
+                let kept = kept_partitions(&plan);
+                assert!(kept > 0, "{kept} partitions kept loaded");
+            }
+        }
         let whole = format!("SELECT * FROM topk_bm25('idx', '{text}', {k}, '{mode}')");
         run(&ctx, "SET sets.topk_bm25_distribution = 'single'").await?;
         let expected = run(&ctx, &whole).await?;

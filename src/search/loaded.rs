@@ -27,7 +27,8 @@ use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning, execute_stream};
 use futures::StreamExt;
 
 use super::index::InvertedIndex;
@@ -407,23 +408,100 @@ async fn read_stream(
     })
 }
 
+/// Partitions of sharded index tables kept loaded, most recently used first (a shard plan's
+/// task loads its partition's shards once while they stay unchanged).
+pub const SHARDS_KEPT: usize = 64;
+
+/// The index of partition `partition` of `scan` (`None`: the partition held no rows).
+struct PartitionEntry {
+    /// Holding the scan keeps its batches alive, as [`Entry::scan`] does.
+    scan: Arc<dyn ExecutionPlan>,
+    partition: usize,
+    loaded: Option<Arc<LoadedIndex>>,
+}
+
+static PARTITIONS: LazyLock<Mutex<Vec<PartitionEntry>>> = LazyLock::new(Default::default);
+
+/// Whether partition `p` of `a` and of `b` provably hold the same rows, for every `p`: they
+/// read the same version of the same data ([`same_version`]: the same files in the same
+/// groups, or the very same batches in the same partitions) through the same hash
+/// repartitions (a round-robin one deals batches out in whatever order they come).
+fn same_partitions(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
+    fn alike(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bool {
+        if a.name() != b.name() || a.children().len() != b.children().len() {
+            return false;
+        }
+        if let (Some(ra), Some(rb)) = (
+            a.downcast_ref::<RepartitionExec>(),
+            b.downcast_ref::<RepartitionExec>(),
+        ) && !(matches!(ra.partitioning(), Partitioning::Hash(..))
+            && ra.partitioning() == rb.partitioning())
+        {
+            return false;
+        }
+        a.children()
+            .into_iter()
+            .zip(b.children())
+            .all(|(x, y)| alike(x, y))
+    }
+    same_version(a, b) && alike(a, b)
+}
+
 /// The index held by partition `partition` of `input` (whole shards of a sharded index
 /// table, as [`crate::search::shards`] reads them), read and built in `ctx`, its rows and
-/// the index reserved; `None` when the partition holds no rows. Not cached: a partition's
-/// rows have no identity of their own once an exchange has moved them.
+/// the index reserved; `None` when the partition holds no rows. A partition whose rows have
+/// an identity (read from files or in-memory batches, without an exchange between processes:
+/// [`same_partitions`]) is kept loaded for later queries while its data stay the same; one
+/// that an exchange has moved has none, and is read at every query. The flag: whether it came
+/// from the kept ones.
 pub async fn load_partition(
     ctx: Arc<TaskContext>,
     input: &Arc<dyn ExecutionPlan>,
     partition: usize,
     who: &str,
     name: &str,
-) -> Result<Option<LoadedIndex>> {
+) -> Result<(Option<Arc<LoadedIndex>>, bool)> {
+    let kept = same_partitions(input, input);
+    let found = |cache: &[PartitionEntry]| {
+        cache
+            .iter()
+            .position(|e| e.partition == partition && same_partitions(&e.scan, input))
+    };
+    if kept {
+        let mut cache = lock(&PARTITIONS);
+        if let Some(i) = found(&cache) {
+            let e = cache.remove(i);
+            let loaded = e.loaded.clone();
+            cache.insert(0, e);
+            return Ok((loaded, true));
+        }
+    }
     let stream = input.execute(partition, Arc::clone(&ctx))?;
     let rows = read_stream(&ctx, stream, input.schema(), true, who, name).await?;
-    if rows.batches.iter().all(|b| b.num_rows() == 0) {
-        return Ok(None);
+    let loaded = match rows.batches.iter().all(|b| b.num_rows() == 0) {
+        true => None,
+        false => Some(Arc::new(build(ctx, rows, who, name)?)),
+    };
+    if kept {
+        let mut cache = lock(&PARTITIONS);
+        if let Some(i) = found(&cache) {
+            // Loaded meanwhile by another query: keep one copy.
+            return Ok((cache[i].loaded.clone(), false));
+        }
+        cache.insert(
+            0,
+            PartitionEntry {
+                scan: Arc::clone(input),
+                partition,
+                loaded: loaded.clone(),
+            },
+        );
+        let keep = cache.len().min(SHARDS_KEPT);
+        let gone = cache.split_off(keep);
+        drop(cache);
+        drop(gone);
     }
-    build(ctx, rows, who, name).map(Some)
+    Ok((loaded, false))
 }
 
 /// Read `scan` and build its index, reserving the rows read from files as they arrive and
@@ -460,4 +538,55 @@ fn build(ctx: Arc<TaskContext>, rows: Rows, who: &str, name: &str) -> Result<Loa
         name: format!("{who} index '{name}'"),
         _reservation: reservation,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::Column;
+
+    use super::*;
+
+    fn batch(v: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![v, v + 1]))]).unwrap()
+    }
+
+    #[test]
+    fn partitions_are_the_same_only_through_the_same_hash_repartitions() {
+        let parts = vec![vec![batch(1)], vec![batch(3)]];
+        let schema = parts[0][0].schema();
+        let scan = || MemorySourceConfig::try_new_exec(&parts, Arc::clone(&schema), None).unwrap();
+        let (a, b) = (
+            scan() as Arc<dyn ExecutionPlan>,
+            scan() as Arc<dyn ExecutionPlan>,
+        );
+        assert!(same_partitions(&a, &b));
+        // Other batches (equal values, other buffers): not provably the same.
+        let copy = vec![vec![batch(1)], vec![batch(3)]];
+        let other = MemorySourceConfig::try_new_exec(&copy, Arc::clone(&schema), None).unwrap();
+        assert!(!same_partitions(&a, &(other as _)));
+        let x = || Arc::new(Column::new("x", 0)) as _;
+        let repartition = |input: &Arc<dyn ExecutionPlan>, p: Partitioning| {
+            Arc::new(RepartitionExec::try_new(Arc::clone(input), p).unwrap())
+                as Arc<dyn ExecutionPlan>
+        };
+        let hash = |n| Partitioning::Hash(vec![x()], n);
+        assert!(same_partitions(
+            &repartition(&a, hash(4)),
+            &repartition(&b, hash(4))
+        ));
+        assert!(!same_partitions(
+            &repartition(&a, hash(4)),
+            &repartition(&b, hash(3))
+        ));
+        // Round robin deals batches out in the order they come: partition p is not fixed.
+        let rr = Partitioning::RoundRobinBatch(4);
+        assert!(!same_partitions(
+            &repartition(&a, rr.clone()),
+            &repartition(&b, rr)
+        ));
+    }
 }

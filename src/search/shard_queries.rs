@@ -280,6 +280,7 @@ impl ExecutionPlan for TopkQueriesShardsExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let postings: Count =
             MetricBuilder::new(&self.metrics).counter("postings_loaded", partition);
+        let kept = MetricBuilder::new(&self.metrics).counter("partitions_kept_loaded", partition);
         let ranked: Count = MetricBuilder::new(&self.metrics).counter("queries_ranked", partition);
         let schema = lists_schema();
         let out = Arc::clone(&schema);
@@ -289,9 +290,9 @@ impl ExecutionPlan for TopkQueriesShardsExec {
                 .get_or_try_init(|| async move { read_texts(queries, ctx).await.map(Arc::new) })
                 .await?;
             let texts = Arc::clone(texts);
-            let loaded = load_partition(Arc::clone(&context), &input, partition, WHO, &index)
-                .await?
-                .map(Arc::new);
+            let (loaded, was_kept) =
+                load_partition(Arc::clone(&context), &input, partition, WHO, &index).await?;
+            kept.add(usize::from(was_kept));
             if let Some(l) = &loaded {
                 postings.add(l.index.docs().len());
             }

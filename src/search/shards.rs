@@ -192,11 +192,14 @@ impl ExecutionPlan for TopkShardsExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let postings: Count =
             MetricBuilder::new(&self.metrics).counter("postings_loaded", partition);
+        let kept = MetricBuilder::new(&self.metrics).counter("partitions_kept_loaded", partition);
         let schema = hits_schema();
         let out = Arc::clone(&schema);
         let fut = async move {
             let loaded = load_partition(Arc::clone(&context), &input, partition, WHO, &index);
-            let Some(loaded) = loaded.await? else {
+            let (loaded, was_kept) = loaded.await?;
+            kept.add(usize::from(was_kept));
+            let Some(loaded) = loaded else {
                 return Ok(RecordBatch::new_empty(out));
             };
             let _t = baseline.elapsed_compute().timer();
