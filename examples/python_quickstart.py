@@ -38,6 +38,14 @@ closest.show()
 ctx.sql(
     "SELECT count(*) AS pairs FROM similarity_join('packages', 'id', 'depends', 'jaccard', 0.8)"
 ).show()
+#    The same join written as a SQL join, in a session with the crate's query planner (which
+#    plans it as the similarity join; such a session cannot write files: docs/python.md).
+planned = dfs.session_context(planner=True)
+planned.sql(f"CREATE EXTERNAL TABLE packages STORED AS JSON LOCATION '{data}/debian-packages.json'").collect()
+planned.sql(
+    "SELECT count(*) AS pairs FROM packages r JOIN packages u"
+    " ON r.id < u.id AND jaccard(r.depends, u.depends) >= 0.8"
+).show()
 
 # 3. BM25 search over the package descriptions.
 ctx.sql(
