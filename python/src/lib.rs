@@ -135,14 +135,8 @@ pub(crate) fn host_logical_codec(
         true => session.clone(),
         false => session.getattr("ctx")?,
     };
-    let capsule = owner.call_method0(getter)?;
-    let capsule = capsule.cast::<PyCapsule>()?;
-    let pointer: NonNull<FFI_LogicalExtensionCodec> =
-        capsule.pointer_checked(Some(CODEC_CAPSULE))?.cast();
-    // SAFETY: the capsule is named `datafusion_logical_extension_codec`, which datafusion-ffi
-    // hosts give only to a boxed `FFI_LogicalExtensionCodec`; it lives as long as the capsule,
-    // which `capsule` holds while the reference is used (cloned out below).
-    let codec = unsafe { pointer.as_ref() };
+    let codec: FFI_LogicalExtensionCodec =
+        capsule_clone(&owner.call_method0(getter)?, CODEC_CAPSULE)?;
     // SAFETY: `version` is a plain function of the host's datafusion-ffi, taking nothing.
     let host = unsafe { (codec.version)() };
     if host != datafusion_ffi::version() {
@@ -152,7 +146,17 @@ pub(crate) fn host_logical_codec(
             datafusion_ffi::version()
         )));
     }
-    Ok(codec.clone())
+    Ok(codec)
+}
+
+/// A clone of the datafusion-ffi value in `capsule`, whose name is checked to be `name`.
+pub(crate) fn capsule_clone<T: Clone>(capsule: &Bound<'_, PyAny>, name: &CStr) -> PyResult<T> {
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let pointer: NonNull<T> = capsule.pointer_checked(Some(name))?.cast();
+    // SAFETY: datafusion-ffi hosts give a capsule of each name used here only to a boxed value
+    // of the matching type (`T` at every call), which lives as long as the capsule; `capsule`
+    // holds it while the reference is cloned.
+    Ok(unsafe { pointer.as_ref() }.clone())
 }
 
 /// The `sets.*` options, for `SessionConfig().with_extension(SetsConfig())`: then `SET

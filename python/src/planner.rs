@@ -28,8 +28,6 @@
 //!   leaves there are its in-memory scans, which do not spawn.
 
 use std::collections::BTreeMap;
-use std::ffi::CStr;
-use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -57,6 +55,7 @@ use datafusion_sets::udf::SessionHandle;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 
+use crate::capsule_clone;
 use crate::host::SealedExec;
 
 /// What the bytes of a table or plan crossing by reference start with (then one byte for the
@@ -356,14 +355,4 @@ impl Codecs {
     fn tasks(&self, py: Python<'_>) -> PyResult<FFI_TaskContextProvider> {
         capsule_clone(self.0.bind(py), c"datafusion_task_context_provider")
     }
-}
-
-/// A clone of the datafusion-ffi value in `capsule`, whose name is checked to be `name`.
-fn capsule_clone<T: Clone>(capsule: &Bound<'_, PyAny>, name: &CStr) -> PyResult<T> {
-    let capsule = capsule.cast::<PyCapsule>()?;
-    let pointer: NonNull<T> = capsule.pointer_checked(Some(name))?.cast();
-    // SAFETY: datafusion-ffi hosts give a capsule of each of these names only to a boxed value
-    // of the matching type (`T` at every call here), which lives as long as the capsule;
-    // `capsule` holds it while the reference is cloned.
-    Ok(unsafe { pointer.as_ref() }.clone())
 }
