@@ -17,6 +17,9 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::common::Result;
 use std::sync::Arc;
 
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_sets::bm25::index_loads;
@@ -144,6 +147,43 @@ async fn hive_partitioned_shards_search_without_an_exchange() -> Result<()> {
         hits += expected.iter().map(|b| b.num_rows()).sum::<usize>();
     }
     assert!(hits > 1000, "{hits} hits in all");
+
+    // A datafusion-distributed task scans its slice of the file groups, and the next query
+    // may send another task to this process: each partition is found by its own files,
+    // whatever the scan's other groups. Here the same groups, rotated.
+    let text = &texts[0];
+    let sharded = format!("SELECT * FROM topk_bm25('idx_sh', '{text}', 10, 'or')");
+    let plan = ctx.sql(&sharded).await?.create_physical_plan().await?;
+    let expected = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    let rotated = plan
+        .transform_up(|node| {
+            let Some(scan) = node.downcast_ref::<DataSourceExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(files) = scan.data_source().downcast_ref::<FileScanConfig>() else {
+                return Ok(Transformed::no(node));
+            };
+            let mut files = files.clone();
+            assert!(
+                files.file_groups.len() > 1,
+                "{} groups",
+                files.file_groups.len()
+            );
+            files.file_groups.rotate_left(1);
+            Ok(Transformed::yes(
+                DataSourceExec::from_data_source(files) as Arc<dyn ExecutionPlan>
+            ))
+        })?
+        .data;
+    let loads = index_loads();
+    let got = datafusion::physical_plan::collect(Arc::clone(&rotated), ctx.task_ctx()).await?;
+    assert_eq!(
+        index_loads() - loads,
+        0,
+        "a rotated slicing loaded shards again"
+    );
+    assert!(kept_partitions(&rotated) > 0);
+    assert_eq!(lines(&got), lines(&expected));
 
     // The scalar over a column of queries: the distinct texts ranked shard by shard and
     // joined back to the rows; NULL texts stay NULL, repeated texts get the same list.

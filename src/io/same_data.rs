@@ -7,9 +7,10 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::memory::MemorySourceConfig;
-use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig, FileSource, ParquetSource};
 use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::physical_plan::ExecutionPlan;
@@ -64,28 +65,8 @@ fn same_rows(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>, by_address:
     if a.schema() != b.schema() {
         return false;
     }
-    if let (Some(pa), Some(pb)) = (
-        a.downcast_ref::<ProjectionExec>(),
-        b.downcast_ref::<ProjectionExec>(),
-    ) {
-        return pa.expr().len() == pb.expr().len()
-            && pa
-                .expr()
-                .iter()
-                .zip(pb.expr())
-                .all(|(x, y)| x.expr.eq(&y.expr) && !is_volatile(&x.expr))
-            && same_rows(pa.input(), pb.input(), by_address);
-    }
-    if let (Some(fa), Some(fb)) = (
-        a.downcast_ref::<FilterExec>(),
-        b.downcast_ref::<FilterExec>(),
-    ) {
-        return fa.fetch().is_none()
-            && fb.fetch().is_none()
-            && fa.predicate() == fb.predicate()
-            && !is_volatile(fa.predicate())
-            && fa.projection() == fb.projection()
-            && same_rows(fa.input(), fb.input(), by_address);
+    if let Some(inputs) = same_row_map(a, b) {
+        return inputs.is_some_and(|(ia, ib)| same_rows(ia, ib, by_address));
     }
     // Moving rows between partitions keeps the multiset.
     let regroups = |p: &Arc<dyn ExecutionPlan>| {
@@ -118,6 +99,100 @@ fn same_rows(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>, by_address:
     false
 }
 
+/// The inputs of two plan nodes.
+type Inputs<'a> = (&'a Arc<dyn ExecutionPlan>, &'a Arc<dyn ExecutionPlan>);
+
+/// When `a` and `b` are both projections or both filters: whether they map each row alike
+/// (equal deterministic expressions, no limit), as their inputs if so (`Some(None)` when
+/// not). Neither moves rows between partitions, so partition `p` of either holds the mapped
+/// rows of its input's partition `p`. `None` for any other pair of nodes.
+fn same_row_map<'a>(
+    a: &'a Arc<dyn ExecutionPlan>,
+    b: &'a Arc<dyn ExecutionPlan>,
+) -> Option<Option<Inputs<'a>>> {
+    if let (Some(pa), Some(pb)) = (
+        a.downcast_ref::<ProjectionExec>(),
+        b.downcast_ref::<ProjectionExec>(),
+    ) {
+        let alike = pa.expr().len() == pb.expr().len()
+            && pa
+                .expr()
+                .iter()
+                .zip(pb.expr())
+                .all(|(x, y)| x.expr.eq(&y.expr) && !is_volatile(&x.expr));
+        return Some(alike.then_some((pa.input(), pb.input())));
+    }
+    if let (Some(fa), Some(fb)) = (
+        a.downcast_ref::<FilterExec>(),
+        b.downcast_ref::<FilterExec>(),
+    ) {
+        let alike = fa.fetch().is_none()
+            && fb.fetch().is_none()
+            && fa.predicate() == fb.predicate()
+            && !is_volatile(fa.predicate())
+            && fa.projection() == fb.projection();
+        return Some(alike.then_some((fa.input(), fb.input())));
+    }
+    None
+}
+
+/// Whether partition `pa` of `a` and partition `pb` of `b` provably hold the same rows, each
+/// judged alone (the plans may group their data into other partitions): the same projections
+/// and filters over scans whose partitions read exactly their own share, with the same share
+/// at `pa` and `pb`. In memory: the very same batches. From files: the same files (as
+/// [`same_files`] tells them) in the two groups, and scans equal but for their other groups,
+/// where DataFusion never moves a file to another partition (the scan is partitioned by its
+/// file groups, keeps an order, or has one partition). A datafusion-distributed task's scan
+/// is its slice of the table's groups: a worker finds a group loaded under any task.
+pub fn same_partition(
+    a: &Arc<dyn ExecutionPlan>,
+    pa: usize,
+    b: &Arc<dyn ExecutionPlan>,
+    pb: usize,
+) -> bool {
+    if a.schema() != b.schema() {
+        return false;
+    }
+    if let Some(inputs) = same_row_map(a, b) {
+        return inputs.is_some_and(|(ia, ib)| same_partition(ia, pa, ib, pb));
+    }
+    let (Some(da), Some(db)) = (
+        a.downcast_ref::<DataSourceExec>(),
+        b.downcast_ref::<DataSourceExec>(),
+    ) else {
+        return false;
+    };
+    let (sa, sb) = (da.data_source(), db.data_source());
+    if let (Some(ma), Some(mb)) = (
+        sa.downcast_ref::<MemorySourceConfig>(),
+        sb.downcast_ref::<MemorySourceConfig>(),
+    ) {
+        return ma.fetch().is_none()
+            && mb.fetch().is_none()
+            && ma.projection() == mb.projection()
+            && ma
+                .partitions()
+                .get(pa)
+                .zip(mb.partitions().get(pb))
+                .is_some_and(|(xa, xb)| same_batch_list(xa, xb));
+    }
+    let (Some(fa), Some(fb)) = (
+        sa.downcast_ref::<FileScanConfig>(),
+        sb.downcast_ref::<FileScanConfig>(),
+    ) else {
+        return false;
+    };
+    // A file of a partition may be read by another one (work stealing) unless one of these
+    // holds (`FileScanConfig::create_sibling_state`).
+    let own = |f: &FileScanConfig| {
+        f.output_partitioning.is_some() || f.preserve_order || f.file_groups.len() == 1
+    };
+    let (Some(ga), Some(gb)) = (fa.file_groups.get(pa), fb.file_groups.get(pb)) else {
+        return false;
+    };
+    own(fa) && own(fb) && same_group(ga, gb) && same_scan(fa, fb, true)
+}
+
 /// Whether executing `plan` twice gives the same rows: no node below it holds a volatile
 /// expression or a limit (a limit over several partitions keeps whichever rows come first).
 fn repeatable(plan: &Arc<dyn ExecutionPlan>) -> bool {
@@ -143,17 +218,20 @@ pub fn same_batches(a: &MemorySourceConfig, b: &MemorySourceConfig, projection: 
         && b.fetch().is_none()
         && (!projection || a.projection() == b.projection())
         && pa.len() == pb.len()
-        && pa.iter().zip(pb).all(|(xa, xb)| {
-            xa.len() == xb.len()
-                && xa.iter().zip(xb).all(|(ba, bb)| {
-                    ba.num_rows() == bb.num_rows()
-                        && ba.num_columns() == bb.num_columns()
-                        && ba
-                            .columns()
-                            .iter()
-                            .zip(bb.columns())
-                            .all(|(ca, cb)| ca.to_data().ptr_eq(&cb.to_data()))
-                })
+        && pa.iter().zip(pb).all(|(xa, xb)| same_batch_list(xa, xb))
+}
+
+/// The very same batches, buffer for buffer, in the same order.
+fn same_batch_list(xa: &[RecordBatch], xb: &[RecordBatch]) -> bool {
+    xa.len() == xb.len()
+        && xa.iter().zip(xb).all(|(ba, bb)| {
+            ba.num_rows() == bb.num_rows()
+                && ba.num_columns() == bb.num_columns()
+                && ba
+                    .columns()
+                    .iter()
+                    .zip(bb.columns())
+                    .all(|(ca, cb)| ca.to_data().ptr_eq(&cb.to_data()))
         })
 }
 
@@ -165,18 +243,31 @@ pub fn same_batches(a: &MemorySourceConfig, b: &MemorySourceConfig, projection: 
 /// files once, where the nested loop would have read them twice. (`projection`: `false`
 /// leaves the projections to the caller.)
 pub fn same_files(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> bool {
+    a.file_groups.len() == b.file_groups.len()
+        && a.file_groups
+            .iter()
+            .zip(&b.file_groups)
+            .all(|(ga, gb)| same_group(ga, gb))
+        && same_scan(a, b, projection)
+}
+
+/// The same files in the same order, each the same version with the same byte range and
+/// partition values.
+fn same_group(ga: &FileGroup, gb: &FileGroup) -> bool {
+    ga.len() == gb.len()
+        && ga.iter().zip(gb.iter()).all(|(x, y)| {
+            x.object_meta == y.object_meta
+                && x.range == y.range
+                && x.partition_values == y.partition_values
+                && x.extensions.is_empty()
+                && y.extensions.is_empty()
+        })
+}
+
+/// [`same_files`] but for the file groups: every other setting of the two scans that decides
+/// what a file's rows become.
+fn same_scan(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> bool {
     let (sa, sb) = (&a.file_source, &b.file_source);
-    let files_match = a.file_groups.len() == b.file_groups.len()
-        && a.file_groups.iter().zip(&b.file_groups).all(|(ga, gb)| {
-            ga.len() == gb.len()
-                && ga.iter().zip(gb.iter()).all(|(x, y)| {
-                    x.object_meta == y.object_meta
-                        && x.range == y.range
-                        && x.partition_values == y.partition_values
-                        && x.extensions.is_empty()
-                        && y.extensions.is_empty()
-                })
-        });
     let filter = sa.filter();
     // Parquet read through a reader factory of the user's may read anything: only the same one
     // on both sides, or DataFusion's own.
@@ -194,8 +285,7 @@ pub fn same_files(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> b
                 && y.is_none_or(|y| datafusion_reader_factory(y.as_ref()))
         }
     };
-    files_match
-        && readers_match
+    readers_match
         && a.object_store_url == b.object_store_url
         && a.limit.is_none()
         && b.limit.is_none()
@@ -207,4 +297,113 @@ pub fn same_files(a: &FileScanConfig, b: &FileScanConfig, projection: bool) -> b
         && (!projection || sa.projection() == sb.projection())
         && filter == sb.filter()
         && !filter.as_ref().is_some_and(is_volatile)
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::datasource::listing::PartitionedFile;
+    use datafusion::datasource::physical_plan::FileScanConfigBuilder;
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::physical_expr::expressions::{Column, lit};
+    use datafusion::physical_plan::Partitioning;
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]))
+    }
+
+    /// A Parquet scan of `groups` (file names), partitioned by its groups when `own`.
+    fn files(groups: &[&[&str]], own: bool) -> Arc<dyn ExecutionPlan> {
+        let groups = groups
+            .iter()
+            .map(|g| {
+                FileGroup::new(
+                    g.iter()
+                        .map(|name| PartitionedFile::new(format!("shards/{name}"), 100))
+                        .collect(),
+                )
+            })
+            .collect::<Vec<_>>();
+        let by_group = Partitioning::UnknownPartitioning(groups.len());
+        let config = FileScanConfigBuilder::new(
+            ObjectStoreUrl::local_filesystem(),
+            Arc::new(ParquetSource::new(schema())),
+        )
+        .with_file_groups(groups)
+        .with_output_partitioning(own.then_some(by_group))
+        .build();
+        DataSourceExec::from_data_source(config)
+    }
+
+    fn batch(v: i64) -> RecordBatch {
+        RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
+    }
+
+    #[test]
+    fn a_partition_is_the_same_as_another_slicing_s_partition_of_its_own_files() {
+        // Three shards as one task of three partitions, and sliced over two tasks (a
+        // datafusion-distributed worker's share): partition 1 of the first is partition 0
+        // of the second task's slice.
+        let whole = files(&[&["a"], &["b"], &["c"]], true);
+        let slice = files(&[&["b"], &["c"]], true);
+        assert!(same_partition(&whole, 1, &slice, 0));
+        assert!(same_partition(&whole, 2, &slice, 1));
+        assert!(!same_partition(&whole, 0, &slice, 0), "other files");
+        assert!(!same_partition(&whole, 3, &slice, 0), "no such partition");
+        assert!(!same_partition(&whole, 1, &files(&[&["b", "c"]], true), 0));
+        // Groups DataFusion may rebalance at run time (work stealing): no partition is its
+        // own, except a scan's only one.
+        let stealing = files(&[&["a"], &["b"], &["c"]], false);
+        assert!(!same_partition(&stealing, 1, &slice, 0));
+        assert!(!same_partition(&stealing, 1, &stealing, 1));
+        let one = files(&[&["a", "b"]], false);
+        assert!(same_partition(&one, 0, &files(&[&["a", "b"]], true), 0));
+        // The same filters above, and not other ones.
+        let filter = |input: &Arc<dyn ExecutionPlan>, v: i64| {
+            let p = Arc::new(datafusion::physical_plan::expressions::BinaryExpr::new(
+                Arc::new(Column::new("x", 0)),
+                datafusion::logical_expr::Operator::Gt,
+                lit(v),
+            ));
+            Arc::new(FilterExec::try_new(p, Arc::clone(input)).unwrap()) as Arc<dyn ExecutionPlan>
+        };
+        assert!(same_partition(&filter(&whole, 1), 1, &filter(&slice, 1), 0));
+        assert!(!same_partition(
+            &filter(&whole, 1),
+            1,
+            &filter(&slice, 2),
+            0
+        ));
+        assert!(!same_partition(&filter(&whole, 1), 1, &slice, 0));
+        // A repartition mixes every input partition into each of its own.
+        let hashed = Arc::new(
+            RepartitionExec::try_new(
+                Arc::clone(&whole),
+                Partitioning::Hash(vec![Arc::new(Column::new("x", 0))], 3),
+            )
+            .unwrap(),
+        ) as Arc<dyn ExecutionPlan>;
+        assert!(!same_partition(&hashed, 1, &hashed, 1));
+    }
+
+    #[test]
+    fn a_memory_partition_is_the_same_only_as_the_very_same_batches() {
+        let (b1, b2) = (batch(1), batch(2));
+        let scan = |parts: Vec<Vec<RecordBatch>>| {
+            MemorySourceConfig::try_new_exec(&parts, schema(), None).unwrap()
+                as Arc<dyn ExecutionPlan>
+        };
+        let a = scan(vec![vec![b1.clone()], vec![b2.clone()]]);
+        let b = scan(vec![vec![b2.clone()]]);
+        assert!(same_partition(&a, 1, &b, 0));
+        assert!(!same_partition(&a, 0, &b, 0));
+        assert!(
+            !same_partition(&a, 1, &scan(vec![vec![batch(2)]]), 0),
+            "a copy"
+        );
+        assert!(!same_partition(&a, 2, &b, 0));
+    }
 }

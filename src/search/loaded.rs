@@ -34,7 +34,7 @@ use futures::StreamExt;
 use super::index::InvertedIndex;
 use super::scoring::{Bm25Params, Scored};
 use crate::catalog::resolve_table_async;
-use crate::io::same_data::{has_identity, only_memory, same_version};
+use crate::io::same_data::{has_identity, only_memory, same_partition, same_version};
 
 /// Parameter sets whose impacts an index keeps (most recently used first).
 pub const SCORED_KEPT: usize = 2;
@@ -450,10 +450,11 @@ fn same_partitions(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>) -> bo
 /// The index held by partition `partition` of `input` (whole shards of a sharded index
 /// table, as [`crate::search::shards`] reads them), read and built in `ctx`, its rows and
 /// the index reserved; `None` when the partition holds no rows. A partition whose rows have
-/// an identity (read from files or in-memory batches, without an exchange between processes:
-/// [`same_partitions`]) is kept loaded for later queries while its data stay the same; one
-/// that an exchange has moved has none, and is read at every query. The flag: whether it came
-/// from the kept ones.
+/// an identity is kept loaded for later queries while its data stay the same: its own files
+/// or batches ([`same_partition`], whatever the other partitions of the scan), or the whole
+/// input's, through hash repartitions ([`same_partitions`]). One that an exchange between
+/// processes has moved has none, and is read at every query. The flag: whether it came from
+/// the kept ones.
 pub async fn load_partition(
     ctx: Arc<TaskContext>,
     input: &Arc<dyn ExecutionPlan>,
@@ -461,11 +462,16 @@ pub async fn load_partition(
     who: &str,
     name: &str,
 ) -> Result<(Option<Arc<LoadedIndex>>, bool)> {
-    let kept = same_partitions(input, input);
+    // Judged alone, a partition is found under another slicing of the table (another task's
+    // share of it on a datafusion-distributed worker); through a hash repartition only with
+    // every other partition the same.
+    let alone = same_partition(input, partition, input, partition);
+    let kept = alone || same_partitions(input, input);
     let found = |cache: &[PartitionEntry]| {
-        cache
-            .iter()
-            .position(|e| e.partition == partition && same_partitions(&e.scan, input))
+        cache.iter().position(|e| match alone {
+            true => same_partition(&e.scan, e.partition, input, partition),
+            false => e.partition == partition && same_partitions(&e.scan, input),
+        })
     };
     if kept {
         let mut cache = lock(&PARTITIONS);
