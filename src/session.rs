@@ -20,6 +20,7 @@ use crate::functions::topk_bm25::{SessionHandle, topk_bm25_udf};
 use crate::functions::{all_aggregate_functions, all_scalar_functions};
 use crate::optimizer::async_calls::{AsyncCallPlaces, AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
+use crate::optimizer::intersect_count::{IntersectCountRewrite, SETS_INTERSECT_COUNT};
 use crate::optimizer::join_distribution::{
     SIMILARITY_JOIN_DISTRIBUTION, SimilarityJoinDistribution,
 };
@@ -102,6 +103,9 @@ pub(crate) fn install(mut builder: SessionStateBuilder) -> (SessionStateBuilder,
     if !has_async_calls(analyzer) {
         analyzer.add_function_rewrite(Arc::new(AsyncCallRewrite));
         analyzer.rules.push(Arc::new(AsyncCallPlaces));
+    }
+    if !has_rewrite(analyzer, SETS_INTERSECT_COUNT) {
+        analyzer.add_function_rewrite(Arc::new(IntersectCountRewrite));
     }
     let has_rule = |rules: &[Arc<dyn OptimizerRule + Send + Sync>]| {
         rules.iter().any(|r| r.name() == TOPK_QUERIES_BY_SHARD)
@@ -245,15 +249,23 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
         state.register_function_rewrite(Arc::new(AsyncCallRewrite))?;
         state.add_analyzer_rule(Arc::new(AsyncCallPlaces));
     }
+    if !has_rewrite(state.analyzer(), SETS_INTERSECT_COUNT) {
+        state.register_function_rewrite(Arc::new(IntersectCountRewrite))?;
+    }
     Ok(())
 }
 
 /// Whether `analyzer` holds the rewrite that plans `topk_bm25` asynchronously.
 fn has_async_calls(analyzer: &Analyzer) -> bool {
+    has_rewrite(analyzer, SETS_ASYNC_CALLS)
+}
+
+/// Whether `analyzer` holds the function rewrite named `name`.
+fn has_rewrite(analyzer: &Analyzer, name: &str) -> bool {
     analyzer
         .function_rewrites()
         .iter()
-        .any(|r| r.name() == SETS_ASYNC_CALLS)
+        .any(|r| r.name() == name)
 }
 
 /// A new [`SessionContext`] with DataFusion's defaults and datafusion-sets installed.
