@@ -1037,22 +1037,19 @@ __device__ void and_phase_wide(SharedAnd& sh, u32 m, u32 k, const u32* __restric
         u32* __restrict__ out_doc, double* __restrict__ out_score,                              \
         const double* __restrict__ q_floor, double static_max, u32* __restrict__ piece_count,   \
         u32* __restrict__ piece_ord, double* __restrict__ piece_score,                          \
-        u32* __restrict__ and_count, u32* __restrict__ piece_done
+        u32* __restrict__ and_count, u32* __restrict__ piece_done, u32* __restrict__ claim
 #define TOPK_ARGS                                                                               \
     n_items, n_items_dev, n_short_dev, order, items, q_off, q_mode, lists, post_ord, post_imp,  \
         ord_static, ord_doc, k, out_count, out_doc, out_score, q_floor, static_max, piece_count, \
-        piece_ord, piece_score, and_count, piece_done
+        piece_ord, piece_score, and_count, piece_done, claim
 
-template <bool AND_K>
-__device__ __forceinline__ void topk_items(TOPK_PARAMS) {
-    __shared__ typename Pick<AND_K, SharedAnd, Shared>::type sh;
+// Unit `u` of `topk_items` (its n_items and n_long, read once per block).
+template <bool AND_K, class S>
+__device__ void topk_unit(S& sh, const u32 u, const u32 n_items_, const u32 n_long, TOPK_PARAMS) {
+    n_items = n_items_;
     const u32 tid = threadIdx.x;
-    if (n_items_dev != nullptr && *n_items_dev < n_items) n_items = *n_items_dev;
-    u32 n_short = n_short_dev != nullptr ? *n_short_dev : 0u;
-    if (n_short > n_items) n_short = n_items;
-    const u32 n_long = n_items - n_short;
-    if (blockIdx.x >= n_long) {
-        const u32 w0 = n_long + (blockIdx.x - n_long) * (THREADS / 32);
+    if (u >= n_long) {
+        const u32 w0 = n_long + (u - n_long) * (THREADS / 32);
         if (w0 >= n_items) return;  // block-uniform
         const u32 idx = w0 + (tid >> 5);
         if (idx >= n_items) return;  // warp-uniform; no block barrier follows
@@ -1064,7 +1061,7 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
         return;
     }
     TRACE_START();
-    const Item it = items[order[blockIdx.x]];
+    const Item it = items[order[u]];
     const u32 q = it.q;
     const u32 kind = it.ks >> 30;
     const u32 first = q_off[q];
@@ -1172,7 +1169,36 @@ __device__ __forceinline__ void topk_items(TOPK_PARAMS) {
             }
         }
     }
-    TRACE_END(tid == 0, blockIdx.x, q, kind);
+    TRACE_END(tid == 0, u, q, kind);
+}
+
+// Work units: unit u < n_long is the long item order[u], ranked by the whole block; a unit
+// past them is THREADS / 32 short items (`and_short`), a warp each. Without `claim` a block
+// runs unit blockIdx.x (the grid covers the units). With it (a device-planned batch, whose
+// count of items the host does not know) the grid is what the device holds at once, and each
+// block claims units from the counter until none is left: longest first, as ordered, with no
+// block launched for the piece slots the plan left unused.
+template <bool AND_K>
+__device__ __forceinline__ void topk_items(TOPK_PARAMS) {
+    __shared__ typename Pick<AND_K, SharedAnd, Shared>::type sh;
+    __shared__ u32 unit;
+    if (n_items_dev != nullptr && *n_items_dev < n_items) n_items = *n_items_dev;
+    u32 n_short = n_short_dev != nullptr ? *n_short_dev : 0u;
+    if (n_short > n_items) n_short = n_items;
+    const u32 n_long = n_items - n_short;
+    const u32 n_units = n_long + (n_short + THREADS / 32 - 1) / (THREADS / 32);
+    if (claim == nullptr) {
+        if (blockIdx.x < n_units) topk_unit<AND_K>(sh, blockIdx.x, n_items, n_long, TOPK_ARGS);
+        return;
+    }
+    for (;;) {
+        if (threadIdx.x == 0) unit = atomicAdd(claim, 1u);
+        __syncthreads();
+        const u32 u = unit;
+        if (u >= n_units) return;  // block-uniform
+        topk_unit<AND_K>(sh, u, n_items, n_long, TOPK_ARGS);
+        __syncthreads();  // the unit's last reads of `unit` and `sh` before the next claim
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) bm25_topk(TOPK_PARAMS) {
@@ -1266,6 +1292,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) bm25_merge(
 #define C_SHORT 4
 // The blocks of `bm25_pack` that have finished (its clock, below).
 #define C_PACKED 5
+// The ranking kernel's work units claimed (`topk_items`).
+#define C_CLAIM 6
 // The batch's start on the device's global timer (ns, a 64-bit word), written by
 // `bm25_clear`.
 #define C_CLOCK 8

@@ -53,8 +53,9 @@ fn intersect_kernels_match_a_reference_under_cpu_emulation() {
         32 + 12,
         "{stdout}"
     );
-    // Device-planned batches read where the host wrote them and copied up, both.
-    for mapped in [" mapped=0 ", " mapped=1 "] {
+    // Device-planned batches read where the host wrote them and copied up, both; ranked by a
+    // block per item and by a few blocks claiming the items, both.
+    for mapped in [" mapped=0 ", " mapped=1 ", " claimed=0 ", " claimed=1 "] {
         assert!(stdout.matches(mapped).count() >= 8, "{mapped}: {stdout}");
     }
     assert_eq!(

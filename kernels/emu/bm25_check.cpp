@@ -301,7 +301,7 @@ static int suite(std::mt19937_64& rng, bool with_static, bool split, u32 k, unsi
         (and_k ? bm25_topk_and : bm25_topk)(items.size(), nullptr, nullptr, order.data(), items.data(), q_off.data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
-                  piece_ord.data(), piece_score.data(), and_count.data(), nullptr);
+                  piece_ord.data(), piece_score.data(), and_count.data(), nullptr, nullptr);
     });
     if (!split_q.empty()) {
         // Fewer blocks than split queries in some suites: each block strides over them.
@@ -453,17 +453,22 @@ static int device_suite(std::mt19937_64& rng, bool with_static, u32 k, unsigned 
     std::vector<u32> piece_count(max_pieces + 1), piece_ord((max_pieces + 1) * (size_t)k);
     std::vector<double> piece_score((max_pieces + 1) * (size_t)k);
     const double* stat = c.stat.empty() ? nullptr : c.stat.data();
-    const u32 topk_grid = std::min(item_bound, n_items + 1 + (u32)(rng() % 40));
+    // A block per unit (an upper bound of blocks), or a few blocks claiming units from the
+    // counter (`claimed`, as the host launches it).
+    const bool claimed = rng() % 2 == 0;
+    const u32 topk_grid =
+        claimed ? 1 + (u32)(rng() % 4) : std::min(item_bound, n_items + 1 + (u32)(rng() % 40));
     launch(topk_grid, THREADS, [&] {
         (and_k ? bm25_topk_and : bm25_topk)(item_bound, &counters[C_ITEMS], &counters[C_SHORT], order.data(), items.data(), (mapped ? q_off_dev : q_off).data(), q_mode.data(), lists.data(),
                   post_ord.data(), post_imp.data(), stat, ord_doc.data(), k, out_count.data(),
                   out_doc.data(), out_score.data(), q_floor.data(), static_max, piece_count.data(),
-                  piece_ord.data(), piece_score.data(), and_count.data(), piece_done.data());
+                  piece_ord.data(), piece_score.data(), and_count.data(), piece_done.data(),
+                  claimed ? &counters[C_CLAIM] : nullptr);
     });
     // No `bm25_merge`: the block completing a split query merges it (`piece_done`).
     bad = wrong_answers(c, qs, want_mode, k, ord_doc, out_count, out_doc, out_score, bad);
-    std::printf("%sdevice plan: static=%d k=%u queries=%u mapped=%d floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
-                and_k ? "AND kernel: " : "", with_static, k, nq, mapped, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
+    std::printf("%sdevice plan: static=%d k=%u queries=%u mapped=%d claimed=%d floors=%d piece=%llu budget=%u items=%u short=%u splits=%u pieces=%u bad=%d\n",
+                and_k ? "AND kernel: " : "", with_static, k, nq, mapped, claimed, floors, piece, max_pieces, n_items, n_short, n_split, pieces, bad);
     return bad;
 }
 

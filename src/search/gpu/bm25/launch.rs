@@ -79,6 +79,8 @@ pub(super) fn launch(
         piece_done: 0,
         counters: 0,
         clock_host: 0,
+        claim: 0,
+        multiprocessors: 0,
     };
     // SAFETY: the part's input region holds n_items order entries and items (queries < gq,
     // piece slots < n_pieces, a piece's lead list among its query's lists and its part below
@@ -242,6 +244,11 @@ pub(super) struct RankArgs {
     /// and the end into. 0 and 0: timed by events instead.
     pub(super) counters: u64,
     pub(super) clock_host: u64,
+    /// A device-planned batch's counter of claimed work units (cleared, in its counters):
+    /// `bm25_topk` is launched on as many blocks as the device's `multiprocessors` hold at
+    /// once, each claiming units until none is left. 0: a block per item (`n_items` blocks).
+    pub(super) claim: u64,
+    pub(super) multiprocessors: u32,
 }
 
 /// Whether AND batches use `bm25_topk_and` (the knob `bm25_and_kernel`, default on).
@@ -282,9 +289,21 @@ pub(super) fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs
     } else {
         &f.topk
     };
+    // Resident blocks: the driver's occupancy of the kernel (4 a multiprocessor if it cannot
+    // say; more blocks only wait their turn and then find nothing to claim).
+    let grid = match a.claim {
+        0 => a.n_items,
+        _ => {
+            let per_sm = topk
+                .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+                .unwrap_or(4)
+                .max(1);
+            (per_sm * a.multiprocessors.max(1)).clamp(1, a.n_items.max(1))
+        }
+    };
     launches.push(Launch {
         f: topk.cu_function(),
-        grid: a.n_items,
+        grid,
         block: THREADS,
         args: vec![
             a.n_items.into(),
@@ -310,6 +329,7 @@ pub(super) fn rank_launches(f: &Kernels, c: &Ctx<'_>, lay: &Layout, a: &RankArgs
             p_pscore.into(),
             p_and.into(),
             a.piece_done.into(),
+            a.claim.into(),
         ],
     });
     if a.n_split > 0 && a.piece_done == 0 {

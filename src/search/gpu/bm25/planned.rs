@@ -194,19 +194,22 @@ pub(super) fn stage(
         *m = u8::from(u);
     }
     t.copy_ms += ms(t_copy);
-    // Piece slots: half the ranked queries under AND, four times them otherwise, at least
-    // 2,048, within PIECE_BYTES_MAX of answers. Every slot is a block of `bm25_topk`
-    // launched, most of them returning at once. A query that finds the slots taken is ranked
-    // whole, and the plan hands slots out first come, first served: on gcide 10,000 queries
-    // split 105 pieces under AND and 1,509 under OR at k 10, but on the 10x synthetic corpus
-    // OR used up half a slot a query, and 109 queries left whole made the batch's tail (99%
-    // of the blocks done at 4.9 ms, the last, one query of 9 lists, at 35.5 ms; H100 trace).
-    let per_8 =
-        crate::tuning::bm25_piece_slots().unwrap_or(if batch.mode == Mode::And { 4 } else { 32 });
-    pl.max_pieces = (ranked * per_8 / 8)
-        .max(2048)
-        .min(PIECE_BYTES_MAX / (k * 12))
-        .max(1);
+    // Piece slots: as many as every ranked query could use (its most pieces, min(CAP / k,
+    // 64)), within PIECE_BYTES_MAX of answers. A slot the plan leaves unused costs its
+    // answer's bytes on the device and nothing else: `bm25_topk`'s blocks claim the items the
+    // plan made (`claim`), none is launched per slot. The plan hands slots out first come,
+    // first served, and a query that finds them taken is ranked whole: with a budget short of
+    // the demand the queries planned last make the batch's tail (H100 host, the first 10,000
+    // terabyte05 queries OR k 10 on the 40x corpus with four slots a query: all 33,396 used,
+    // queries of 9-12 lists ranked whole by one block each, the longest 134 ms of a 135 ms
+    // span whose blocks were 13.8 s of work, 26 ms on the device's 528 resident blocks).
+    let most = (CAP / k.max(1)).min(MAX_PIECES);
+    pl.max_pieces = match crate::tuning::bm25_piece_slots() {
+        Some(per_8) => ranked * per_8 / 8,
+        None => ranked * most,
+    }
+    .min(PIECE_BYTES_MAX / (k * 12))
+    .max(1);
     pl.cap_items = gq + 2 * pl.max_pieces;
     pl.lists = 0;
     pl.floors = align(n_terms * 16);
@@ -504,6 +507,8 @@ pub(super) fn launch(
         piece_done: p_done,
         counters: p_counters,
         clock_host,
+        claim: p_counters + 4 * C_CLAIM as u64,
+        multiprocessors: g.info.multiprocessors,
     };
     // The ranking launches read the items, order, lists and floors that `bm25_plan` /
     // `bm25_order` write before them on the same stream: at most `item_bound` items
@@ -590,13 +595,15 @@ pub(super) fn settle(
     Ok(())
 }
 
-/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu) and `bm25_order` (C_SHORT);
-/// words 5 ..= 9 are the device's own (C_PACKED, C_CLOCK).
+/// `counters[]` of `bm25_plan` (C_ITEMS .. C_BAD in bm25.cu), `bm25_order` (C_SHORT) and
+/// `bm25_topk` (C_CLAIM); words 5 and 8 ..= 9 are the device's own (C_PACKED, C_CLOCK).
 const C_ITEMS: usize = 0;
 const C_PIECES: usize = 1;
 const C_SPLITS: usize = 2;
 const C_BAD: usize = 3;
 const C_SHORT: usize = 4;
+/// `bm25_topk`'s count of claimed work units (cleared with the others).
+const C_CLAIM: usize = 6;
 /// Words of counters (C_ITEMS ..= C_CLOCK + 1, rounded up), on the device and in the host's
 /// pinned copy; the copy's last 16 bytes are the batch's clock (`bm25_pack`: start and end
 /// on the device's global timer, ns).
