@@ -1490,10 +1490,23 @@ extern "C" __global__ void bm25_plan(
         }
         pieces = p < 1 ? 1u : (p > most ? most : (u32)p);
     }
+    // The query's slots, taken only when they all fit (a query refused takes none, so a
+    // smaller one planned later may still find room); no room: ranked whole.
     u32 base = 0;
     if (pieces > 1) {
-        base = atomicAdd(&counters[C_PIECES], pieces);
-        if (base + pieces > max_pieces) pieces = 1;  // no room left: ranked whole
+        u32 seen = *(volatile u32*)&counters[C_PIECES];
+        for (;;) {
+            if (seen + pieces > max_pieces) {
+                pieces = 1;
+                break;
+            }
+            const u32 was = atomicCAS(&counters[C_PIECES], seen, seen + pieces);
+            if (was == seen) {
+                base = seen;
+                break;
+            }
+            seen = was;
+        }
     }
     // Keys: work buckets from 1 (at most 252); 0 marks a short item (`and_short`), which
     // `bm25_order` puts last.
