@@ -77,26 +77,40 @@ fn same_rows(a: &Arc<dyn ExecutionPlan>, b: &Arc<dyn ExecutionPlan>, by_address:
     if regroups(a) && regroups(b) && a.name() == b.name() {
         return same_rows(a.children()[0], b.children()[0], by_address);
     }
-    let (Some(da), Some(db)) = (
-        a.downcast_ref::<DataSourceExec>(),
-        b.downcast_ref::<DataSourceExec>(),
-    ) else {
-        return false;
-    };
+    match sources(a, b) {
+        Some(Sources::Memory(ma, mb)) => same_batches(ma, mb, true),
+        Some(Sources::Files(fa, fb)) => same_files(fa, fb, true),
+        None => false,
+    }
+}
+
+/// Two scans' sources of one kind.
+enum Sources<'a> {
+    Memory(&'a MemorySourceConfig, &'a MemorySourceConfig),
+    Files(&'a FileScanConfig, &'a FileScanConfig),
+}
+
+/// The sources of `a` and `b` when both are scans of in-memory batches or both of files.
+fn sources<'a>(
+    a: &'a Arc<dyn ExecutionPlan>,
+    b: &'a Arc<dyn ExecutionPlan>,
+) -> Option<Sources<'a>> {
+    let (da, db) = (
+        a.downcast_ref::<DataSourceExec>()?,
+        b.downcast_ref::<DataSourceExec>()?,
+    );
     let (sa, sb) = (da.data_source(), db.data_source());
     if let (Some(ma), Some(mb)) = (
         sa.downcast_ref::<MemorySourceConfig>(),
         sb.downcast_ref::<MemorySourceConfig>(),
     ) {
-        return same_batches(ma, mb, true);
+        return Some(Sources::Memory(ma, mb));
     }
-    if let (Some(fa), Some(fb)) = (
-        sa.downcast_ref::<FileScanConfig>(),
-        sb.downcast_ref::<FileScanConfig>(),
-    ) {
-        return same_files(fa, fb, true);
-    }
-    false
+    let (fa, fb) = (
+        sa.downcast_ref::<FileScanConfig>()?,
+        sb.downcast_ref::<FileScanConfig>()?,
+    );
+    Some(Sources::Files(fa, fb))
 }
 
 /// The inputs of two plan nodes.
@@ -156,31 +170,19 @@ pub fn same_partition(
     if let Some(inputs) = same_row_map(a, b) {
         return inputs.is_some_and(|(ia, ib)| same_partition(ia, pa, ib, pb));
     }
-    let (Some(da), Some(db)) = (
-        a.downcast_ref::<DataSourceExec>(),
-        b.downcast_ref::<DataSourceExec>(),
-    ) else {
-        return false;
-    };
-    let (sa, sb) = (da.data_source(), db.data_source());
-    if let (Some(ma), Some(mb)) = (
-        sa.downcast_ref::<MemorySourceConfig>(),
-        sb.downcast_ref::<MemorySourceConfig>(),
-    ) {
-        return ma.fetch().is_none()
-            && mb.fetch().is_none()
-            && ma.projection() == mb.projection()
-            && ma
-                .partitions()
-                .get(pa)
-                .zip(mb.partitions().get(pb))
-                .is_some_and(|(xa, xb)| same_batch_list(xa, xb));
-    }
-    let (Some(fa), Some(fb)) = (
-        sa.downcast_ref::<FileScanConfig>(),
-        sb.downcast_ref::<FileScanConfig>(),
-    ) else {
-        return false;
+    let (fa, fb) = match sources(a, b) {
+        Some(Sources::Memory(ma, mb)) => {
+            return ma.fetch().is_none()
+                && mb.fetch().is_none()
+                && ma.projection() == mb.projection()
+                && ma
+                    .partitions()
+                    .get(pa)
+                    .zip(mb.partitions().get(pb))
+                    .is_some_and(|(xa, xb)| same_batch_list(xa, xb));
+        }
+        Some(Sources::Files(fa, fb)) => (fa, fb),
+        None => return false,
     };
     // A file of a partition may be read by another one (work stealing) unless one of these
     // holds (`FileScanConfig::create_sibling_state`).
