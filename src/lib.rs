@@ -121,7 +121,7 @@ pub mod gpu {
 /// run, without SQL).
 pub mod bm25 {
     pub use crate::search::index::{IndexBuilder, IndexedDoc, InvertedIndex};
-    pub use crate::search::loaded::index_loads;
+    pub use crate::search::loaded::{index_loads, kept_shard_partitions};
     pub use crate::search::queries::{Queries, QueryTerms};
     pub use crate::search::rank::{RankStats, Ranked, rank_terms};
     pub use crate::search::scoring::{Bm25Params, Scored};

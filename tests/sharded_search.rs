@@ -22,7 +22,7 @@ use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use datafusion_sets::bm25::index_loads;
+use datafusion_sets::bm25::{index_loads, kept_shard_partitions};
 
 async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<RecordBatch>> {
     ctx.sql(sql).await?.collect().await
@@ -237,5 +237,21 @@ async fn hive_partitioned_shards_search_without_an_exchange() -> Result<()> {
     // The values (the headers name the tables, so the padding differs).
     let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
     assert_eq!(cells(&got[3]), cells(&expected[3]));
+
+    // Dropping a table releases the shards kept from it: its files, or (a copy in memory,
+    // shuffled by shard at every query) its batches.
+    run(&ctx, "SET sets.topk_bm25_distribution = 'shards'").await?;
+    run(&ctx, "CREATE TABLE idx_mem AS SELECT * FROM idx_sh").await?;
+    let search = |table: &str| format!("SELECT * FROM topk_bm25('{table}', '{text}', 10)");
+    run(&ctx, &search("idx_mem")).await?;
+    let with_both = kept_shard_partitions();
+    run(&ctx, "DROP TABLE idx_sh").await?;
+    let with_memory = kept_shard_partitions();
+    assert!(
+        with_memory > 0 && with_memory < with_both,
+        "{with_both} then {with_memory}"
+    );
+    run(&ctx, "DROP TABLE idx_mem").await?;
+    assert_eq!(kept_shard_partitions(), 0);
     Ok(())
 }

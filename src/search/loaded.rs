@@ -23,8 +23,12 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use datafusion::arrow::array::{ArrayData, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::{Session, TableProvider};
+use datafusion::catalog::{MemTable, Session, TableProvider};
 use datafusion::common::Result;
+use datafusion::datasource::listing::ListingTable;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -202,10 +206,77 @@ fn sweep(cache: &mut Vec<Entry>, table: Option<*const ()>) -> Vec<Entry> {
 }
 
 /// Release what `table` (a provider the catalog has just dropped or replaced) holds in the
-/// cache. The entries are freed after the lock is released.
+/// cache, and the shard partitions kept from its data. The entries are freed after the lock
+/// is released.
 pub fn evict_table(table: &Arc<dyn TableProvider>) {
     let gone = sweep(&mut lock(&CACHE), Some(Arc::as_ptr(table) as *const ()));
     drop(gone);
+    evict_partitions(table);
+}
+
+/// Drop the kept shard partitions that read `table`'s data: a file under one of a listing
+/// table's paths, or one of a memory table's batches. (A partition kept for another table
+/// over the same files goes too, and is loaded again by its next query.)
+fn evict_partitions(table: &Arc<dyn TableProvider>) {
+    let reads: Box<dyn Fn(&DataSourceExec) -> bool> =
+        if let Some(listing) = table.downcast_ref::<ListingTable>() {
+            let urls = listing.table_paths().clone();
+            Box::new(move |scan: &DataSourceExec| {
+                let Some(files) = scan.data_source().downcast_ref::<FileScanConfig>() else {
+                    return false;
+                };
+                urls.iter().any(|url| {
+                    url.object_store() == files.object_store_url
+                        && files.file_groups.iter().any(|g| {
+                            g.iter()
+                                .any(|f| url.contains(&f.object_meta.location, false))
+                        })
+                })
+            })
+        } else if let Some(memory) = table.downcast_ref::<MemTable>() {
+            // A table being written holds its lock: its batches are new, none kept yet.
+            let held: Vec<ArrayData> = memory
+                .batches
+                .iter()
+                .filter_map(|p| p.try_read().ok().map(|b| b.clone()))
+                .flatten()
+                .flat_map(|b| b.columns().iter().map(|c| c.to_data()).collect::<Vec<_>>())
+                .collect();
+            Box::new(move |scan: &DataSourceExec| {
+                let Some(batches) = scan.data_source().downcast_ref::<MemorySourceConfig>() else {
+                    return false;
+                };
+                batches.partitions().iter().flatten().any(|b| {
+                    b.columns()
+                        .iter()
+                        .any(|c| held.iter().any(|h| h.ptr_eq(&c.to_data())))
+                })
+            })
+        } else {
+            return;
+        };
+    let gone: Vec<PartitionEntry> = {
+        let mut cache = lock(&PARTITIONS);
+        let (gone, kept) = std::mem::take(&mut *cache)
+            .into_iter()
+            .partition(|e| leaves(&e.scan).iter().any(|scan| reads(scan)));
+        *cache = kept;
+        gone
+    };
+    drop(gone);
+}
+
+/// The scans at the leaves of `plan`.
+fn leaves(plan: &Arc<dyn ExecutionPlan>) -> Vec<&DataSourceExec> {
+    match plan.children().as_slice() {
+        [] => plan.downcast_ref::<DataSourceExec>().into_iter().collect(),
+        children => children.iter().flat_map(|c| leaves(c)).collect(),
+    }
+}
+
+/// Shard partitions kept loaded in this process (diagnostics and tests).
+pub fn kept_shard_partitions() -> usize {
+    lock(&PARTITIONS).len()
 }
 
 /// An index table's scan, planned (the table resolved in the catalog), not yet read.
