@@ -33,6 +33,7 @@ use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::crew::{Crew, lock};
 use super::filter::{Collections, FastMap, Index, Posting, reserve};
+use super::route::in_own_bucket;
 use super::threshold::Threshold;
 use crate::backend::cpu::SetElem;
 use crate::intersect::lists::IntLists;
@@ -41,6 +42,18 @@ use crate::intersect::similarity::set_of;
 
 /// Rows per piece of step 1 (the unit of parallel work).
 const PIECE_ROWS: usize = 4096;
+
+/// How step 2 orders the tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenOrder {
+    /// By increasing frequency over both inputs, ties by value.
+    Frequency,
+    /// By value: the sets of a prefix-partitioned partition, whose tokens (`UInt64`, written
+    /// `rank * buckets + bucket` by the router) are already in the global order. The probe
+    /// then starts candidates only at tokens of their copy's own bucket
+    /// ([`Collections::filter`], `super::route`'s module docs).
+    Routed { buckets: u32 },
+}
 
 /// The sets of some consecutive rows of one side before reordering: values of every set
 /// back to back.
@@ -209,6 +222,16 @@ impl Slots {
     }
 }
 
+/// What every step of the build reads: the token order, the threshold, the reservation, the
+/// threads and the crew that runs them.
+type BuildArgs<'a> = (
+    TokenOrder,
+    &'a Threshold,
+    &'a MemoryReservation,
+    usize,
+    &'a Crew,
+);
+
 impl Collections {
     /// Build from each side's token columns (batches of one list type of integers, after
     /// coercion) on up to `threads` cores. `self_join`: one side, one index. Rows are
@@ -219,6 +242,7 @@ impl Collections {
     pub fn build(
         sides: &[Vec<ArrayRef>],
         prepared: Vec<Option<Vec<Prepared>>>,
+        order: TokenOrder,
         threshold: &Threshold,
         reservation: &MemoryReservation,
         threads: usize,
@@ -233,12 +257,21 @@ impl Collections {
         if !matches {
             return internal_err!("SimilarityJoinExec: prepared batches differ from the batches");
         }
-        Self::build_from(sides, prepared, threshold, reservation, threads, crew)
+        Self::build_from(
+            sides,
+            prepared,
+            order,
+            threshold,
+            reservation,
+            threads,
+            crew,
+        )
     }
 
     fn build_from(
         sides: &[Vec<ArrayRef>],
         prepared: Vec<Option<Vec<Prepared>>>,
+        order: TokenOrder,
         threshold: &Threshold,
         reservation: &MemoryReservation,
         threads: usize,
@@ -266,16 +299,20 @@ impl Collections {
             // Lists of NULL elements only: every set is empty.
             return Ok(Self::empty(sides.len()));
         }
+        if matches!(order, TokenOrder::Routed { .. }) && element != DataType::UInt64 {
+            return internal_err!("SimilarityJoinExec: routed tokens are {element}, not UInt64");
+        }
         let large = matches!(
             list_type,
             datafusion::arrow::datatypes::DataType::LargeList(_)
         );
         let threads = threads.max(1);
+        let args = (order, threshold, reservation, threads, crew);
         dispatch_integer!(element, P => {
             if large {
-                Self::build_typed::<i64, P>(sides, prepared, threshold, reservation, threads, crew)
+                Self::build_typed::<i64, P>(sides, prepared, args)
             } else {
-                Self::build_typed::<i32, P>(sides, prepared, threshold, reservation, threads, crew)
+                Self::build_typed::<i32, P>(sides, prepared, args)
             }
         }, _ => internal_err!("SimilarityJoinExec: token elements are {element}, not integers"))
     }
@@ -287,6 +324,7 @@ impl Collections {
             sizes: Vec::new(),
             sides: Vec::new(),
             rows: Vec::new(),
+            home: Vec::new(),
             indexes: (0..sides)
                 .map(|_| Index {
                     offsets: vec![0],
@@ -300,10 +338,7 @@ impl Collections {
     fn build_typed<O: OffsetSizeTrait, P: ArrowPrimitiveType>(
         sides: &[Vec<ArrayRef>],
         prepared: Vec<Option<Vec<Prepared>>>,
-        threshold: &Threshold,
-        reservation: &MemoryReservation,
-        threads: usize,
-        crew: &Crew,
+        (order, threshold, reservation, threads, crew): BuildArgs<'_>,
     ) -> Result<Self>
     where
         P::Native: SetElem,
@@ -369,9 +404,11 @@ impl Collections {
             raw.push(pieces);
         }
 
-        // 2. Ranks by increasing frequency (ties by value).
+        // 2. Ranks by increasing frequency (ties by value), or by value for routed sets.
         let t1 = std::time::Instant::now();
-        let rank = Ranks::new(&raw, reservation, threads, crew)?;
+        let mut rank = Ranks::new(&raw, order, reservation, threads, crew)?;
+        let home = std::mem::take(&mut rank.home);
+        reserve(reservation, home.len(), "the routed tokens' buckets")?;
         let t2 = std::time::Instant::now();
         let distinct = rank.distinct;
 
@@ -579,6 +616,7 @@ impl Collections {
             sizes,
             sides: side_of,
             rows,
+            home,
             indexes,
         })
     }
@@ -718,11 +756,15 @@ struct Ranks<T> {
     dense: Vec<u32>,
     map: FastMap<T, u32>,
     distinct: usize,
+    /// [`TokenOrder::Routed`]: whether the value of each rank lies in its copy's own bucket
+    /// (empty for [`TokenOrder::Frequency`]).
+    home: Vec<bool>,
 }
 
 impl<T: SetElem> Ranks<T> {
     fn new(
         raw: &[Vec<RawPiece<T>>],
+        order: TokenOrder,
         reservation: &MemoryReservation,
         threads: usize,
         crew: &Crew,
@@ -801,12 +843,24 @@ impl<T: SetElem> Ranks<T> {
                 }
                 h
             };
+            // Routed: every occurring value counted once, so the ranks follow the values.
+            let home = match order {
+                TokenOrder::Frequency => Vec::new(),
+                TokenOrder::Routed { buckets } => (dense.iter_mut().enumerate())
+                    .filter(|(_, f)| **f > 0)
+                    .map(|(k, f)| {
+                        *f = 1;
+                        in_own_bucket(lo + k as u64, buckets)
+                    })
+                    .collect(),
+            };
             let distinct = rank_by_frequency(&mut dense, reservation)?;
             return Ok(Self {
                 base: lo,
                 dense,
                 map: FastMap::default(),
                 distinct,
+                home,
             });
         }
         let mut freq: FastMap<T, u32> = FastMap::default();
@@ -821,16 +875,30 @@ impl<T: SetElem> Ranks<T> {
             distinct * 3 * (size_of::<T>() + 8),
             "the token frequencies",
         )?;
-        let mut order: Vec<(u32, T)> = freq.iter().map(|(&v, &f)| (f, v)).collect();
-        order.sort_unstable();
-        for (rank, (_, v)) in order.iter().enumerate() {
+        let routed = match order {
+            TokenOrder::Frequency => None,
+            TokenOrder::Routed { buckets } => Some(buckets),
+        };
+        // Routed: by value alone.
+        let mut sorted: Vec<(u32, T)> = (freq.iter())
+            .map(|(&v, &f)| (if routed.is_some() { 0 } else { f }, v))
+            .collect();
+        sorted.sort_unstable();
+        for (rank, (_, v)) in sorted.iter().enumerate() {
             freq.insert(*v, rank as u32);
         }
+        let home = match routed {
+            None => Vec::new(),
+            Some(buckets) => (sorted.iter())
+                .map(|(_, v)| in_own_bucket(v.order_bits(), buckets))
+                .collect(),
+        };
         Ok(Self {
             base: 0,
             dense: Vec::new(),
             map: freq,
             distinct,
+            home,
         })
     }
 
@@ -929,6 +997,7 @@ mod tests {
                         let built = Collections::build(
                             &sides,
                             prepared,
+                            TokenOrder::Frequency,
                             &threshold,
                             &reservation,
                             threads,

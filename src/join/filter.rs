@@ -17,7 +17,8 @@
 //! stream probes sets in increasing size). Survivors ([`Candidate`]s) are verified by a merge
 //! that resumes after the last token the prefixes share (every common token before it has
 //! been counted, see [`Candidate`]) and stops as soon as the required overlap can no longer
-//! be reached ([`verify`]).
+//! be reached ([`verify`]). Sets routed by prefix bucket (`super::route`) are probed from
+//! their own bucket's tokens only, a candidate counted from the first token it is met at.
 
 use std::collections::HashMap;
 
@@ -95,6 +96,9 @@ pub(crate) struct Collections {
     pub(super) sides: Vec<u8>,
     /// Row of set `p` in its side's input (batches concatenated).
     pub(super) rows: Vec<u32>,
+    /// Sets routed by prefix bucket (`super::build::TokenOrder::Routed`): whether each token
+    /// is of its copy's own bucket. Empty otherwise.
+    pub(super) home: Vec<bool>,
     /// One index per side (one in all for a self-join).
     pub(super) indexes: Vec<Index>,
 }
@@ -282,7 +286,17 @@ impl Collections {
             candidates,
             ..
         } = scratch;
+        // Routed sets: a pair is this partition's only if its smallest common token (the
+        // first the probe meets it at) is of the copy's own bucket, so the probe meets sets
+        // only at such tokens and starts a candidate at the first of them. Nothing before it is
+        // common when the pair is owned (one that shares an earlier token is not, and the
+        // pair rule drops it after verification), so it counts one common token and later
+        // tokens are left to the verification.
+        let routed = !self.home.is_empty();
         for (i, &w) in x[..probe_len].iter().enumerate() {
+            if routed && !self.home.get(w as usize).copied().unwrap_or(false) {
+                continue;
+            }
             let Some(list) = index.offsets.get(w as usize + 1).map(|_| index.list(w)) else {
                 continue;
             };
@@ -294,7 +308,7 @@ impl Collections {
                     break;
                 }
                 let st = state[q];
-                if st < 0 {
+                if st < 0 || (routed && st > 0) {
                     continue;
                 }
                 let m = u64::from(e.size);

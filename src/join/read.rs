@@ -18,7 +18,7 @@ use datafusion::physical_plan::metrics::Time;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::StreamExt;
 
-use super::build::{Prepared, prepare};
+use super::build::{Prepared, TokenOrder, prepare};
 use super::crew::{Crew, lock};
 use super::exec::{Built, IdOrder, JoinInput};
 use super::filter::{Collections, reserve};
@@ -325,9 +325,14 @@ impl Shared {
         }
         let _timer = self.build_time.timer();
         let gathered = std::time::Instant::now();
+        let order = match self.rule {
+            Some(PairRuleKind::Owner { buckets }) => TokenOrder::Routed { buckets },
+            _ => TokenOrder::Frequency,
+        };
         let collections = Collections::build(
             &tokens,
             prepared,
+            order,
             &self.threshold,
             &self.reservation,
             self.threads,

@@ -26,7 +26,11 @@
 //!    engine. A pair that passes shares a prefix rank, so both sets have a copy in the bucket
 //!    of their smallest common rank `t`, which the hash repartition sends to one partition; it
 //!    may also meet in other buckets (other common prefix ranks). It is kept only in bucket
-//!    `t mod B` (`Owner`), so every pair comes out exactly once.
+//!    `t mod B` (`Owner`), so every pair comes out exactly once. The partition's build keeps
+//!    the routed order ([`super::build::TokenOrder::Routed`]), so `t` is the first token the
+//!    probe meets the pair at, and the probe walks only its copy's own-bucket prefix tokens:
+//!    the other buckets' pairs are mostly never met, and the candidates of all buckets
+//!    together are about those of one build.
 //!
 //! Any total order makes this exact; the frequency order keeps prefixes, and so copies and
 //! candidates, few.
@@ -749,6 +753,14 @@ pub fn replicated(join: &SimilarityJoinExec) -> Result<SimilarityJoinExec> {
     )
 }
 
+/// Whether routed token `token` (`rank * buckets + bucket`) is of its copy's own bucket: its
+/// rank belongs to the bucket the copy was sent to (`rank mod buckets == bucket`).
+#[inline]
+pub(crate) fn in_own_bucket(token: u64, buckets: u32) -> bool {
+    let b = u64::from(buckets.max(1));
+    (token / b) % b == token % b
+}
+
 /// Which bucket owns a pair of routed sets (see the module docs): their tokens are
 /// `rank * buckets + bucket`, sorted, with the same bucket; the pair belongs to the bucket of
 /// its smallest common rank, which lies in both probe prefixes when the pair passes.
@@ -805,10 +817,7 @@ impl Owner {
             match x[i].cmp(&y[j]) {
                 std::cmp::Ordering::Less => i += 1,
                 std::cmp::Ordering::Greater => j += 1,
-                std::cmp::Ordering::Equal => {
-                    let (rank, bucket) = (x[i] / self.buckets, x[i] % self.buckets);
-                    return rank % self.buckets == bucket;
-                }
+                std::cmp::Ordering::Equal => return in_own_bucket(x[i], self.buckets as u32),
             }
         }
         false
@@ -943,5 +952,158 @@ mod tests {
         let owner = Owner::try_new(out.column(2), out.column(2), threshold, 2).unwrap();
         assert!(!owner.owns(0, 2));
         assert!(owner.owns(1, 3));
+    }
+
+    /// The prefix-partitioned join by hand on random sets: routed to `buckets` buckets, each
+    /// bucket built in the routed order and probed from its own-bucket tokens only, the pairs
+    /// its bucket owns kept. Every pair that passes comes out exactly once, with its overlap,
+    /// as a nested loop finds them (thresholds reached exactly by many pairs included).
+    #[test]
+    fn routed_buckets_find_every_pair_once() {
+        use crate::backend::cpu::{BoundedKernel, CpuKernelChoice};
+        use crate::join::build::TokenOrder;
+        use crate::join::crew::Crew;
+        use crate::join::filter::{Collections, Scratch, verify_candidate};
+        use datafusion::arrow::array::BooleanArray;
+        use datafusion::arrow::compute::filter_record_batch;
+        use datafusion::arrow::datatypes::{Int32Type, UInt32Type};
+        use std::collections::BTreeMap;
+
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        // Skewed token values (small ones frequent), repeated elements, and copies and
+        // near-copies of earlier sets so that many pairs pass, some exactly at the threshold.
+        let mut sets: Vec<Vec<i32>> = Vec::new();
+        for i in 0..600 {
+            let set = if i > 0 && next(4) == 0 {
+                let mut s = sets[next(i as u64) as usize].clone();
+                if next(2) == 0 {
+                    s.push((next(60) * next(60) / 60) as i32);
+                }
+                s
+            } else {
+                (0..1 + next(14))
+                    .map(|_| (next(60) * next(60) / 60) as i32)
+                    .collect()
+            };
+            sets.push(set);
+        }
+        let distinct = |s: &[i32]| {
+            let mut d = s.to_vec();
+            d.sort_unstable();
+            d.dedup();
+            d
+        };
+        let mut counts: BTreeMap<i32, i64> = BTreeMap::new();
+        for s in &sets {
+            for v in distinct(s) {
+                *counts.entry(v).or_default() += 1;
+            }
+        }
+        let ranks = ranks_of(
+            Arc::new(Int32Array::from(counts.keys().copied().collect::<Vec<_>>())),
+            counts.values().copied().collect(),
+        );
+        let lists = ListArray::from_iter_primitive::<Int32Type, _, _>(
+            sets.iter()
+                .map(|s| Some(s.iter().map(|&v| Some(v)).collect::<Vec<_>>())),
+        );
+        let input_schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("t", lists.data_type().clone(), true),
+        ]));
+        let ids: Vec<i32> = (0..sets.len() as i32).collect();
+        let batch = RecordBatch::try_new(
+            input_schema,
+            vec![Arc::new(Int32Array::from(ids)), Arc::new(lists)],
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new(BUCKET_COLUMN, DataType::UInt32, false),
+            Field::new(
+                TOKENS_COLUMN,
+                DataType::List(Arc::new(Field::new_list_field(DataType::UInt64, false))),
+                false,
+            ),
+        ]));
+        let kernel = BoundedKernel::resolve(CpuKernelChoice::Auto);
+        let pool = Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default())
+            as Arc<dyn datafusion::execution::memory_pool::MemoryPool>;
+        for (t, buckets) in [(0.5, 1u32), (0.5, 3), (0.6, 4), (0.75, 7), (0.34, 2)] {
+            let threshold = Threshold::try_new(Measure::Jaccard, t, Comparison::GtEq, "t").unwrap();
+            let mut want = BTreeMap::new();
+            for i in 0..sets.len() {
+                for j in i + 1..sets.len() {
+                    let (x, y) = (distinct(&sets[i]), distinct(&sets[j]));
+                    let o = x.iter().filter(|v| y.binary_search(v).is_ok()).count();
+                    if o as f64 / (x.len() + y.len() - o) as f64 >= t {
+                        want.insert((i as i32, j as i32), o as u64);
+                    }
+                }
+            }
+            let routing = Routing {
+                keep: vec![0],
+                tokens: 1,
+                list_type: DataType::LargeList(Arc::new(Field::new_list_field(
+                    DataType::Int32,
+                    true,
+                ))),
+                threshold,
+                buckets,
+                schema: Arc::clone(&schema),
+            };
+            let routed = route(&batch, &ranks, &routing).unwrap();
+            let mut got = BTreeMap::new();
+            let mut candidates = 0;
+            for b in 0..buckets {
+                let of_bucket = routed.column(1).as_primitive::<UInt32Type>();
+                let keep: BooleanArray = of_bucket.iter().map(|x| Some(x == Some(b))).collect();
+                let part = filter_record_batch(&routed, &keep).unwrap();
+                let tokens = Arc::clone(part.column(2));
+                let reservation = MemoryConsumer::new("t").register(&pool);
+                let crew = Crew::new(1);
+                let coll = Collections::build(
+                    &[vec![Arc::clone(&tokens)]],
+                    vec![None],
+                    TokenOrder::Routed { buckets },
+                    &threshold,
+                    &reservation,
+                    1,
+                    &crew,
+                )
+                .unwrap();
+                crew.finish_build();
+                let owner = Owner::try_new(&tokens, &tokens, threshold, buckets).unwrap();
+                let part_ids = part.column(0).as_primitive::<Int32Type>();
+                let mut scratch = Scratch::new(coll.len());
+                for p in 0..coll.len() {
+                    coll.filter(p, &threshold, &mut scratch);
+                    candidates += scratch.candidates.len();
+                    for c in scratch.candidates.clone() {
+                        let (x, y) = (coll.set(p), coll.set(c.set as usize));
+                        let Some(o) = verify_candidate::<true>(kernel, x, y, &c) else {
+                            continue;
+                        };
+                        let (l, r) = (coll.row(p), coll.row(c.set as usize));
+                        if owner.owns(l, r) {
+                            let (a, b) = (part_ids.value(l as usize), part_ids.value(r as usize));
+                            let pair = (a.min(b), a.max(b));
+                            assert!(got.insert(pair, o).is_none(), "{pair:?} twice");
+                        }
+                    }
+                }
+            }
+            assert!(want.len() > 100, "{t}: only {} pairs", want.len());
+            assert_eq!(
+                got, want,
+                "J >= {t}, {buckets} buckets, {candidates} candidates"
+            );
+        }
     }
 }
