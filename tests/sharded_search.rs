@@ -238,11 +238,41 @@ async fn hive_partitioned_shards_search_without_an_exchange() -> Result<()> {
     let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
     assert_eq!(cells(&got[3]), cells(&expected[3]));
 
+    // A shard file rewritten in place (here: only its modification time) is read again, and
+    // the partition kept from its old version is released, not left to age out.
+    run(&ctx, "SET sets.topk_bm25_distribution = 'shards'").await?;
+    let search = |table: &str| format!("SELECT * FROM topk_bm25('{table}', '{text}', 10)");
+    let before = lines(&run(&ctx, &search("idx_sh")).await?);
+    let (kept, loads) = (kept_shard_partitions(), index_loads());
+    let shard = std::fs::read_dir(out)
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .find(|f| f.extension().is_some_and(|e| e == "parquet"))
+        .expect("a shard file");
+    let file = std::fs::File::options().write(true).open(&shard).unwrap();
+    file.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(3600))
+        .unwrap();
+    drop(file);
+    // DataFusion keeps a table's file listing (with no expiry by default): cleared here, as
+    // its expiry (`datafusion.runtime.list_files_cache_ttl`) would.
+    if let Some(listed) = ctx.runtime_env().cache_manager.get_list_files_cache() {
+        listed.clear();
+    }
+    assert_eq!(lines(&run(&ctx, &search("idx_sh")).await?), before);
+    assert!(
+        index_loads() > loads,
+        "the rewritten shard was not read again"
+    );
+    assert_eq!(
+        kept_shard_partitions(),
+        kept,
+        "the old version's partition stayed kept"
+    );
+
     // Dropping a table releases the shards kept from it: its files, or (a copy in memory,
     // shuffled by shard at every query) its batches.
-    run(&ctx, "SET sets.topk_bm25_distribution = 'shards'").await?;
     run(&ctx, "CREATE TABLE idx_mem AS SELECT * FROM idx_sh").await?;
-    let search = |table: &str| format!("SELECT * FROM topk_bm25('{table}', '{text}', 10)");
     run(&ctx, &search("idx_mem")).await?;
     let with_both = kept_shard_partitions();
     run(&ctx, "DROP TABLE idx_sh").await?;

@@ -5,6 +5,7 @@
 //! use (location, size, modification time, e-tag, version). Holding a plan keeps its batches
 //! alive, so a later plan can never show a reused address as the same data.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
@@ -12,6 +13,8 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig, FileSource, ParquetSource};
 use datafusion::datasource::source::{DataSource, DataSourceExec};
+use datafusion::object_store::ObjectMeta;
+use datafusion::object_store::path::Path;
 use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -193,6 +196,56 @@ pub fn same_partition(
         return false;
     };
     own(fa) && own(fb) && same_group(ga, gb) && same_scan(fa, fb, true)
+}
+
+/// Whether `old` (with `partition`: only that partition of a scan that reads its own file
+/// group, as [`same_partition`] judges it) reads a file that `new` reads too (the same
+/// location in the same object store) in another version (size, modification time, e-tag or
+/// version): the file has been rewritten between the two plans, so nothing kept from `old`'s
+/// read of it can be found again.
+pub fn reads_replaced_file(
+    old: &Arc<dyn ExecutionPlan>,
+    partition: Option<usize>,
+    new: &Arc<dyn ExecutionPlan>,
+) -> bool {
+    fn files<'a>(
+        plan: &'a Arc<dyn ExecutionPlan>,
+        partition: Option<usize>,
+        out: &mut Vec<(&'a str, &'a ObjectMeta)>,
+    ) {
+        let children = plan.children();
+        if children.is_empty() {
+            let scan = plan.downcast_ref::<DataSourceExec>();
+            if let Some(config) =
+                scan.and_then(|d| d.data_source().downcast_ref::<FileScanConfig>())
+            {
+                let store = config.object_store_url.as_str();
+                let groups = match partition {
+                    Some(p) => config.file_groups.get(p..=p).unwrap_or_default(),
+                    None => &config.file_groups,
+                };
+                out.extend(
+                    (groups.iter())
+                        .flat_map(|g| g.iter())
+                        .map(|f| (store, &f.object_meta)),
+                );
+            }
+        }
+        for child in children {
+            files(child, partition, out);
+        }
+    }
+    let (mut was, mut now) = (Vec::new(), Vec::new());
+    files(old, partition, &mut was);
+    files(new, None, &mut now);
+    let now: HashMap<(&str, &Path), &ObjectMeta> = now
+        .into_iter()
+        .map(|(store, meta)| ((store, &meta.location), meta))
+        .collect();
+    was.into_iter().any(|(store, meta)| {
+        now.get(&(store, &meta.location))
+            .is_some_and(|current| *current != meta)
+    })
 }
 
 /// Whether executing `plan` twice gives the same rows: no node below it holds a volatile
@@ -407,5 +460,62 @@ mod tests {
             "a copy"
         );
         assert!(!same_partition(&a, 2, &b, 0));
+    }
+
+    #[test]
+    fn a_file_read_in_another_version_is_replaced() {
+        // `files` sizes every file 100 bytes; the same names at another size are the files
+        // rewritten.
+        let resized = |groups: &[&[&str]], size: u64| {
+            let groups = (groups.iter())
+                .map(|g| {
+                    FileGroup::new(
+                        (g.iter())
+                            .map(|name| PartitionedFile::new(format!("shards/{name}"), size))
+                            .collect(),
+                    )
+                })
+                .collect::<Vec<_>>();
+            let config = FileScanConfigBuilder::new(
+                ObjectStoreUrl::local_filesystem(),
+                Arc::new(ParquetSource::new(schema())),
+            )
+            .with_file_groups(groups)
+            .build();
+            DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>
+        };
+        let old = files(&[&["a"], &["b"]], true);
+        assert!(!reads_replaced_file(&old, None, &old), "the same version");
+        assert!(!reads_replaced_file(&old, None, &resized(&[&["a"]], 100)));
+        assert!(reads_replaced_file(&old, None, &resized(&[&["b"]], 101)));
+        assert!(reads_replaced_file(
+            &old,
+            None,
+            &resized(&[&["c"], &["a"]], 7)
+        ));
+        assert!(
+            !reads_replaced_file(&old, None, &resized(&[&["c"]], 7)),
+            "other files"
+        );
+        // Below a filter too, and never for batches in memory.
+        let filtered = Arc::new(FilterExec::try_new(lit(true), resized(&[&["a", "b"]], 5)).unwrap())
+            as Arc<dyn ExecutionPlan>;
+        assert!(reads_replaced_file(&old, None, &filtered));
+        let memory = MemorySourceConfig::try_new_exec(&[vec![batch(1)]], schema(), None).unwrap()
+            as Arc<dyn ExecutionPlan>;
+        assert!(!reads_replaced_file(&old, None, &memory));
+        // One partition of its own group: only that group's files count.
+        assert!(reads_replaced_file(&old, Some(1), &resized(&[&["b"]], 101)));
+        assert!(!reads_replaced_file(
+            &old,
+            Some(0),
+            &resized(&[&["b"]], 101)
+        ));
+        assert!(!reads_replaced_file(
+            &old,
+            Some(2),
+            &resized(&[&["b"]], 101)
+        ));
+        assert!(!reads_replaced_file(&memory, None, &old));
     }
 }

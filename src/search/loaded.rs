@@ -38,7 +38,9 @@ use futures::StreamExt;
 use super::index::InvertedIndex;
 use super::scoring::{Bm25Params, Scored};
 use crate::catalog::resolve_table_async;
-use crate::io::same_data::{has_identity, only_memory, same_partition, same_version};
+use crate::io::same_data::{
+    has_identity, only_memory, reads_replaced_file, same_partition, same_version,
+};
 
 /// Parameter sets whose impacts an index keeps (most recently used first).
 pub const SCORED_KEPT: usize = 2;
@@ -559,11 +561,23 @@ pub async fn load_partition(
         true => None,
         false => Some(Arc::new(build(ctx, rows, who, name)?)),
     };
+    let mut cache = lock(&PARTITIONS);
+    // Entries that read an older version of a file this read saw (rewritten in place since)
+    // can never be found again: they go now rather than when newer ones push them out.
+    let (mut gone, current): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut *cache).into_iter().partition(|e| {
+            // A partition kept by its own files: those files only.
+            let own = same_partition(&e.scan, e.partition, &e.scan, e.partition);
+            reads_replaced_file(&e.scan, own.then_some(e.partition), input)
+        });
+    *cache = current;
     if kept {
-        let mut cache = lock(&PARTITIONS);
         if let Some(i) = found(&cache) {
             // Loaded meanwhile by another query: keep one copy.
-            return Ok((cache[i].loaded.clone(), false));
+            let loaded = cache[i].loaded.clone();
+            drop(cache);
+            drop(gone);
+            return Ok((loaded, false));
         }
         cache.insert(
             0,
@@ -574,10 +588,11 @@ pub async fn load_partition(
             },
         );
         let keep = cache.len().min(SHARDS_KEPT);
-        let gone = cache.split_off(keep);
-        drop(cache);
-        drop(gone);
+        gone.extend(cache.split_off(keep));
     }
+    // The entries are freed after the lock is released.
+    drop(cache);
+    drop(gone);
     Ok((loaded, false))
 }
 
