@@ -880,6 +880,19 @@ mod tests {
         assert_eq!(strings.of(&probe).unwrap(), vec![Some(1), Some(0)]);
     }
 
+    /// The router's output for an `Int32` id column kept.
+    fn routed_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new(BUCKET_COLUMN, DataType::UInt32, false),
+            Field::new(
+                TOKENS_COLUMN,
+                DataType::List(Arc::new(Field::new_list_field(DataType::UInt64, false))),
+                false,
+            ),
+        ]))
+    }
+
     /// Routing by hand: each set once per distinct bucket of its prefix, tokens shifted into
     /// the bucket, NULL and empty lists dropped; and exactly one bucket owns a passing pair.
     #[test]
@@ -909,15 +922,7 @@ mod tests {
         )
         .unwrap();
         let list_type = DataType::LargeList(Arc::new(Field::new_list_field(DataType::Int32, true)));
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int32, false),
-            Field::new(BUCKET_COLUMN, DataType::UInt32, false),
-            Field::new(
-                TOKENS_COLUMN,
-                DataType::List(Arc::new(Field::new_list_field(DataType::UInt64, false))),
-                false,
-            ),
-        ]));
+        let schema = routed_schema();
         let routing = Routing {
             keep: vec![0],
             tokens: 1,
@@ -1023,15 +1028,7 @@ mod tests {
             vec![Arc::new(Int32Array::from(ids)), Arc::new(lists)],
         )
         .unwrap();
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int32, false),
-            Field::new(BUCKET_COLUMN, DataType::UInt32, false),
-            Field::new(
-                TOKENS_COLUMN,
-                DataType::List(Arc::new(Field::new_list_field(DataType::UInt64, false))),
-                false,
-            ),
-        ]));
+        let schema = routed_schema();
         let kernel = BoundedKernel::resolve(CpuKernelChoice::Auto);
         let pool = Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default())
             as Arc<dyn datafusion::execution::memory_pool::MemoryPool>;
