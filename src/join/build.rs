@@ -13,7 +13,8 @@
 //! 3. all sets of both sides are put in one global order by `(size, side, row)` (a counting
 //!    sort by size of sets listed in side and row order), each set's tokens renamed into its
 //!    slot of one buffer, in pieces of about equal token counts;
-//! 4. each side gets an inverted index over its sets' index prefixes, posting lists in
+//! 4. each side gets an inverted index over its sets' index prefixes (routed sets: their own
+//!    bucket's tokens of it only), posting lists in
 //!    global order: the sets are cut into contiguous ranges, one per thread; each range
 //!    counts its tokens, the counts give every (range, token) pair its first slot, and each
 //!    range then writes its postings there, so a list holds the ranges' postings in range
@@ -516,12 +517,25 @@ impl Collections {
                 }
             })
             .collect();
+        // Routed sets are probed from their own bucket's tokens only (`Collections::filter`):
+        // only those are indexed.
+        let routed = !home.is_empty();
+        let indexed = |w: u32| !routed || home[w as usize];
+        let tokens_of = |p: u32| {
+            let from = starts[p as usize];
+            &tokens[from..from + prefixes[p as usize] as usize]
+        };
         let mut indexes = Vec::with_capacity(sides.len());
         for s in 0..sides.len() as u8 {
             let members: Vec<u32> = (0..sets as u32)
                 .filter(|&p| side_of[p as usize] == s)
                 .collect();
-            let count: usize = members.iter().map(|&p| prefixes[p as usize] as usize).sum();
+            let count: usize = match routed {
+                false => members.iter().map(|&p| prefixes[p as usize] as usize).sum(),
+                true => (members.iter())
+                    .map(|&p| tokens_of(p).iter().filter(|&&w| indexed(w)).count())
+                    .sum(),
+            };
             reserve(
                 reservation,
                 count * size_of::<Posting>() + (distinct + 1) * size_of::<usize>(),
@@ -546,15 +560,11 @@ impl Collections {
             // a larger set has a longer prefix, so equal counts of sets left the last range
             // with most of the work (measured: this step took as long on 2 threads as on 1).
             let parts = split_by_weight(&members, ranges, |&p| prefixes[p as usize] as usize);
-            let tokens_of = |p: u32| {
-                let from = starts[p as usize];
-                &tokens[from..from + prefixes[p as usize] as usize]
-            };
             // Per range: how many postings each token gets from it.
             let mut counters: Vec<Vec<u32>> = crew.map(parts.len(), |r| {
                 let mut c = vec![0u32; distinct];
                 for &p in parts[r].iter() {
-                    for &w in tokens_of(p) {
+                    for &w in tokens_of(p).iter().filter(|&&w| indexed(w)) {
                         c[w as usize] += 1;
                     }
                 }
@@ -574,6 +584,9 @@ impl Collections {
                 for &p in parts[r].iter() {
                     let size = sizes[p as usize];
                     for (pos, &w) in tokens_of(p).iter().enumerate() {
+                        if !indexed(w) {
+                            continue;
+                        }
                         let slot = &mut next[w as usize];
                         // SAFETY: `*slot` lies in token `w`'s list, in the part of it
                         // that belongs to this range (the counts above), and is below
@@ -912,6 +925,36 @@ impl<T: SetElem> Ranks<T> {
     }
 }
 
+/// [`Collections::build`] as the read tasks run it: the caller leads, `threads - 1` helpers
+/// on threads of their own.
+#[cfg(test)]
+pub(crate) fn build_on_threads(
+    sides: &[Vec<ArrayRef>],
+    prepared: Vec<Option<Vec<Prepared>>>,
+    order: TokenOrder,
+    threshold: &Threshold,
+    reservation: &MemoryReservation,
+    threads: usize,
+) -> Result<Collections> {
+    let crew = Crew::new(threads);
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(|| crew.help_blocking());
+        }
+        let built = Collections::build(
+            sides,
+            prepared,
+            order,
+            threshold,
+            reservation,
+            threads,
+            &crew,
+        );
+        crew.finish_build();
+        built
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -988,24 +1031,15 @@ mod tests {
                             })
                         })
                         .collect();
-                    // The leader here, `threads - 1` helpers on threads of their own.
-                    let crew = Crew::new(threads);
-                    std::thread::scope(|s| {
-                        for _ in 1..threads {
-                            s.spawn(|| crew.help_blocking());
-                        }
-                        let built = Collections::build(
-                            &sides,
-                            prepared,
-                            TokenOrder::Frequency,
-                            &threshold,
-                            &reservation,
-                            threads,
-                            &crew,
-                        );
-                        crew.finish_build();
-                        built.unwrap()
-                    })
+                    build_on_threads(
+                        &sides,
+                        prepared,
+                        TokenOrder::Frequency,
+                        &threshold,
+                        &reservation,
+                        threads,
+                    )
+                    .unwrap()
                 };
                 let none = vec![false; sides.len()];
                 let one = build(1, &none);

@@ -646,13 +646,11 @@ impl SimilarityJoinExec {
         {
             sides[0].push(id);
         }
-        for (side, input) in sides.iter_mut().zip(self.inputs()) {
-            match self.distribution {
-                // The owner test reads the routed tokens.
-                JoinDistribution::Prefix { .. } => side.push(input.tokens),
-                // The pairs are kept by id.
-                JoinDistribution::Replicated => side.extend(input.id),
-                _ => {}
+        // A replicated join keeps its pairs by id (a prefix-partitioned one by the sets' own
+        // tokens, in the build).
+        if let JoinDistribution::Replicated = self.distribution {
+            for (side, input) in sides.iter_mut().zip(self.inputs()) {
+                side.extend(input.id);
             }
         }
         for s in &mut sides {

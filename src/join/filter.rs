@@ -222,6 +222,19 @@ impl Collections {
         &self.sides
     }
 
+    /// Whether the sets are routed by prefix bucket (`super::build::TokenOrder::Routed`).
+    pub fn routed(&self) -> bool {
+        !self.home.is_empty()
+    }
+
+    /// Whether this bucket owns the pair of routed sets `p` and `q` (`super::route::owns`);
+    /// `false` for sets that are not routed.
+    #[inline]
+    pub fn owns(&self, p: usize, q: usize, threshold: &Threshold) -> bool {
+        let home = |w: u32| self.home.get(w as usize).copied().unwrap_or(false);
+        super::route::owns(self.set(p), self.set(q), threshold, home)
+    }
+
     /// The prefix indexes as the device reads them: one for a self-join, else side 0's then
     /// side 1's.
     pub(crate) fn index_views(&self) -> Vec<crate::join::gpu::IndexView<'_>> {
@@ -292,7 +305,7 @@ impl Collections {
         // common when the pair is owned (one that shares an earlier token is not, and the
         // pair rule drops it after verification), so it counts one common token and later
         // tokens are left to the verification.
-        let routed = !self.home.is_empty();
+        let routed = self.routed();
         for (i, &w) in x[..probe_len].iter().enumerate() {
             if routed && !self.home.get(w as usize).copied().unwrap_or(false) {
                 continue;

@@ -22,7 +22,6 @@ use super::build::{Prepared, TokenOrder, prepare};
 use super::crew::{Crew, lock};
 use super::exec::{Built, IdOrder, JoinInput};
 use super::filter::{Collections, reserve};
-use super::route::Owner;
 use super::threshold::Threshold;
 use crate::intersect::strings::{StringIds, is_string_list};
 use crate::io::parquet_split::split_scan;
@@ -72,15 +71,16 @@ pub(crate) struct Partial {
 /// Which verified pairs a partition of a spread join emits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PairRuleKind {
-    /// Prefix-partitioned: the pairs its bucket owns (`super::route::Owner`).
+    /// Prefix-partitioned: the pairs its bucket owns (`super::route::owns`).
     Owner { buckets: u32 },
     /// Replicated self-join: the pairs whose right row's id is below the left row's.
     LeftIdAbove,
 }
 
-/// [`PairRuleKind`] over the build's columns.
+/// [`PairRuleKind`] over the build.
 pub(crate) enum PairRule {
-    Owner(Owner),
+    /// The sets' own tokens tell (the build keeps the routed order and each token's bucket).
+    Owner(Threshold),
     LeftIdAbove {
         left: ArrayRef,
         right: ArrayRef,
@@ -91,20 +91,20 @@ pub(crate) enum PairRule {
 impl std::fmt::Debug for PairRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Owner(o) => o.fmt(f),
+            Self::Owner(_) => f.write_str("Owner"),
             Self::LeftIdAbove { .. } => f.write_str("LeftIdAbove"),
         }
     }
 }
 
 impl PairRule {
-    /// Whether the pair of left row `l` and right row `r` is emitted here.
+    /// Whether the pair of sets `l` (left) and `r` (right) of `coll` is emitted here.
     #[inline]
-    pub(crate) fn keeps(&self, l: u32, r: u32) -> bool {
+    pub(crate) fn keeps(&self, coll: &Collections, l: u32, r: u32) -> bool {
         match self {
-            Self::Owner(owner) => owner.owns(l, r),
+            Self::Owner(threshold) => coll.owns(l as usize, r as usize, threshold),
             Self::LeftIdAbove { left, right, order } => {
-                let (l, r) = (l as usize, r as usize);
+                let (l, r) = (coll.row(l as usize) as usize, coll.row(r as usize) as usize);
                 left.is_valid(l) && right.is_valid(r) && order(l, r).is_gt()
             }
         }
@@ -360,12 +360,7 @@ impl Shared {
             _ => internal_err!("SimilarityJoinExec: a column of the pair rule was not kept"),
         };
         let pair_rule = match self.rule {
-            Some(PairRuleKind::Owner { buckets }) => Some(PairRule::Owner(Owner::try_new(
-                &kept(0, Some(self.inputs[0].tokens))?,
-                &kept(last, Some(self.inputs[last].tokens))?,
-                self.threshold,
-                buckets,
-            )?)),
+            Some(PairRuleKind::Owner { .. }) => Some(PairRule::Owner(self.threshold)),
             Some(PairRuleKind::LeftIdAbove) => {
                 let left = kept(0, self.inputs[0].id)?;
                 let right = kept(last, self.inputs[last].id)?;

@@ -39,8 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, GenericListArray, Int64Array, ListArray, RecordBatch, UInt32Builder,
-    UInt64Array,
+    Array, ArrayRef, AsArray, Int64Array, ListArray, RecordBatch, UInt32Builder, UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::{SortColumn, cast, lexsort_to_indices, take};
@@ -761,67 +760,29 @@ pub(crate) fn in_own_bucket(token: u64, buckets: u32) -> bool {
     (token / b) % b == token % b
 }
 
-/// Which bucket owns a pair of routed sets (see the module docs): their tokens are
-/// `rank * buckets + bucket`, sorted, with the same bucket; the pair belongs to the bucket of
-/// its smallest common rank, which lies in both probe prefixes when the pair passes.
-#[derive(Debug)]
-pub(crate) struct Owner {
-    left: ListArray,
-    right: ListArray,
-    threshold: Threshold,
-    buckets: u64,
-}
-
-impl Owner {
-    /// The owner test for the token columns (`List(UInt64)`, as routed) of both sides.
-    pub(crate) fn try_new(
-        left: &ArrayRef,
-        right: &ArrayRef,
-        threshold: Threshold,
-        buckets: u32,
-    ) -> Result<Self> {
-        let list = |a: &ArrayRef| -> Result<ListArray> {
-            match a.as_list_opt::<i32>() {
-                Some(l) if l.value_type() == DataType::UInt64 => Ok(l.clone()),
-                _ => internal_err!(
-                    "SimilarityJoinExec: routed tokens are {}, not List(UInt64)",
-                    a.data_type()
-                ),
-            }
-        };
-        Ok(Self {
-            left: list(left)?,
-            right: list(right)?,
-            threshold,
-            buckets: u64::from(buckets),
-        })
-    }
-
-    fn tokens(list: &GenericListArray<i32>, row: u32) -> &[u64] {
-        let offsets = list.value_offsets();
-        let (from, to) = (
-            offsets[row as usize] as usize,
-            offsets[row as usize + 1] as usize,
-        );
-        &list.values().as_primitive::<UInt64Type>().values()[from..to]
-    }
-
-    /// Whether the pair of left row `l` and right row `r` is this bucket's to emit.
-    #[inline]
-    pub(crate) fn owns(&self, l: u32, r: u32) -> bool {
-        let (x, y) = (Self::tokens(&self.left, l), Self::tokens(&self.right, r));
-        let prefix = |s: &[u64]| self.threshold.prefix_len(s.len() as u64).unwrap_or(0) as usize;
-        let (x, y) = (&x[..prefix(x).min(x.len())], &y[..prefix(y).min(y.len())]);
-        let (mut i, mut j) = (0, 0);
-        while i < x.len() && j < y.len() {
-            match x[i].cmp(&y[j]) {
-                std::cmp::Ordering::Less => i += 1,
-                std::cmp::Ordering::Greater => j += 1,
-                std::cmp::Ordering::Equal => return in_own_bucket(x[i], self.buckets as u32),
-            }
+/// Whether this bucket owns the pair of routed sets `x` and `y` (tokens ascending, distinct,
+/// in the routed order; see the module docs): their smallest common token within both probe
+/// prefixes, which a passing pair has, is of the copy's own bucket (`own`). The same test on
+/// the router's tokens (`own`: [`in_own_bucket`]) and on a routed build's ranks
+/// (`Collections::home`).
+#[inline]
+pub(crate) fn owns<T: Ord + Copy>(
+    x: &[T],
+    y: &[T],
+    threshold: &Threshold,
+    own: impl Fn(T) -> bool,
+) -> bool {
+    let prefix = |s: &[T]| threshold.prefix_len(s.len() as u64).unwrap_or(0) as usize;
+    let (x, y) = (&x[..prefix(x).min(x.len())], &y[..prefix(y).min(y.len())]);
+    let (mut i, mut j) = (0, 0);
+    while i < x.len() && j < y.len() {
+        match x[i].cmp(&y[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return own(x[i]),
         }
-        false
     }
+    false
 }
 
 #[cfg(test)]
@@ -954,9 +915,10 @@ mod tests {
         assert_eq!(row(1), vec![1, 3, 5, 7]);
         assert_eq!(row(3), vec![3, 5, 7, 9]);
         // {0,1,2,3} and {1,2,3,4} share 3 of 5 (J = 0.6): smallest common rank 1, bucket 1.
-        let owner = Owner::try_new(out.column(2), out.column(2), threshold, 2).unwrap();
-        assert!(!owner.owns(0, 2));
-        assert!(owner.owns(1, 3));
+        let owner =
+            |a: usize, b: usize| owns(&row(a), &row(b), &threshold, |v| in_own_bucket(v, 2));
+        assert!(!owner(0, 2));
+        assert!(owner(1, 3));
     }
 
     /// The prefix-partitioned join by hand on random sets: routed to `buckets` buckets, each
@@ -966,9 +928,8 @@ mod tests {
     #[test]
     fn routed_buckets_find_every_pair_once() {
         use crate::backend::cpu::{BoundedKernel, CpuKernelChoice};
-        use crate::join::build::TokenOrder;
-        use crate::join::crew::Crew;
-        use crate::join::filter::{Collections, Scratch, verify_candidate};
+        use crate::join::build::{TokenOrder, build_on_threads};
+        use crate::join::filter::{Scratch, verify_candidate};
         use datafusion::arrow::array::BooleanArray;
         use datafusion::arrow::compute::filter_record_batch;
         use datafusion::arrow::datatypes::{Int32Type, UInt32Type};
@@ -1064,19 +1025,27 @@ mod tests {
                 let part = filter_record_batch(&routed, &keep).unwrap();
                 let tokens = Arc::clone(part.column(2));
                 let reservation = MemoryConsumer::new("t").register(&pool);
-                let crew = Crew::new(1);
-                let coll = Collections::build(
-                    &[vec![Arc::clone(&tokens)]],
-                    vec![None],
-                    TokenOrder::Routed { buckets },
-                    &threshold,
-                    &reservation,
-                    1,
-                    &crew,
-                )
-                .unwrap();
-                crew.finish_build();
-                let owner = Owner::try_new(&tokens, &tokens, threshold, buckets).unwrap();
+                // Built on one thread, and the same on three (a leader and two helpers).
+                let build = |threads: usize| {
+                    build_on_threads(
+                        &[vec![Arc::clone(&tokens)]],
+                        vec![None],
+                        TokenOrder::Routed { buckets },
+                        &threshold,
+                        &reservation,
+                        threads,
+                    )
+                    .unwrap()
+                };
+                let coll = build(1);
+                assert!(coll.routed());
+                assert!(build(3) == coll, "J >= {t}, bucket {b}: 3 threads differ");
+                // The owner test on the router's tokens, as the build's ranks give it.
+                let routed = tokens.as_list::<i32>();
+                let routed = |r: u32| {
+                    let v = routed.value(r as usize);
+                    v.as_primitive::<UInt64Type>().values().to_vec()
+                };
                 let part_ids = part.column(0).as_primitive::<Int32Type>();
                 let mut scratch = Scratch::new(coll.len());
                 for p in 0..coll.len() {
@@ -1088,7 +1057,11 @@ mod tests {
                             continue;
                         };
                         let (l, r) = (coll.row(p), coll.row(c.set as usize));
-                        if owner.owns(l, r) {
+                        let by_tokens = owns(&routed(l), &routed(r), &threshold, |v| {
+                            in_own_bucket(v, buckets)
+                        });
+                        assert_eq!(coll.owns(p, c.set as usize, &threshold), by_tokens);
+                        if by_tokens {
                             let (a, b) = (part_ids.value(l as usize), part_ids.value(r as usize));
                             let pair = (a.min(b), a.max(b));
                             assert!(got.insert(pair, o).is_none(), "{pair:?} twice");

@@ -532,6 +532,14 @@ impl SimilarityJoinStream {
     /// `None` (the reason in the debug log).
     fn device_probe(&self, built: &Built, sets: &DeviceSets) -> Option<DeviceProbe> {
         let coll = &built.collections;
+        if coll.routed() {
+            log::debug!(
+                "datafusion-sets: similarity_join filters on the CPU: a prefix-partitioned \
+                 build indexes only its own bucket's tokens, and the device's probe counts \
+                 every common prefix token"
+            );
+            return None;
+        }
         let mut uploaded = 0;
         let join = built.device_join.get_or_init(|| {
             let _timer = self.gpu_upload_time.timer();
@@ -746,7 +754,7 @@ impl SimilarityJoinStream {
             None => (q, p),
         };
         if let Some(rule) = &built.pair_rule
-            && !rule.keeps(coll.row(l as usize), coll.row(r as usize))
+            && !rule.keeps(coll, l, r)
         {
             return;
         }
