@@ -517,7 +517,7 @@ impl Collections {
                 }
             })
             .collect();
-        // Routed sets are probed from their own bucket's tokens only (`Collections::filter`):
+        // Routed sets are met only at their own bucket's tokens (`Collections::filter`):
         // only those are indexed.
         let routed = !home.is_empty();
         let indexed = |w: u32| !routed || home[w as usize];

@@ -300,16 +300,13 @@ impl Collections {
             ..
         } = scratch;
         // Routed sets: a pair is this partition's only if its smallest common token (the
-        // first the probe meets it at) is of the copy's own bucket, so the probe meets sets
-        // only at such tokens and starts a candidate at the first of them. Nothing before it is
+        // first the probe meets it at) is of the copy's own bucket, and the index holds only
+        // such tokens, so a candidate starts at the first of them. Nothing before it is
         // common when the pair is owned (one that shares an earlier token is not, and the
         // pair rule drops it after verification), so it counts one common token and later
         // tokens are left to the verification.
         let routed = self.routed();
         for (i, &w) in x[..probe_len].iter().enumerate() {
-            if routed && !self.home.get(w as usize).copied().unwrap_or(false) {
-                continue;
-            }
             let Some(list) = index.offsets.get(w as usize + 1).map(|_| index.list(w)) else {
                 continue;
             };

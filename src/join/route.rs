@@ -26,9 +26,9 @@
 //!    engine. A pair that passes shares a prefix rank, so both sets have a copy in the bucket
 //!    of their smallest common rank `t`, which the hash repartition sends to one partition; it
 //!    may also meet in other buckets (other common prefix ranks). It is kept only in bucket
-//!    `t mod B` (`Owner`), so every pair comes out exactly once. The partition's build keeps
+//!    `t mod B` (`owns`), so every pair comes out exactly once. The partition's build keeps
 //!    the routed order ([`super::build::TokenOrder::Routed`]), so `t` is the first token the
-//!    probe meets the pair at, and the probe walks only its copy's own-bucket prefix tokens:
+//!    probe meets the pair at, and its index holds only the copy's own-bucket prefix tokens:
 //!    the other buckets' pairs are mostly never met, and the candidates of all buckets
 //!    together are about those of one build.
 //!
