@@ -164,7 +164,9 @@ fn report(timed: &Timed) {
 
 /// The data `copies` times: copy `k` has ids `id + k * (max id + 1)` and tokens
 /// `t + k * (max token + 1)`, so the copies join only within themselves (the answer is
-/// `copies` times the original's).
+/// `copies` times the original's). Each copy is a row group of its own (at most 2^20 rows a
+/// group, the writer's default): a large table comes in many row groups or files, and a
+/// distributed scan spreads over its tasks by row group.
 fn scale(src: &str, copies: usize, out: &str) -> Result<()> {
     let file = std::fs::File::open(src)?;
     let reader =
@@ -197,10 +199,14 @@ fn scale(src: &str, copies: usize, out: &str) -> Result<()> {
         max_token = max_token.max(values.iter().flatten().max().unwrap_or(0));
         parts.push((ids, tokens));
     }
+    let rows: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
+    let props = datafusion::parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows.clamp(1, 1 << 20)))
+        .build();
     let mut writer = datafusion::parquet::arrow::ArrowWriter::try_new(
         std::fs::File::create(out)?,
         Arc::clone(&schema),
-        None,
+        Some(props),
     )?;
     for k in 0..copies as i64 {
         for (ids, tokens) in &parts {
@@ -222,6 +228,7 @@ fn scale(src: &str, copies: usize, out: &str) -> Result<()> {
                 vec![Arc::new(ids), Arc::new(list)],
             )?)?;
         }
+        writer.flush()?;
     }
     writer.close()?;
     Ok(())
