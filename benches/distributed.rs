@@ -235,6 +235,7 @@ fn scale(src: &str, copies: usize, out: &str) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    let _ = env_logger::try_init();
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")

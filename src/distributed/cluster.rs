@@ -123,9 +123,18 @@ fn shard_affinity_routing(ev: RouteTasksEvent<'_>) -> Option<Result<RouteTasksEv
     });
     // The remainder is below the worker count, a `usize`.
     let offset = (hash % urls.len() as u64) as usize;
-    let routed = (0..ev.task_count)
+    let routed: Vec<_> = (0..ev.task_count)
         .map(|i| urls[(offset + i) % urls.len()].clone())
         .collect();
+    log::debug!(
+        "datafusion-sets: the {} tasks ranking the shards of '{index}' routed to {}",
+        routed.len(),
+        routed
+            .iter()
+            .map(|u| u.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Some(Ok(RouteTasksEventResponse::new(routed)))
 }
 

@@ -540,6 +540,14 @@ pub async fn load_partition(
     // every other partition the same.
     let alone = same_partition(input, partition, input, partition);
     let kept = alone || same_partitions(input, input);
+    log::debug!(
+        "datafusion-sets: {who} of '{name}', partition {partition}: {}",
+        match (alone, kept) {
+            (true, _) => "kept by its own files",
+            (false, true) => "kept with the whole input",
+            (false, false) => "not keepable (no identity)",
+        }
+    );
     let found = |cache: &[PartitionEntry]| {
         cache.iter().position(|e| match alone {
             true => same_partition(&e.scan, e.partition, input, partition),
@@ -552,6 +560,7 @@ pub async fn load_partition(
             let e = cache.remove(i);
             let loaded = e.loaded.clone();
             cache.insert(0, e);
+            log::debug!("datafusion-sets: {who} of '{name}', partition {partition}: found kept");
             return Ok((loaded, true));
         }
     }
