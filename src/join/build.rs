@@ -936,22 +936,16 @@ pub(crate) fn build_on_threads(
     reservation: &MemoryReservation,
     threads: usize,
 ) -> Result<Collections> {
-    let crew = Crew::new(threads);
-    std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(|| crew.help_blocking());
-        }
-        let built = Collections::build(
+    Crew::led(threads, |crew| {
+        Collections::build(
             sides,
             prepared,
             order,
             threshold,
             reservation,
             threads,
-            &crew,
-        );
-        crew.finish_build();
-        built
+            crew,
+        )
     })
 }
 
@@ -1150,15 +1144,9 @@ mod tests {
                 want[w + 1] = next;
             }
             for threads in [1, 2, 5] {
-                let crew = Crew::new(threads);
                 let mut got_counters = counters.clone();
-                let got = std::thread::scope(|s| {
-                    for _ in 1..threads {
-                        s.spawn(|| crew.help_blocking());
-                    }
-                    let got = first_slots(&mut got_counters, distinct, threads, &crew);
-                    crew.finish_build();
-                    got
+                let got = Crew::led(threads, |crew| {
+                    first_slots(&mut got_counters, distinct, threads, crew)
                 })
                 .unwrap();
                 assert_eq!(

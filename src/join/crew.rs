@@ -212,6 +212,21 @@ impl Crew {
         }
     }
 
+    /// `lead(crew)` on this thread as the leader of a crew of `threads`, the others helping on
+    /// threads of their own until it returns (tests).
+    #[cfg(test)]
+    pub(crate) fn led<T>(threads: usize, lead: impl FnOnce(&Crew) -> T) -> T {
+        let crew = Crew::new(threads);
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                s.spawn(|| crew.help_blocking());
+            }
+            let out = lead(&crew);
+            crew.finish_build();
+            out
+        })
+    }
+
     /// `f(i)` for every `i` in `0..pieces`, by the leader and whichever helpers are there;
     /// returns when all are done. An error if a helper's piece panicked.
     pub(crate) fn for_each(&self, pieces: usize, f: impl Fn(usize) + Sync) -> Result<()> {
@@ -352,13 +367,9 @@ mod tests {
     fn every_piece_runs_once_whoever_takes_it() {
         within_a_minute(|| {
             for helpers in [0usize, 1, 3] {
-                let crew = Crew::new(helpers + 1);
                 let leader = std::thread::current().id();
                 let helped = AtomicUsize::new(0);
-                std::thread::scope(|s| {
-                    for _ in 0..helpers {
-                        s.spawn(|| crew.help_blocking());
-                    }
+                Crew::led(helpers + 1, |crew| {
                     for step in 0..40usize {
                         let pieces = step * 7 % 23;
                         let runs: Vec<AtomicUsize> =
@@ -379,7 +390,6 @@ mod tests {
                         assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
                         assert_eq!(squares, (0..pieces).map(|i| i * i).collect::<Vec<_>>());
                     }
-                    crew.finish_build();
                 });
                 assert_eq!(helped.load(Ordering::Relaxed) > 0, helpers > 0);
             }
