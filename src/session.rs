@@ -21,6 +21,7 @@ use crate::functions::{all_aggregate_functions, all_scalar_functions};
 use crate::optimizer::async_calls::{AsyncCallPlaces, AsyncCallRewrite, SETS_ASYNC_CALLS};
 use crate::optimizer::backend_rule::{SETS_BACKEND_RULE, SetsBackendRule};
 use crate::optimizer::intersect_count::{IntersectCountRewrite, SETS_INTERSECT_COUNT};
+use crate::optimizer::join_deal::{SIMILARITY_JOIN_DEAL, SimilarityJoinDeal};
 use crate::optimizer::join_distribution::{
     SIMILARITY_JOIN_DISTRIBUTION, SimilarityJoinDistribution,
 };
@@ -135,13 +136,22 @@ type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
 
 /// `rules` with the crate's rules: the similarity join rewrite inserted before
 /// `EnsureRequirements` (so distribution and ordering are enforced around the operator it
-/// plans; before `SanityCheckPlan`, or last, when there is no such rule), and the backend rule
+/// plans; before `SanityCheckPlan`, or last, when there is no such rule), the deal of a spread
+/// join's input right after `EnsureRequirements`, and the backend rule
 /// last (it binds the final plan's calls to a device and wraps their projections); `None` when
 /// both are there already. `session` is the handle the session's `topk_bm25` holds (the
 /// backend rule rebuilds its calls around it).
 fn with_sets_rules(rules: &[PhysicalRule], session: &SessionHandle) -> Option<Vec<PhysicalRule>> {
     let has = |name: &str| rules.iter().any(|r| r.name() == name);
-    if has(SIMILARITY_JOIN_REWRITE) && has(SIMILARITY_JOIN_DISTRIBUTION) && has(SETS_BACKEND_RULE) {
+    if [
+        SIMILARITY_JOIN_REWRITE,
+        SIMILARITY_JOIN_DISTRIBUTION,
+        SIMILARITY_JOIN_DEAL,
+        SETS_BACKEND_RULE,
+    ]
+    .iter()
+    .all(|name| has(name))
+    {
         return None;
     }
     let mut rules = rules.to_vec();
@@ -159,6 +169,15 @@ fn with_sets_rules(rules: &[PhysicalRule], session: &SessionHandle) -> Option<Ve
         // After the rewrite (it plans the joins this rule spreads).
         let at = before_requirements(&rules);
         rules.insert(at, Arc::new(SimilarityJoinDistribution::new()));
+    }
+    if !has(SIMILARITY_JOIN_DEAL) {
+        // After the exchanges are in place (`EnsureRequirements` removes a round-robin it
+        // did not add), before the sanity check.
+        let at = match rules.iter().position(|r| r.name() == "EnsureRequirements") {
+            Some(i) => i + 1,
+            None => before_requirements(&rules),
+        };
+        rules.insert(at, Arc::new(SimilarityJoinDeal::new()));
     }
     if !has(SETS_BACKEND_RULE) {
         rules.push(Arc::new(SetsBackendRule::new(session.clone())));
@@ -287,7 +306,8 @@ mod tests {
     }
 
     /// The rewrite and then the distribution rule run once each, right before
-    /// `EnsureRequirements` (which adds the exchanges the distribution asks for).
+    /// `EnsureRequirements` (which adds the exchanges the distribution asks for), the deal
+    /// right after it.
     fn assert_installed(names: &[String]) {
         let at = |rule: &str| -> Vec<usize> {
             let found = names.iter().enumerate().filter(|(_, n)| *n == rule);
@@ -301,6 +321,7 @@ mod tests {
             "{names:?}"
         );
         assert_eq!(names[rewrite[0] + 2], "EnsureRequirements", "{names:?}");
+        assert_eq!(at(SIMILARITY_JOIN_DEAL), [rewrite[0] + 3], "{names:?}");
         assert_eq!(at(SETS_BACKEND_RULE).len(), 1, "{names:?}");
     }
 
@@ -316,6 +337,7 @@ mod tests {
         let ours = [
             SIMILARITY_JOIN_REWRITE,
             SIMILARITY_JOIN_DISTRIBUTION,
+            SIMILARITY_JOIN_DEAL,
             SETS_BACKEND_RULE,
         ];
         let others: Vec<_> = names

@@ -267,12 +267,21 @@ proptest! {
         types in (0usize..4, 0usize..4),
         batch_size in 1usize..9,
         partitions in 1usize..5,
+        distribution in prop::sample::select(vec!["auto", "prefix", "broadcast"]),
     ) {
         let rt = runtime();
         let th = Threshold::try_new(measure, t, cmp, "test").expect("valid threshold");
         let ctx = context(batch_size, partitions);
         register(&ctx, "l", &left, TOKEN_TYPES[types.0]);
         register(&ctx, "r", &right, TOKEN_TYPES[types.1]);
+        // One shared build (`auto` in one process), prefix-partitioned, or broadcast (a
+        // self-join replicated): the same pairs.
+        rt.block_on(async {
+            ctx.sql(&format!("SET sets.similarity_join_distribution = '{distribution}'"))
+                .await?
+                .collect()
+                .await
+        }).expect("SET");
         let (sql_call, want) = if self_join {
             (call("l", None, measure, t, cmp), brute_force(&left, None, &th))
         } else {
@@ -281,7 +290,7 @@ proptest! {
         let got = rt.block_on(async {
             ctx.sql(&format!("SELECT left_id, right_id, similarity FROM {sql_call}")).await?.collect().await
         }).expect("join runs");
-        prop_assert_eq!(pairs_of(&got, measure), want.clone(), "{}", sql_call);
+        prop_assert_eq!(pairs_of(&got, measure), want.clone(), "{} ({})", sql_call, distribution);
         let count = rt.block_on(async {
             ctx.sql(&format!("SELECT count(*) FROM {sql_call}")).await?.collect().await
         }).expect("count runs");

@@ -332,6 +332,7 @@ impl Collections {
                     postings: Vec::new(),
                 })
                 .collect(),
+            id_ranks: Vec::new(),
         }
     }
 
@@ -631,6 +632,7 @@ impl Collections {
             rows,
             home,
             indexes,
+            id_ranks: Vec::new(),
         })
     }
 }

@@ -299,9 +299,10 @@ pub enum JoinDistribution {
     /// which joins it with its partition of the right input.
     Broadcast,
     /// A self-join run as [`JoinDistribution::Broadcast`] of the input with itself: every
-    /// output partition joins the whole input (left) with its partition of it (right), and
-    /// keeps a pair only from the partition holding its smaller id (where the right row's id
-    /// is below the left row's).
+    /// output partition joins the whole input (left) with its partition of it (right). Only
+    /// the right side's sets probe, the left side's index, and a pair of rows comes out of the
+    /// partition holding its later set (`Collections::id_ranks`), its row of smaller id on
+    /// the right.
     Replicated,
 }
 
@@ -647,10 +648,15 @@ impl SimilarityJoinExec {
             sides[0].push(id);
         }
         // A replicated join keeps its pairs by id (a prefix-partitioned one by the sets' own
-        // tokens, in the build).
+        // tokens, in the build), and writes either side's row on either side of a pair: both
+        // sides (one input) keep the same columns.
         if let JoinDistribution::Replicated = self.distribution {
             for (side, input) in sides.iter_mut().zip(self.inputs()) {
                 side.extend(input.id);
+            }
+            let all: Vec<usize> = sides.concat();
+            for side in &mut sides {
+                side.clone_from(&all);
             }
         }
         for s in &mut sides {
@@ -895,7 +901,7 @@ impl ExecutionPlan for SimilarityJoinExec {
         };
         let rule = match self.distribution {
             JoinDistribution::Prefix { buckets } => Some(PairRuleKind::Owner { buckets }),
-            JoinDistribution::Replicated => Some(PairRuleKind::LeftIdAbove),
+            JoinDistribution::Replicated => Some(PairRuleKind::Replicated),
             _ => None,
         };
         let (build, claims): (BuildFuture, _) = match reads {

@@ -22,6 +22,8 @@
 
 use std::collections::HashMap;
 
+use datafusion::arrow::array::{Array, make_comparator};
+use datafusion::arrow::compute::{SortOptions, concat, sort_to_indices};
 use datafusion::common::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
@@ -101,7 +103,18 @@ pub(crate) struct Collections {
     pub(super) home: Vec<bool>,
     /// One index per side (one in all for a self-join).
     pub(super) indexes: Vec<Index>,
+    /// A replicated self-join (left: the whole input, right: this partition's part of it):
+    /// each set's id ranked among the ids of both sides (equal ids, equal ranks; [`NULL_RANK`]
+    /// for a null id). Only the right side's sets probe, and only the left side's index: a
+    /// pair of rows is this partition's when its right set comes later in the global order
+    /// (`(size, side, row)`), and of two sets of one size, when the right set's id ranks
+    /// higher (the pair of two rows is then met in one partition only; `PairRule::Replicated`).
+    /// Empty otherwise.
+    pub(super) id_ranks: Vec<u32>,
 }
+
+/// The rank of a null id in [`Collections::id_ranks`]: no pair with it is kept.
+pub(super) const NULL_RANK: u32 = u32::MAX;
 
 /// A candidate of the last probe of set `x`: a set `y` met in the index that passed the
 /// prefix, length and positional filters, with what the probe already knows of `|x ∩ y|`.
@@ -227,6 +240,68 @@ impl Collections {
         !self.home.is_empty()
     }
 
+    /// Rank the sets' ids for a replicated self-join ([`Self::id_ranks`]): `ids[s]` is side
+    /// `s`'s id column, rows as the build numbers them.
+    pub(super) fn rank_ids(
+        &mut self,
+        ids: [&dyn Array; 2],
+        reservation: &MemoryReservation,
+    ) -> Result<()> {
+        let n = ids[0].len() + ids[1].len();
+        // The ids together, their order, the ranks by row and by set.
+        reserve(
+            reservation,
+            ids[0].get_array_memory_size()
+                + ids[1].get_array_memory_size()
+                + 8 * n
+                + 4 * self.sizes.len(),
+            "the ranks of the ids",
+        )?;
+        let all = concat(&ids)?;
+        let cmp = make_comparator(all.as_ref(), all.as_ref(), SortOptions::default())?;
+        let order: Vec<u32> = match sort_to_indices(all.as_ref(), None, None) {
+            Ok(order) => order.values().to_vec(),
+            // A type the sort kernel lacks, but the comparator orders.
+            Err(_) => {
+                let mut order: Vec<u32> = (0..n as u32).collect();
+                order.sort_by(|&a, &b| cmp(a as usize, b as usize));
+                order
+            }
+        };
+        let mut by_row = vec![NULL_RANK; n];
+        let (mut rank, mut previous) = (0u32, None);
+        for i in order.iter().map(|&i| i as usize) {
+            if all.is_null(i) {
+                continue;
+            }
+            if let Some(j) = previous
+                && cmp(j, i).is_ne()
+            {
+                rank += 1;
+            }
+            by_row[i] = rank;
+            previous = Some(i);
+        }
+        let first = [0, ids[0].len()];
+        self.id_ranks = (self.sides.iter().zip(&self.rows))
+            .map(|(&side, &row)| by_row[first[usize::from(side.min(1))] + row as usize])
+            .collect();
+        Ok(())
+    }
+
+    /// A replicated self-join's pair of left set `l` and right set `r` (see
+    /// [`Self::id_ranks`]), if this partition emits it: `(l, r)` with the set of higher id
+    /// first, else `(r, l)`.
+    #[inline]
+    pub(crate) fn replicated_pair(&self, l: usize, r: usize) -> Option<(usize, usize)> {
+        let (a, b) = (*self.id_ranks.get(l)?, *self.id_ranks.get(r)?);
+        let (m, n) = (self.sizes[l], self.sizes[r]);
+        if a == NULL_RANK || b == NULL_RANK || a == b || m > n || (m == n && a > b) {
+            return None;
+        }
+        Some(if a > b { (l, r) } else { (r, l) })
+    }
+
     /// Whether this bucket owns the pair of routed sets `p` and `q` (`super::route::owns`);
     /// `false` for sets that are not routed.
     #[inline]
@@ -306,6 +381,13 @@ impl Collections {
         // pair rule drops it after verification), so it counts one common token and later
         // tokens are left to the verification.
         let routed = self.routed();
+        // Replicated: (the ranks, the probe's rank); only the right side probes.
+        let id_rule = match self.id_ranks.get(p) {
+            Some(_) if self.sides[p] == 0 => return 0,
+            Some(&NULL_RANK) => return 0,
+            Some(&rank) => Some((self.id_ranks.as_slice(), rank)),
+            None => None,
+        };
         for (i, &w) in x[..probe_len].iter().enumerate() {
             let Some(list) = index.offsets.get(w as usize + 1).map(|_| index.list(w)) else {
                 continue;
@@ -316,6 +398,15 @@ impl Collections {
                 let q = e.set as usize;
                 if q >= p {
                     break;
+                }
+                if let Some((ranks, rank)) = id_rule {
+                    let other = ranks[q];
+                    if other == NULL_RANK
+                        || other == rank
+                        || (u64::from(e.size) == n && other > rank)
+                    {
+                        continue;
+                    }
                 }
                 let st = state[q];
                 if st < 0 || (routed && st > 0) {

@@ -5,10 +5,8 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, DynComparator, RecordBatch, make_comparator, new_empty_array,
-};
-use datafusion::arrow::compute::{SortOptions, cast, concat};
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, new_empty_array};
+use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, internal_err};
@@ -73,39 +71,37 @@ pub(crate) struct Partial {
 pub(crate) enum PairRuleKind {
     /// Prefix-partitioned: the pairs its bucket owns (`super::route::owns`).
     Owner { buckets: u32 },
-    /// Replicated self-join: the pairs whose right row's id is below the left row's.
-    LeftIdAbove,
+    /// Replicated self-join: the pairs whose right set comes later (`Collections::id_ranks`).
+    Replicated,
 }
 
 /// [`PairRuleKind`] over the build.
+#[derive(Debug)]
 pub(crate) enum PairRule {
     /// The sets' own tokens tell (the build keeps the routed order and each token's bucket).
     Owner(Threshold),
-    LeftIdAbove {
-        left: ArrayRef,
-        right: ArrayRef,
-        order: DynComparator,
-    },
-}
-
-impl std::fmt::Debug for PairRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Owner(_) => f.write_str("Owner"),
-            Self::LeftIdAbove { .. } => f.write_str("LeftIdAbove"),
-        }
-    }
+    /// The ids' ranks and the sets' order tell (`Collections::replicated_pair`). Both sides'
+    /// columns are gathered into one (left rows, then right rows from `right_rows_from`), and a
+    /// pair is written with its row of higher id on the left.
+    Replicated { right_rows_from: u32 },
 }
 
 impl PairRule {
-    /// Whether the pair of sets `l` (left) and `r` (right) of `coll` is emitted here.
+    /// The output rows (left input's, right input's) of the pair of sets `l` (left) and `r`
+    /// (right) of `coll`, when this partition emits it.
     #[inline]
-    pub(crate) fn keeps(&self, coll: &Collections, l: u32, r: u32) -> bool {
+    pub(crate) fn rows(&self, coll: &Collections, l: u32, r: u32) -> Option<(u32, u32)> {
         match self {
-            Self::Owner(threshold) => coll.owns(l as usize, r as usize, threshold),
-            Self::LeftIdAbove { left, right, order } => {
-                let (l, r) = (coll.row(l as usize) as usize, coll.row(r as usize) as usize);
-                left.is_valid(l) && right.is_valid(r) && order(l, r).is_gt()
+            Self::Owner(threshold) => coll
+                .owns(l as usize, r as usize, threshold)
+                .then(|| (coll.row(l as usize), coll.row(r as usize))),
+            Self::Replicated { right_rows_from } => {
+                let row = |p: usize| match coll.side(p) {
+                    0 => coll.row(p),
+                    _ => right_rows_from + coll.row(p),
+                };
+                let (a, b) = coll.replicated_pair(l as usize, r as usize)?;
+                Some((row(a), row(b)))
             }
         }
     }
@@ -329,7 +325,7 @@ impl Shared {
             Some(PairRuleKind::Owner { buckets }) => TokenOrder::Routed { buckets },
             _ => TokenOrder::Frequency,
         };
-        let collections = Collections::build(
+        let mut collections = Collections::build(
             &tokens,
             prepared,
             order,
@@ -354,18 +350,37 @@ impl Shared {
             }
             (false, _) => None,
         };
-        let last = columns.len() - 1;
-        let kept = |side: usize, i: Option<usize>| match i.and_then(|i| columns[side].get(i)) {
-            Some(Some(c)) => Ok(Arc::clone(c)),
-            _ => internal_err!("SimilarityJoinExec: a column of the pair rule was not kept"),
-        };
         let pair_rule = match self.rule {
             Some(PairRuleKind::Owner { .. }) => Some(PairRule::Owner(self.threshold)),
-            Some(PairRuleKind::LeftIdAbove) => {
-                let left = kept(0, self.inputs[0].id)?;
-                let right = kept(last, self.inputs[last].id)?;
-                let order = make_comparator(left.as_ref(), right.as_ref(), SortOptions::default())?;
-                Some(PairRule::LeftIdAbove { left, right, order })
+            Some(PairRuleKind::Replicated) => {
+                let id = |side: usize| match self.inputs[side].id.and_then(|i| columns[side].get(i))
+                {
+                    Some(Some(c)) => Ok(Arc::clone(c)),
+                    _ => {
+                        internal_err!("SimilarityJoinExec: the replicated join's ids were not kept")
+                    }
+                };
+                let (left, right) = (id(0)?, id(1)?);
+                collections.rank_ids([left.as_ref(), right.as_ref()], &self.reservation)?;
+                let right_rows_from = u32::try_from(left.len()).map_err(|_| {
+                    DataFusionError::Execution(
+                        "similarity_join: more than 2^32 rows in a replicated join".into(),
+                    )
+                })?;
+                // One column of both sides' rows for each column the output reads.
+                for i in 0..columns[0].len() {
+                    if let (Some(Some(l)), Some(Some(r))) = (columns[0].get(i), columns[1].get(i)) {
+                        let both = concat(&[l.as_ref(), r.as_ref()])?;
+                        reserve(
+                            &self.reservation,
+                            both.get_array_memory_size(),
+                            "the gathered columns",
+                        )?;
+                        columns[0][i] = Some(Arc::clone(&both));
+                        columns[1][i] = Some(both);
+                    }
+                }
+                Some(PairRule::Replicated { right_rows_from })
             }
             None => None,
         };

@@ -753,15 +753,17 @@ impl SimilarityJoinStream {
             None if coll.side(p as usize) == 0 => (p, q),
             None => (q, p),
         };
-        if let Some(rule) = &built.pair_rule
-            && !rule.keeps(coll, l, r)
-        {
-            return;
-        }
+        let rows = match &built.pair_rule {
+            Some(rule) => match rule.rows(coll, l, r) {
+                Some(rows) => rows,
+                None => return,
+            },
+            None => (coll.row(l as usize), coll.row(r as usize)),
+        };
         self.pending += 1;
         if self.materialize {
-            self.left_rows.push(coll.row(l as usize));
-            self.right_rows.push(coll.row(r as usize));
+            self.left_rows.push(rows.0);
+            self.right_rows.push(rows.1);
             if self.exact {
                 let n = coll.set(p as usize).len() as u64;
                 let m = coll.set(q as usize).len() as u64;
