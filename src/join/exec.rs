@@ -22,8 +22,10 @@
 //! Execution: the first partition stream to be polled reads both inputs (all their
 //! partitions, a task each), keeps the columns the output needs and builds the shared
 //! `Collections` (reordered sets and prefix indexes, memory reserved in the task's pool; the
-//! read tasks build it together, `super::crew`); then output
-//! partition `k` of `P` probes the sets at global positions `k, k + P, ...`. With no output
+//! read tasks build it together, `super::crew`); then the output partitions claim ranges of
+//! the global positions to probe (`super::stream`). So do the broadcast and replicated
+//! spreads, over the plan instance's part of the right input; a prefix-partitioned join's
+//! output partition builds from its own input partitions alone. With no output
 //! column (`SELECT count(*)`) no pair is built: verification stops once the required
 //! overlap is reached and the stream emits batches without columns.
 
@@ -37,7 +39,6 @@ use datafusion::arrow::compute::{SortOptions, cast};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, internal_err, plan_err};
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
@@ -54,7 +55,7 @@ use tokio::sync::OnceCell;
 
 use super::filter::Collections;
 use super::read::{PairRule, PairRuleKind};
-use super::read::{Partial, WholeInput, build_collections};
+use super::read::{Partial, build_collections};
 use super::stream::{BuildFuture, ProbeClaims, SimilarityJoinStream};
 use super::threshold::Threshold;
 use crate::config::BackendChoice;
@@ -295,14 +296,14 @@ pub enum JoinDistribution {
         /// The routers' bucket count.
         buckets: u32,
     },
-    /// An R-S join whose left input comes whole (one partition) to every output partition,
-    /// which joins it with its partition of the right input.
+    /// An R-S join whose left input comes whole (one partition) to every plan instance (a
+    /// task), which reads it once with all its partitions of the right input into one build
+    /// on all its threads; its output partitions share the probes of those right sets.
     Broadcast,
-    /// A self-join run as [`JoinDistribution::Broadcast`] of the input with itself: every
-    /// output partition joins the whole input (left) with its partition of it (right). Only
-    /// the right side's sets probe, the left side's index, and a pair of rows comes out of the
-    /// partition holding its later set (`Collections::id_ranks`), its row of smaller id on
-    /// the right.
+    /// A self-join run as [`JoinDistribution::Broadcast`] of the input with itself: a task
+    /// joins the whole input (left) with its partitions of it (right). Only the right side's
+    /// sets probe, the left side's index, and a pair of rows comes out of the task holding
+    /// its later set (`Collections::id_ranks`), its row of smaller id on the right.
     Replicated,
 }
 
@@ -335,8 +336,6 @@ pub struct SimilarityJoinExec {
     build: Arc<OnceCell<Arc<Built>>>,
     /// The partitions' claims of probe sets (shared, as the build is).
     claims: Arc<ProbeClaims>,
-    /// A broadcast join's left input, read once per plan instance for all its partitions.
-    broadcast_side: Arc<OnceCell<Arc<WholeInput>>>,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
@@ -515,7 +514,6 @@ impl SimilarityJoinExec {
             distribution: JoinDistribution::Single,
             build: Arc::new(OnceCell::new()),
             claims: Arc::new(ProbeClaims::new(partitions)),
-            broadcast_side: Arc::new(OnceCell::new()),
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
@@ -585,7 +583,6 @@ impl SimilarityJoinExec {
             distribution,
             partitions,
             claims: Arc::new(ProbeClaims::new(partitions)),
-            broadcast_side: Arc::new(OnceCell::new()),
             cache: Arc::new(cache),
             ..self
         })
@@ -893,11 +890,15 @@ impl ExecutionPlan for SimilarityJoinExec {
         let threshold = self.threshold;
         let ctx = Arc::clone(&context);
         // Which partition of each input this output partition reads (`None`: all of them,
-        // for the build every partition shares).
+        // for the build every partition of this plan instance shares). A broadcast or
+        // replicated join's instance reads its left input (whole) once and every partition of
+        // its right input (its task's part), builds once on all its threads, and its
+        // partitions share the probes of the right side's sets.
         let reads = match self.distribution {
-            JoinDistribution::Single => None,
+            JoinDistribution::Single
+            | JoinDistribution::Broadcast
+            | JoinDistribution::Replicated => None,
             JoinDistribution::Prefix { .. } => Some(vec![partition; inputs.len()]),
-            JoinDistribution::Broadcast | JoinDistribution::Replicated => Some(vec![0, partition]),
         };
         let rule = match self.distribution {
             JoinDistribution::Prefix { buckets } => Some(PairRuleKind::Owner { buckets }),
@@ -907,6 +908,10 @@ impl ExecutionPlan for SimilarityJoinExec {
         let (build, claims): (BuildFuture, _) = match reads {
             None => {
                 let cell = Arc::clone(&self.build);
+                // Only a one-task join reads its files whole: a task of a spread join holds
+                // part of the right input's row groups, which its scan knows and a split
+                // would not.
+                let split_scan = self.distribution == JoinDistribution::Single;
                 let build = Box::pin(async move {
                     let built = cell
                         .get_or_try_init(|| {
@@ -917,7 +922,11 @@ impl ExecutionPlan for SimilarityJoinExec {
                                 threshold,
                                 ctx,
                                 build_time,
-                                Partial::default(),
+                                Partial {
+                                    reads: None,
+                                    rule,
+                                    split_scan,
+                                },
                             )
                         })
                         .await?;
@@ -930,9 +939,7 @@ impl ExecutionPlan for SimilarityJoinExec {
                     .iter()
                     .map(|i| i.plan.output_partitioning().partition_count())
                     .collect();
-                if matches!(self.distribution, JoinDistribution::Prefix { .. })
-                    && counts.iter().any(|&n| n != self.partitions)
-                {
+                if counts.iter().any(|&n| n != self.partitions) {
                     // Partition k of each input must hold the same buckets.
                     return internal_err!(
                         "SimilarityJoinExec ({}): inputs of {counts:?} partitions for {} output partitions",
@@ -940,41 +947,13 @@ impl ExecutionPlan for SimilarityJoinExec {
                         self.partitions
                     );
                 }
-                for (input, &read) in inputs.iter().zip(&reads) {
-                    let n = input.plan.output_partitioning().partition_count();
-                    if read >= n {
-                        return internal_err!(
-                            "SimilarityJoinExec ({}): input partition {read} out of range (0..{n})",
-                            self.distribution
-                        );
-                    }
-                }
                 // Each output partition builds from its own partitions, on its own thread.
                 let partial = Partial {
                     reads: Some(reads),
                     rule,
+                    split_scan: false,
                 };
-                let whole = matches!(
-                    self.distribution,
-                    JoinDistribution::Broadcast | JoinDistribution::Replicated
-                )
-                .then(|| Arc::clone(&self.broadcast_side));
                 let build = Box::pin(async move {
-                    let mut inputs = inputs;
-                    if let Some(cell) = whole {
-                        // The broadcast side is read once, by the first partition to start;
-                        // every partition builds from its batches (an engine's broadcast
-                        // input can be read only once per task).
-                        let plan = Arc::clone(&inputs[0].plan);
-                        let side = cell
-                            .get_or_try_init(|| WholeInput::read(plan, Arc::clone(&ctx)))
-                            .await?;
-                        inputs[0].plan = MemorySourceConfig::try_new_exec(
-                            std::slice::from_ref(&side.batches),
-                            inputs[0].plan.schema(),
-                            None,
-                        )?;
-                    }
                     build_collections(
                         inputs, gathered, token_type, threshold, ctx, build_time, partial,
                     )

@@ -1,19 +1,19 @@
 //! Reading the similarity join's inputs and assembling its build ([`Built`]): every partition
 //! of every input read by its own task, the tasks building together (`super::crew`); or, for
-//! a spread join, one partition of each input read by the output partition that builds from
-//! it ([`Partial`]), a broadcast side read once per plan instance ([`WholeInput`]).
+//! a prefix-partitioned join, one partition of each input read by the output partition that
+//! builds from it ([`Partial`]).
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, new_empty_array};
+use datafusion::arrow::array::{Array, ArrayRef, new_empty_array};
 use datafusion::arrow::compute::{cast, concat};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlanProperties;
 use datafusion::physical_plan::metrics::Time;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::StreamExt;
 
 use super::build::{Prepared, TokenOrder, prepare};
@@ -24,46 +24,16 @@ use super::threshold::Threshold;
 use crate::intersect::strings::{StringIds, is_string_list};
 use crate::io::parquet_split::split_scan;
 
-/// An input read whole into memory (a broadcast join's left side).
-#[derive(Debug)]
-pub(crate) struct WholeInput {
-    pub(crate) batches: Vec<RecordBatch>,
-    _reservation: MemoryReservation,
-}
-
-impl WholeInput {
-    /// Read the one partition of `plan`.
-    pub(crate) async fn read(
-        plan: Arc<dyn ExecutionPlan>,
-        context: Arc<TaskContext>,
-    ) -> Result<Arc<Self>> {
-        let reservation = MemoryConsumer::new("SimilarityJoinExec[broadcast side]")
-            .register(context.memory_pool());
-        let mut stream = plan.execute(0, context)?;
-        let mut batches = Vec::new();
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            reserve(
-                &reservation,
-                batch.get_array_memory_size(),
-                "the broadcast side",
-            )?;
-            batches.push(batch);
-        }
-        Ok(Arc::new(Self {
-            batches,
-            _reservation: reservation,
-        }))
-    }
-}
-
-/// What a build of part of the inputs reads and checks (the partitioned distributions).
+/// What a build reads and which pairs it keeps (the spread distributions).
 #[derive(Debug, Default)]
 pub(crate) struct Partial {
     /// The one partition of each input to read (`None`: every partition of every input).
     pub(crate) reads: Option<Vec<usize>>,
-    /// The routers' bucket count, when pairs are kept only by the bucket owning them.
+    /// Which pairs a spread join's partition keeps (`None`: all).
     pub(crate) rule: Option<PairRuleKind>,
+    /// Whether a Parquet input of fewer row groups than threads may be read in row ranges
+    /// (its files whole: only where the plan reads the whole input).
+    pub(crate) split_scan: bool,
 }
 
 /// Which verified pairs a partition of a spread join emits.
@@ -130,6 +100,7 @@ pub(crate) async fn build_collections(
         None => context.session_config().target_partitions(),
     };
     let split = partial.reads.is_none()
+        && partial.split_scan
         && crate::config::similarity_join_split_scan(context.session_config().options());
     let mut plans = Vec::with_capacity(inputs.len());
     for input in &inputs {

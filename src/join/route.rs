@@ -737,8 +737,7 @@ fn spread(
 }
 
 /// A self-`join` spread as [`JoinDistribution::Replicated`]: the input, whole, joined with
-/// each of its partitions; the output columns swap sides (a kept pair's smaller id is the
-/// right row's).
+/// its partitions; the output columns swap sides (a pair's smaller id is the right row's).
 pub fn replicated(join: &SimilarityJoinExec) -> Result<SimilarityJoinExec> {
     if join.right.is_some() {
         return plan_err!("SimilarityJoinExec: only a self-join is replicated");

@@ -4,9 +4,10 @@
 //!   plan in one process, and a stage of one task in a distributed one;
 //! - `prefix`: the prefix-partitioned join (`crate::join::route`), each set sent to the
 //!   buckets of its prefix tokens, each partition joining its own sets;
-//! - `broadcast`: an R-S join whose smaller side every partition reads whole, joined with its
-//!   part of the larger side; a self-join is `replicated`: the input read whole by every
-//!   partition, joined with its part of it, each pair kept by the part holding its smaller id.
+//! - `broadcast`: an R-S join whose smaller side every task reads whole, joined with its
+//!   part of the larger side in one build per task; a self-join is `replicated`: the input
+//!   read whole by every task, joined with its part of it, each pair found by the task
+//!   holding its later set.
 //!
 //! `auto` (the default) keeps `single` in one process. Under datafusion-distributed (the
 //! session has the `distributed` options, which its planner installs) it decides by the
