@@ -505,6 +505,71 @@ fn sql_gpu_equals_cpu_and_nested_loop() {
     );
 }
 
+/// The spread joins (`prefix`, `broadcast`: a self-join replicated, an R-S join with its
+/// smaller side whole) on the device and on the CPU: the nested loop's pairs, through both
+/// GPU paths.
+#[test]
+fn spread_joins_gpu_equals_cpu_and_nested_loop() {
+    if !gpu_or_skip("spread_joins_gpu_equals_cpu_and_nested_loop") {
+        return;
+    }
+    let rt = runtime(4);
+    let mut rng = StdRng::seed_from_u64(23);
+    let left = collection(&mut rng, 2000, 0);
+    let right = collection(&mut rng, 400, 100_000);
+    let chunks_before = gpu::simjoin_chunks_run();
+    for distribution in ["prefix", "broadcast"] {
+        for (m, t, self_join) in [
+            (Measure::Jaccard, 0.5, true),
+            (Measure::Dice, 0.4, false),
+            (Measure::Cosine, 0.7, true),
+        ] {
+            let call = if self_join {
+                format!("similarity_join('l', 'id', 'tokens', '{}', {t})", m.name())
+            } else {
+                format!(
+                    "similarity_join('l', 'id', 'tokens', 'r', 'id', 'tokens', '{}', {t})",
+                    m.name()
+                )
+            };
+            let expected = brute_force(&left, (!self_join).then_some(&right[..]), m, t);
+            for run in ["cpu", "gpu", "gpu-verify"] {
+                tuning::set_sj_device_filter(run != "gpu-verify");
+                let ctx = session(3, if run == "cpu" { "cpu" } else { "gpu" }, &rt);
+                ctx.register_table("l", table(&left)).unwrap();
+                ctx.register_table("r", table(&right)).unwrap();
+                let rows = rt
+                    .block_on(async {
+                        ctx.sql(&format!(
+                            "SET sets.similarity_join_distribution = '{distribution}'"
+                        ))
+                        .await?
+                        .collect()
+                        .await?;
+                        ctx.sql(&format!("SELECT * FROM {call}"))
+                            .await?
+                            .collect()
+                            .await
+                    })
+                    .unwrap_or_else(|e| panic!("{call} ({distribution}) on {run}: {e}"));
+                assert_eq!(
+                    pairs_of(&rows),
+                    expected,
+                    "{call} ({distribution}) on {run} vs nested loop"
+                );
+            }
+            tuning::set_sj_device_filter(true);
+            eprintln!(
+                "{call} ({distribution}): {} pairs, cpu == gpu join == gpu verification == nested loop",
+                expected.len()
+            );
+        }
+    }
+    let chunks = gpu::simjoin_chunks_run() - chunks_before;
+    eprintln!("{chunks} chunks verified on the GPU");
+    assert!(chunks > 0, "no spread join ran a call on the GPU");
+}
+
 /// The SQL join with a strict threshold (`f(a, b) > t`), at thresholds many pairs reach
 /// exactly: the CPU equals the nested loop everywhere, and the GPU join equals both where a
 /// GPU is present (with 1 and 3 partitions).

@@ -333,11 +333,17 @@ impl Shared {
                 };
                 let (left, right) = (id(0)?, id(1)?);
                 collections.rank_ids([left.as_ref(), right.as_ref()], &self.reservation)?;
-                let right_rows_from = u32::try_from(left.len()).map_err(|_| {
-                    DataFusionError::Execution(
-                        "similarity_join: more than 2^32 rows in a replicated join".into(),
-                    )
-                })?;
+                // Both sides' rows are numbered in one u32 space.
+                let right_rows_from = u32::try_from(left.len())
+                    .ok()
+                    .filter(|&l| {
+                        u32::try_from(right.len()).is_ok_and(|r| l.checked_add(r).is_some())
+                    })
+                    .ok_or_else(|| {
+                        DataFusionError::Execution(
+                            "similarity_join: 2^32 rows or more in a replicated join".into(),
+                        )
+                    })?;
                 // One column of both sides' rows for each column the output reads.
                 for i in 0..columns[0].len() {
                     if let (Some(Some(l)), Some(Some(r))) = (columns[0].get(i), columns[1].get(i)) {
